@@ -1,0 +1,38 @@
+# Two entry points for a newcomer: `make demo` and `make test`. Both set themselves up.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: demo test setup browser clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# CPU build of PyTorch from local disk; must come first so nothing pulls a CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium not found: install Debian's chromium (browser tests will be skipped)"; fi; }
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP) browser
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_overhead.py
+	$(BIN)/python benchmarks/bench_accuracy.py
+	$(BIN)/python benchmarks/bench_recommend.py
+
+clean:
+	rm -rf $(VENV) mlruns mlartifacts mlflow.db

@@ -1,0 +1,63 @@
+"""The ``gpuopt`` click group, shared by ``mlflow gpuopt``, ``mlflow-gpuopt`` and ``python -m``.
+
+Subcommands live in their own modules and are imported only when invoked, so ``--help`` and
+``mlflow``'s own start-up stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+#: subcommand name -> "module:attribute" of a click command.
+_SUBCOMMANDS = {
+    "recommend": "mlflow_gpuopt.cli.recommend:recommend",
+    "predict": "mlflow_gpuopt.cli.predict:predict",
+    "pricing": "mlflow_gpuopt.cli.pricing:pricing",
+    "compare": "mlflow_gpuopt.cli.compare:compare",
+    "replay": "mlflow_gpuopt.cli.replay:replay",
+}
+
+_HELP = {
+    "recommend": "Rank instance x GPUs x strategy by cost for a target time-to-train.",
+    "predict": "Predict throughput, memory and step time for one configuration.",
+    "pricing": "Show or refresh the cloud GPU price catalog.",
+    "compare": "Compare measured runs side by side, with what their hardware costs.",
+    "replay": "Deliver a tracking journal left behind when the server was unreachable.",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            return None
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Describe subcommands without importing them (keeps `--help` instant).
+        rows = [(name, _HELP[name]) for name in sorted(_SUBCOMMANDS)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(name="gpuopt", cls=_LazyGroup)
+@click.version_option(package_name="mlflow-gpuopt")
+def gpuopt() -> None:
+    """Measure training, price cloud GPUs, predict scaling and recommend the cheapest setup."""
+
+
+def main() -> None:
+    """Console-script entry point (``mlflow-gpuopt``)."""
+    gpuopt(prog_name="mlflow-gpuopt")

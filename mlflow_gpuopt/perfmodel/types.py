@@ -1,0 +1,84 @@
+"""Inputs and outputs of the scaling models: plain numbers in frozen dataclasses.
+
+Nothing here knows about MLflow, torch or files; adapters at the edges build these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "pp", "tp")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one training sample costs, from ``profile.json`` or a user's ``workload.json``.
+
+    Only ``params``, ``flops_per_sample`` and ``precision`` are required.
+    """
+
+    params: int  # total parameters
+    flops_per_sample: float  # forward + backward FLOPs for one sample
+    precision: str  # fp32 | tf32 | fp16 | bf16
+    name: str = "workload"
+    micro_batch: int | None = None  # per-GPU batch it was measured at
+    grad_accum: int = 1
+    optimizer: str | None = None
+    optimizer_state_bytes_per_param: float | None = None  # e.g. 8 for Adam's m and v in fp32
+    activation_bytes_per_sample: float | None = None
+    tokens_per_sample: float | None = None  # sequence length for language models
+    trainable_params: int | None = None
+    num_layers: int | None = None
+    largest_layer_params: int | None = None
+    hidden_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the models need to know about one GPU type and the links around it.
+
+    Built from the catalog (``GpuSpec`` + ``Offer``) by an adapter outside ``perfmodel``.
+    """
+
+    gpu: str  # canonical name
+    memory_bytes: float  # per GPU
+    memory_bandwidth_bytes_per_s: float
+    peak_flops_per_s: dict[str, float] = field(hash=False)  # by precision, dense
+    intra_node_bytes_per_s: float  # GPU-to-GPU inside a node, per GPU, one direction
+    inter_node_bytes_per_s: float  # node network per node, one direction
+    gpus_per_node: int = 8
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured run: a throughput at a configuration."""
+
+    gpu: str  # canonical name
+    gpu_count: int  # total GPUs in the job
+    throughput_samples_per_s: float  # global
+    nodes: int = 1
+    micro_batch: int | None = None
+    strategy: str = "ddp"
+    precision: str | None = None
+    grad_accum: int = 1
+    exposed_comm_fraction: float | None = None  # measured share of the step spent waiting on comms
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """One configuration to predict."""
+
+    gpus_per_node: int
+    nodes: int = 1
+    strategy: str = "ddp"
+    micro_batch: int | None = None  # None = the workload's own
+    grad_accum: int = 1
+    precision: str | None = None  # None = the workload's own
+    activation_checkpointing: bool = False
+    tp: int = 1  # tensor-parallel degree (inside a node)
+    pp: int = 1  # pipeline stages
+
+    @property
+    def gpus(self) -> int:
+        """Total GPUs in the job."""
+        return self.gpus_per_node * self.nodes

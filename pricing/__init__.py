@@ -1,0 +1,1 @@
+"""The shipped, dated, sourced price and hardware snapshot (data, not code)."""
