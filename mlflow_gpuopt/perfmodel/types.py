@@ -82,3 +82,47 @@ class ParallelConfig:
     def gpus(self) -> int:
         """Total GPUs in the job."""
         return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted memory per GPU, bytes."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    workspace_bytes: float  # allocator fragmentation, CUDA context, communication buffers
+
+    @property
+    def total_bytes(self) -> float:
+        """Everything above added up."""
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.workspace_bytes)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one configuration is predicted to do, with an interval.
+
+    ``low``/``high`` bound the global throughput (samples/s) at the fit's interval (about
+    90%); ``log_sigma`` is the standard deviation of log(throughput), so callers can turn a
+    deadline into a probability with a log-normal.
+    """
+
+    gpu: str
+    config: ParallelConfig
+    throughput_samples_per_s: float  # global, whole job
+    low: float
+    high: float
+    log_sigma: float
+    step_time_s: float  # one optimizer step (all accumulation micro-steps)
+    compute_s: float  # per step: forward+backward compute
+    exposed_comm_s: float  # per step: communication not hidden behind compute
+    bubble_s: float  # per step: pipeline bubble
+    memory: MemoryBreakdown
+    memory_capacity_bytes: float  # per GPU
+    fits: bool
+    max_micro_batch: int  # largest micro-batch that fits (0 if even 1 does not)
+    samples_per_step: int  # global batch: micro_batch × grad_accum × data-parallel ranks
+    extrapolated: bool  # True when no observation was on this GPU type
