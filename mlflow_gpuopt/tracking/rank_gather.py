@@ -1,0 +1,89 @@
+"""Bring every rank's interval figures to rank 0, off the training step.
+
+Each rank keeps a small vector of floats (per-step timings and per-GPU hardware samples of
+the last interval). A daemon thread calls ``all_gather`` on a dedicated gloo process group
+every interval, so the collective never interleaves with the model's own NCCL/gloo traffic
+and the step loop never waits on it. Rank 0 hands the gathered matrix to a callback, which
+logs it. Rounds go on until every rank has said it is done, so ranks that finish early keep
+answering and no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Callable, Sequence
+
+logger = logging.getLogger(__name__)
+
+#: Index of the "this rank has stopped" flag at the end of every vector.
+_DONE = -1
+
+
+class RankGatherer:
+    """Periodic all-gather of fixed-length float vectors over a private gloo group.
+
+    Args:
+        width: floats per rank (the caller's layout; a done flag is appended).
+        collect: called on this rank's gatherer thread each round; returns ``width`` floats
+            (the interval's deltas).
+        on_round: rank 0 only; receives one row per rank (``width`` floats each).
+        interval_s: seconds between rounds.
+        timeout_s: a rank that stops answering for this long ends the gathering with a
+            warning instead of hanging the job.
+    """
+
+    def __init__(self, width: int, collect: Callable[[], Sequence[float]],
+                 on_round: Callable[[list[list[float]]], None] | None,
+                 interval_s: float = 1.0, timeout_s: float = 120.0) -> None:
+        import torch.distributed as dist
+
+        self._width = width
+        self._collect = collect
+        self._on_round = on_round
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        # Collective: every rank constructs its gatherer at the same point (main thread).
+        self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        self._thread = threading.Thread(target=self._run, name="GpuOptRankGather", daemon=True)
+        self._failed = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _round(self, done: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        values = list(self._collect())
+        if len(values) != self._width:
+            raise ValueError(f"collect() gave {len(values)} values, expected {self._width}")
+        local = torch.tensor([*values, 1.0 if done else 0.0], dtype=torch.float64)
+        rows = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(rows, local, group=self._group)
+        matrix = [row.tolist() for row in rows]
+        if self.rank == 0 and self._on_round is not None:
+            try:
+                self._on_round([row[:_DONE] for row in matrix])
+            except Exception as exc:  # noqa: BLE001 - logging must not stop the rounds
+                logger.warning("gpuopt: could not log the gathered ranks: %s", exc)
+        return all(row[_DONE] >= 0.5 for row in matrix)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._stop.wait(self._interval_s)
+                if self._round(done=self._stop.is_set()):
+                    return
+        except Exception as exc:  # noqa: BLE001 - a dead peer or a destroyed group
+            self._failed = True
+            logger.warning("gpuopt: gathering metrics from other ranks stopped: %s", exc)
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Finish: a last round carries everything; returns False if peers did not answer."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive() and not self._failed
