@@ -1,0 +1,141 @@
+"""Wall time, cost and P(meets deadline) of one plan, from its predicted throughput.
+
+Wall time = compute (samples ÷ throughput) + start-up, stretched by spot preemptions
+(each one costs a restart and, on average, half a checkpoint interval of lost work) and by
+Colab's session cap (a job longer than a session restarts from a checkpoint). Cost rounds
+each node's billed time up to the provider's increment and minimum. Throughput is
+log-normal (the prediction's ``log_sigma``), which turns a deadline into a probability.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlflow_gpuopt.catalog.schema import Offer
+from mlflow_gpuopt.perfmodel.types import ParallelConfig, Prediction
+from mlflow_gpuopt.recommend.types import Candidate, Costing, Target
+
+#: Below this the deadline is treated as impossible (avoids log of tiny numbers).
+_EPS_HOURS = 1e-9
+
+
+def normal_cdf(z: float) -> float:
+    """Standard normal CDF."""
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def billed_hours(wall_hours: float, offer: Offer) -> float:
+    """Hours one node is billed for ``wall_hours`` of use (increment and minimum applied)."""
+    seconds = wall_hours * 3600.0
+    inc = max(1, offer.billing_increment_s)
+    billed = math.ceil(seconds / inc - 1e-9) * inc
+    return max(billed, offer.billing_minimum_s) / 3600.0
+
+
+class _WallModel:
+    """Maps compute hours to wall hours for one offer/pricing, and back (for deadlines)."""
+
+    def __init__(self, offer: Offer, nodes: int, pricing: str, target: Target,
+                 costing: Costing) -> None:
+        self.startup = costing.startup_hours.get(offer.provider, costing.default_startup_hours)
+        self.lost_per_restart = self.startup + target.checkpoint_interval_hours / 2
+        self.stretch = 1.0
+        if pricing == "spot":
+            load = nodes * costing.spot_preemptions_per_node_hour * self.lost_per_restart
+            # renewal argument: a fraction `load` of wall time goes to restarts and lost work
+            self.stretch = 1.0 / (1.0 - load) if load < 0.9 else math.inf
+        self.cap = offer.max_session_hours
+
+    def sessions(self, compute_hours: float) -> int:
+        if not self.cap:
+            return 1
+        n = 1
+        for _ in range(3):  # fixed point: restarts lengthen the job, which may need another
+            wall = compute_hours + n * self.startup + (n - 1) * self.lost_per_restart
+            n = max(1, math.ceil(wall / self.cap - 1e-9))
+        return n
+
+    def wall(self, compute_hours: float) -> float:
+        n = self.sessions(compute_hours)
+        return (compute_hours * self.stretch + n * self.startup
+                + (n - 1) * self.lost_per_restart)
+
+    def max_compute_for(self, deadline_hours: float) -> float:
+        """Most compute hours that still finish by ``deadline_hours`` (<= 0: impossible)."""
+        if not self.cap:
+            return (deadline_hours - self.startup) / self.stretch
+        n = max(1, math.ceil(deadline_hours / self.cap - 1e-9))
+        return deadline_hours - n * self.startup - (n - 1) * self.lost_per_restart
+
+
+def price_per_hour(offer: Offer, nodes: int, pricing: str) -> float:
+    """$ per hour for the whole job at ``pricing`` (``spot`` uses the spot price)."""
+    if pricing == "spot":
+        if offer.spot_price_per_hour_usd is None:
+            raise ValueError(f"{offer.instance_type} has no spot price")
+        return offer.spot_price_per_hour_usd * nodes
+    return offer.price_per_hour_usd * nodes
+
+
+def evaluate(offer: Offer, nodes: int, config: ParallelConfig, prediction: Prediction,
+             pricing: str, target: Target, costing: Costing, *, launch: str = "",
+             notes: tuple[str, ...] = ()) -> Candidate | None:
+    """Time, cost and P(meets deadline) of one plan; ``None`` if it can never finish."""
+    thr = prediction.throughput_samples_per_s
+    if not thr > 0:
+        return None
+    model = _WallModel(offer, nodes, pricing, target, costing)
+    if not math.isfinite(model.stretch):
+        return None
+    sigma = prediction.log_sigma
+    if pricing == "spot":
+        sigma = math.hypot(sigma, costing.spot_extra_log_sigma)
+    samples = target.total_samples
+
+    def compute_hours(throughput: float) -> float:
+        return samples / max(throughput, 1e-12) / 3600.0
+
+    c_med = compute_hours(thr)
+    hours = model.wall(c_med)
+    hours_low = model.wall(compute_hours(max(prediction.high, thr)))
+    hours_high = model.wall(compute_hours(min(prediction.low, thr) if prediction.low > 0
+                                          else thr * math.exp(-2 * sigma)))
+    c_mean = c_med * math.exp(sigma * sigma / 2)  # E[1/X] for a log-normal X
+    rate = price_per_hour(offer, nodes, pricing)
+
+    def cost(wall_hours: float) -> float:
+        return billed_hours(wall_hours, offer) * rate
+
+    if target.deadline_hours is None:
+        p_meets = 1.0
+    else:
+        c_max = model.max_compute_for(target.deadline_hours)
+        if c_max <= _EPS_HOURS:
+            p_meets = 0.0
+        elif sigma <= 0:
+            p_meets = 1.0 if c_med <= c_max else 0.0
+        else:
+            p_meets = normal_cdf((math.log(c_max) - math.log(c_med)) / sigma)
+    sessions = model.sessions(c_med)
+    extra_notes = list(notes)
+    if sessions > 1:
+        extra_notes.append(
+            f"needs {sessions} sessions under the {offer.max_session_hours:g} h session cap: "
+            f"resume from a checkpoint each time")
+    if pricing == "spot":
+        expected = nodes * costing.spot_preemptions_per_node_hour * hours
+        extra_notes.append(
+            f"spot: expect ~{expected:.1f} preemptions; checkpoint every "
+            f"{target.checkpoint_interval_hours * 60:.0f} min")
+    return Candidate(
+        offer=offer, nodes=nodes, config=config, prediction=prediction,
+        pricing="subscription" if offer.pricing == "compute_units" else pricing,
+        price_per_hour_usd=rate, hours=hours, hours_low=min(hours_low, hours),
+        hours_high=max(hours_high, hours), cost_usd=cost(model.wall(c_mean)),
+        cost_low_usd=min(cost(hours_low), cost(hours)), cost_high_usd=max(cost(hours_high),
+                                                                          cost(hours)),
+        p_meets_deadline=p_meets, meets_deadline=p_meets >= target.confidence,
+        startup_hours=model.startup * sessions,
+        overhead_hours=hours - c_med - model.startup * sessions,
+        sessions=sessions, notes=tuple(extra_notes), launch=launch,
+    )

@@ -1,0 +1,178 @@
+"""Plain words for a plan: the launch line, a one-line reason per candidate, and why the
+winner beats the next ones (price per effective GPU-hour, scaling efficiency, memory
+headroom, interconnect) and where its time goes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mlflow_gpuopt.perfmodel.types import ParallelConfig
+from mlflow_gpuopt.recommend.types import Candidate, Target
+
+_STRATEGY_WORDS = {
+    "single": "one GPU",
+    "ddp": "DDP",
+    "zero1": "DeepSpeed ZeRO-1",
+    "zero2": "DeepSpeed ZeRO-2",
+    "zero3": "DeepSpeed ZeRO-3",
+    "fsdp": "FSDP (full shard)",
+    "tp": "tensor parallel",
+    "pp": "pipeline parallel",
+}
+
+_LINK_WORDS = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie3": "PCIe 3",
+               "pcie4": "PCIe 4", "pcie5": "PCIe 5", "none": "no GPU link"}
+
+
+def strategy_label(config: ParallelConfig) -> str:
+    """Short label for tables: ``ddp``, ``fsdp``, ``tp8``, ``tp8+pp2``, ``pp4``, ``fsdp+ac``."""
+    if config.strategy in ("tp", "pp") or config.tp > 1 or config.pp > 1:
+        parts = []
+        if config.tp > 1:
+            parts.append(f"tp{config.tp}")
+        if config.pp > 1:
+            parts.append(f"pp{config.pp}")
+        dp = config.gpus // (config.tp * config.pp)
+        if dp > 1:
+            parts.append(f"dp{dp}")
+        label = "+".join(parts) or config.strategy
+    else:
+        label = config.strategy
+    return label + ("+ac" if config.activation_checkpointing else "")
+
+
+def launch_line(candidate: Candidate) -> str:
+    """The exact command to start this plan, with the strategy's settings."""
+    cfg = candidate.config
+    nodes, per_node = candidate.nodes, cfg.gpus_per_node
+    head = f"torchrun --nnodes {nodes} --nproc-per-node {per_node}"
+    if nodes > 1:
+        head += " --node-rank $NODE_RANK --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500"
+    mb, accum, prec = cfg.micro_batch, cfg.grad_accum, cfg.precision
+    common = f"micro-batch {mb} per GPU, gradient accumulation {accum}, {prec}"
+    if cfg.activation_checkpointing:
+        common += ", activation checkpointing on"
+    s = cfg.strategy
+    if s in ("zero1", "zero2", "zero3"):
+        ds = {"zero_optimization": {"stage": int(s[-1])},
+              "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": accum}
+        if prec in ("bf16", "fp16"):
+            ds[prec] = {"enabled": True}
+        return (f"{head} train.py --deepspeed --deepspeed_config ds_config.json"
+                f"  # ds_config.json: {json.dumps(ds, separators=(',', ':'))}")
+    if s == "fsdp":
+        mp = f", MixedPrecision(param_dtype={prec})" if prec in ("bf16", "fp16") else ""
+        return (f"{head} train.py  # FSDP: fully_shard / ShardingStrategy.FULL_SHARD{mp}, "
+                f"{common}")
+    if s in ("tp", "pp") or cfg.tp > 1 or cfg.pp > 1:
+        dp = cfg.gpus // (cfg.tp * cfg.pp)
+        return (f"{head} train.py  # tensor parallel {cfg.tp} inside each node "
+                f"(torch.distributed.tensor.parallel), pipeline {cfg.pp} stages "
+                f"(torch.distributed.pipelining, {accum} micro-batches), data parallel {dp}; "
+                f"{common}")
+    if s == "single":
+        return f"{head} train.py  # single GPU, {common}"
+    return f"{head} train.py  # DistributedDataParallel, {common}"
+
+
+def describe(c: Candidate) -> str:
+    """'2 × p4d.24xlarge (16 × A100-40GB-SXM4) on aws us-east-1, DDP, bf16, on-demand'."""
+    return (f"{c.nodes} × {c.offer.instance_type} ({c.gpus} × {c.offer.gpu}) on "
+            f"{c.offer.provider} {c.offer.region}, {_STRATEGY_WORDS.get(c.config.strategy, c.config.strategy)}"
+            f" [{strategy_label(c.config)}], micro-batch {c.config.micro_batch} × "
+            f"{c.config.grad_accum}, {c.config.precision}, {c.pricing.replace('_', '-')}")
+
+
+def headroom(c: Candidate) -> float:
+    """Share of GPU memory left free by the plan (0..1)."""
+    cap = c.prediction.memory_capacity_bytes
+    return max(0.0, 1.0 - c.prediction.memory.total_bytes / cap) if cap > 0 else 0.0
+
+
+def interconnect(c: Candidate) -> str:
+    """'NVSwitch 300 GB/s per GPU + 400 Gbit/s RDMA between nodes'."""
+    o = c.offer
+    text = f"{_LINK_WORDS.get(o.intra_node_link, o.intra_node_link)} {o.intra_node_gb_per_s:g} GB/s"
+    if c.nodes > 1:
+        text += f" + {o.inter_node_gbps:g} Gbit/s{' RDMA' if o.inter_node_rdma else ''} between nodes"
+    return text
+
+
+def effective_gpu_hour_usd(c: Candidate, efficiency: float | None) -> float:
+    """$ per GPU-hour divided by scaling efficiency: what a perfectly used GPU-hour costs."""
+    per_gpu = c.price_per_hour_usd / c.gpus
+    return per_gpu / efficiency if efficiency else per_gpu
+
+
+def one_line_why(c: Candidate, best: Candidate | None, rank: int, target: Target) -> str:
+    """A short reason for one row of the table."""
+    bits = []
+    if rank == 1 and c.meets_deadline:
+        bits.append("cheapest plan that meets the deadline"
+                    if target.deadline_hours else "cheapest plan")
+    elif best is not None and best is not c:
+        d = c.cost_usd - best.cost_usd
+        bits.append(f"{'+' if d >= 0 else '-'}${abs(d):,.0f} vs #1"
+                    + (f", {best.hours - c.hours:.1f} h faster" if c.hours < best.hours else ""))
+    if not c.meets_deadline and target.deadline_hours is not None:
+        bits.append(f"P(meets {target.deadline_hours:g} h) {c.p_meets_deadline:.0%} "
+                    f"< {target.confidence:.0%}")
+    bits.append(f"${c.usd_per_million_samples:,.2f}/M samples")
+    bits.append(f"{headroom(c):.0%} memory free")
+    if c.prediction.extrapolated:
+        bits.append("extrapolated from other GPUs")
+    bits.extend(c.notes)
+    return "; ".join(bits)
+
+
+def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
+                   efficiency: dict[int, float | None]) -> tuple[str, ...]:
+    """Lines explaining the winner; ``efficiency`` maps id(candidate) -> scaling efficiency."""
+    deadline = (f"P(done within {target.deadline_hours:g} h) = {win.p_meets_deadline:.0%}"
+                if target.deadline_hours else "no deadline")
+    lines = [
+        f"Recommended: {describe(win)}.",
+        f"Predicted {win.hours:.1f} h ({win.hours_low:.1f}–{win.hours_high:.1f}), "
+        f"${win.cost_usd:,.0f} (${win.cost_low_usd:,.0f}–${win.cost_high_usd:,.0f}), {deadline}.",
+    ]
+    e_win = efficiency.get(id(win))
+    if runner_up is not None:
+        e_run = efficiency.get(id(runner_up))
+
+        def pct(x: float | None) -> str:
+            return f"{x:.0%}" if x else "n/a"
+
+        saving = runner_up.cost_usd - win.cost_usd
+        lines.append(
+            f"Why it beats the next option ({describe(runner_up)}, ${runner_up.cost_usd:,.0f}, "
+            f"{runner_up.hours:.1f} h): saves ${saving:,.0f}; "
+            f"${effective_gpu_hour_usd(win, e_win):.2f} vs "
+            f"${effective_gpu_hour_usd(runner_up, e_run):.2f} per effective GPU-hour "
+            f"(price per GPU-hour ÷ scaling efficiency); per-GPU throughput "
+            f"{win.throughput_samples_per_s / win.gpus:,.1f} vs "
+            f"{runner_up.throughput_samples_per_s / runner_up.gpus:,.1f} samples/s; scaling efficiency {pct(e_win)} vs "
+            f"{pct(e_run)}; memory headroom {headroom(win):.0%} vs {headroom(runner_up):.0%}; "
+            f"interconnect {interconnect(win)} vs {interconnect(runner_up)}; "
+            f"${win.usd_per_million_samples:,.2f} vs ${runner_up.usd_per_million_samples:,.2f} "
+            f"per million samples.")
+    p = win.prediction
+    step = p.step_time_s if p.step_time_s > 0 else 1.0
+    other = max(0.0, step - p.compute_s - p.exposed_comm_s - p.bubble_s)
+    lines.append(
+        f"Where the time goes: per optimizer step {step * 1e3:.0f} ms = compute "
+        f"{p.compute_s * 1e3:.0f} ms ({p.compute_s / step:.0%}), exposed communication "
+        f"{p.exposed_comm_s * 1e3:.0f} ms ({p.exposed_comm_s / step:.0%}), pipeline bubble "
+        f"{p.bubble_s * 1e3:.0f} ms ({p.bubble_s / step:.0%})"
+        + (f", other {other * 1e3:.0f} ms" if other > 1e-4 else "")
+        + f"; plus start-up {win.startup_hours * 60:.0f} min and restarts "
+        f"{win.overhead_hours * 60:.0f} min over the whole job.")
+    lines.append(f"Memory per GPU: {p.memory.total_bytes / 1e9:.1f} GB of "
+                 f"{p.memory_capacity_bytes / 1e9:.0f} GB ({headroom(win):.0%} free); "
+                 f"interconnect {interconnect(win)}.")
+    lines.extend(f"Note: {n}." for n in win.notes)
+    if p.extrapolated:
+        lines.append("Note: no run was measured on this GPU type; the prediction is "
+                     "transferred from the measured GPUs (wider interval).")
+    lines.append(f"Launch: {win.launch}")
+    return tuple(lines)

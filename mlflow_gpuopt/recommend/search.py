@@ -1,0 +1,403 @@
+"""Enumerate plans, keep the feasible ones, rank them and pick the Pareto set.
+
+A plan is offer × node count × strategy × micro-batch/accumulation × precision × pricing.
+The search is pruned so the whole catalog takes well under half a second:
+
+* strategies are tried from the least memory-hungry-to-communicate up (DDP, ZeRO-1, ZeRO-2,
+  FSDP); once one fits the whole per-GPU batch without accumulation, the later ones could
+  only add communication, so they are skipped; tensor/pipeline parallelism is tried only for
+  large models or when no data-parallel strategy fits;
+* the micro-batch is the largest divisor of the per-GPU batch that fits in memory (asked
+  once per shape with ``max_micro_batch``), with accumulation making up the rest, so the
+  training script's batch per GPU is unchanged; activation checkpointing is tried only when
+  not even a micro-batch of one fits;
+* node counts double (1, 2, 4, …) and stop once doubling gains less than 5 % throughput.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
+from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
+from mlflow_gpuopt.recommend.cost import evaluate
+from mlflow_gpuopt.recommend.explain import (
+    explain_winner,
+    launch_line,
+    one_line_why,
+    strategy_label,
+)
+from mlflow_gpuopt.recommend.types import (
+    Candidate,
+    Costing,
+    HardwareFor,
+    Predictor,
+    Recommendation,
+    ScalingPoint,
+    SearchSpace,
+    Target,
+)
+
+_DATA_PARALLEL_LADDER = ("ddp", "zero1", "zero2", "fsdp")
+#: Models at least this big also get tensor/pipeline-parallel plans.
+LARGE_MODEL_PARAMS = 1_000_000_000
+_MIN_NODE_GAIN = 1.05
+_SCALING_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class NoOffersError(ValueError):
+    """No catalog offer matches the providers / region / spot choice asked for."""
+
+
+def allowed_precisions(workload_precision: str, spec: GpuSpec) -> tuple[str, ...]:
+    """Precisions a plan on ``spec`` may use without changing what the script computes.
+
+    fp32 scripts may also run with TF32 matmuls (where the GPU has TF32); fp16 autocast
+    may become bf16 (no loss scaling needed); bf16 needs bf16 hardware; fp8 needs fp8.
+    """
+    p = (workload_precision or "fp32").lower()
+    if p == "fp32":
+        return ("fp32", "tf32") if spec.tf32_tflops else ("fp32",)
+    if p == "tf32":
+        return ("tf32",) if spec.tf32_tflops else ("fp32",)
+    if p == "fp16":
+        return ("fp16", "bf16") if spec.bf16_tflops else ("fp16",)
+    if p == "bf16":
+        return ("bf16",) if spec.bf16_tflops else ()
+    if p == "fp8":
+        return ("fp8",) if spec.fp8_tflops else ()
+    return (p,)
+
+
+def filter_offers(offers: Iterable[Offer], space: SearchSpace) -> list[Offer]:
+    """Offers allowed by providers / region / spot; raises :class:`NoOffersError` if none."""
+    out = []
+    for o in offers:
+        if space.providers and o.provider not in space.providers:
+            continue
+        if space.region and o.region != space.region:
+            continue
+        if space.spot is True and o.spot_price_per_hour_usd is None:
+            continue
+        if space.max_gpus is not None and o.gpu_count > space.max_gpus:
+            continue
+        out.append(o)
+    if not out:
+        asked = []
+        if space.providers:
+            asked.append("provider " + "/".join(space.providers))
+        if space.region:
+            asked.append(f"region {space.region}")
+        if space.spot:
+            asked.append("spot")
+        if space.max_gpus is not None:
+            asked.append(f"at most {space.max_gpus} GPUs")
+        raise NoOffersError(f"no catalog offers for {', '.join(asked) or 'this search'}")
+    return out
+
+
+def _node_counts(offer: Offer, space: SearchSpace) -> list[int]:
+    limit = min(space.max_nodes, offer.max_nodes if offer.inter_node_gbps > 0 else 1)
+    counts, n = [], 1
+    while n <= max(1, limit):
+        if space.max_gpus is None or n * offer.gpu_count <= space.max_gpus:
+            counts.append(n)
+        n *= 2
+    return counts
+
+
+def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
+    if offer.pricing == "compute_units":
+        return [] if space.spot is True else ["on_demand"]
+    out = []
+    if space.spot is not True:
+        out.append("on_demand")
+    if space.spot is not False and offer.spot_price_per_hour_usd is not None:
+        out.append("spot")
+    return out
+
+
+def _largest_divisor_at_most(n: int, cap: int) -> int:
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def _shapes(offer: Offer, nodes: int, workload: Workload) -> list[tuple[str, int, int]]:
+    """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs."""
+    per_node = offer.gpu_count
+    total = per_node * nodes
+    if total == 1:
+        return [("single", 1, 1)]
+    shapes = [(s, 1, 1) for s in _DATA_PARALLEL_LADDER]
+    fast_link = offer.intra_node_link in ("nvswitch", "nvlink")
+    if per_node in (2, 4, 8) and fast_link:
+        shapes.append(("tp", per_node, 1))
+        if nodes > 1:
+            shapes.append(("tp", per_node, nodes))
+    if nodes > 1:
+        shapes.append(("pp", 1, nodes))
+    elif per_node > 1:
+        shapes.append(("pp", 1, per_node))
+    return shapes
+
+
+class _Search:
+    def __init__(self, predictor: Predictor, workload: Workload, target: Target,
+                 space: SearchSpace, costing: Costing) -> None:
+        self.predictor, self.workload, self.target = predictor, workload, target
+        self.space, self.costing = space, costing
+        self.dropped: Counter[str] = Counter()
+        self.searched = 0
+        self.candidates: list[Candidate] = []
+
+    def _predict(self, config: ParallelConfig, hw: Hardware) -> Prediction | None:
+        self.searched += 1
+        try:
+            return self.predictor.predict(config, hw)
+        except (ValueError, ArithmeticError):  # PerfModelError is a ValueError
+            self.dropped["the model cannot predict this shape"] += 1
+            return None
+
+    def _fit_config(self, offer: Offer, nodes: int, strategy: str, tp: int, pp: int,
+                    precision: str, hw: Hardware, *, must_beat_mb: int = 0,
+                    ) -> tuple[ParallelConfig, Prediction] | None:
+        """Largest micro-batch that fits for this shape, predicted; ``None`` if none fits.
+
+        With ``must_beat_mb``, a shape whose micro-batch is no larger is skipped: a later
+        rung of the memory ladder only helps if it lets a bigger micro-batch fit.
+        """
+        batch = max(1, self.target.per_rank_batch)
+        for ac in (False, True):
+            base = ParallelConfig(gpus_per_node=offer.gpu_count, nodes=nodes, strategy=strategy,
+                                  micro_batch=1, grad_accum=batch, precision=precision,
+                                  activation_checkpointing=ac, tp=tp, pp=pp)
+            try:
+                m_max = int(self.predictor.max_micro_batch(base, hw))
+            except (ValueError, ArithmeticError):
+                m_max = 0
+            if m_max < 1:
+                continue
+            mb = _largest_divisor_at_most(batch, m_max)
+            if mb <= must_beat_mb:
+                self.dropped["dominated (same micro-batch, more communication)"] += 1
+                return None
+            config = replace(base, micro_batch=mb, grad_accum=batch // mb)
+            pred = self._predict(config, hw)
+            if pred is None:
+                return None
+            if pred.fits:
+                return config, pred
+        self.dropped["does not fit in GPU memory"] += 1
+        return None
+
+    def offer(self, offer: Offer, spec: GpuSpec, hw: Hardware) -> None:
+        precisions = allowed_precisions(self.workload.precision, spec)
+        if not precisions:
+            self.dropped[f"{spec.name} lacks {self.workload.precision}"] += 1
+            return
+        pricings = _pricings(offer, self.space)
+        if not pricings:
+            self.dropped["no price for the asked pricing"] += 1
+            return
+        large = self.workload.params >= LARGE_MODEL_PARAMS
+        own = precisions[0]
+        for precision in precisions:
+            if precision != own and spec.peak_tflops(precision) <= spec.peak_tflops(own):
+                continue  # same speed as the script's own precision: no reason to change it
+            best_prev = 0.0
+            for nodes in _node_counts(offer, self.space):
+                best_here = 0.0
+                data_parallel_fit_full_batch = False
+                any_dp_fit = False
+                best_mb = 0
+                for strategy, tp, pp in _shapes(offer, nodes, self.workload):
+                    if strategy in _DATA_PARALLEL_LADDER and data_parallel_fit_full_batch:
+                        continue
+                    if strategy in ("tp", "pp") and not (large or not any_dp_fit):
+                        continue
+                    ladder = strategy in _DATA_PARALLEL_LADDER
+                    fitted = self._fit_config(offer, nodes, strategy, tp, pp, precision, hw,
+                                              must_beat_mb=best_mb if ladder else 0)
+                    if fitted is None:
+                        continue
+                    config, pred = fitted
+                    if ladder or strategy == "single":
+                        any_dp_fit = True
+                        best_mb = max(best_mb, config.micro_batch or 0)
+                        data_parallel_fit_full_batch = config.grad_accum == 1
+                    best_here = max(best_here, pred.throughput_samples_per_s)
+                    self._add(offer, nodes, config, pred, pricings)
+                if best_prev and best_here < best_prev * _MIN_NODE_GAIN:
+                    break  # doubling the nodes no longer pays
+                best_prev = max(best_prev, best_here)
+
+    def _add(self, offer: Offer, nodes: int, config: ParallelConfig, pred: Prediction,
+             pricings: Sequence[str]) -> None:
+        notes = []
+        if not offer.gpu_guaranteed:
+            notes.append(f"{offer.provider}: GPU type not guaranteed, you get what is free")
+        for pricing in pricings:
+            cand = evaluate(offer, nodes, config, pred, pricing, self.target, self.costing,
+                            notes=tuple(notes))
+            if cand is None:
+                self.dropped["cannot finish (throughput or preemptions)"] += 1
+                continue
+            self.candidates.append(replace(cand, launch=launch_line(cand)))
+
+
+def _rank_key(c: Candidate) -> tuple:
+    if c.meets_deadline:
+        return (0, c.cost_usd, c.hours)
+    return (1, -round(c.p_meets_deadline, 6), c.cost_usd)
+
+
+def _dedupe_key(c: Candidate) -> tuple:
+    cfg = c.config
+    return (c.offer.provider, c.offer.instance_type, c.nodes, strategy_label(cfg),
+            cfg.micro_batch, cfg.grad_accum, cfg.precision, c.pricing)
+
+
+def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    """Plans no other plan beats on both predicted hours and expected cost, fastest first."""
+    front: list[Candidate] = []
+    best_cost = math.inf
+    for c in sorted(cands, key=lambda c: (c.hours, c.cost_usd)):
+        if c.cost_usd < best_cost - 1e-9:
+            front.append(c)
+            best_cost = c.cost_usd
+    return tuple(front)
+
+
+def scaling_points(predictor: Predictor, workload: Workload, offers: Sequence[Offer],
+                   gpus: Mapping[str, GpuSpec], hardware_for: HardwareFor,
+                   max_gpus: int = 64) -> tuple[ScalingPoint, ...]:
+    """Predicted throughput vs GPU count per GPU type (DDP, the workload's micro-batch)."""
+    best_offer: dict[str, Offer] = {}
+    for o in offers:
+        prev = best_offer.get(o.gpu)
+        rank = (o.gpu_count, o.inter_node_gbps, o.intra_node_gb_per_s)
+        if prev is None or rank > (prev.gpu_count, prev.inter_node_gbps, prev.intra_node_gb_per_s):
+            best_offer[o.gpu] = o
+    points = []
+    for gpu, o in sorted(best_offer.items()):
+        spec = gpus.get(gpu)
+        if spec is None:
+            continue
+        precs = allowed_precisions(workload.precision, spec)
+        if not precs:
+            continue
+        hw = hardware_for(spec, o)
+        for n in _SCALING_GPU_COUNTS:
+            if n > max_gpus:
+                break
+            per_node = min(n, o.gpu_count)
+            if n % per_node:
+                continue
+            nodes = n // per_node
+            if nodes > 1 and (o.inter_node_gbps <= 0 or nodes > o.max_nodes):
+                break
+            cfg = ParallelConfig(gpus_per_node=per_node, nodes=nodes,
+                                 strategy="single" if n == 1 else "ddp",
+                                 micro_batch=workload.micro_batch, precision=precs[-1])
+            try:
+                p = predictor.predict(cfg, hw)
+            except (ValueError, ArithmeticError):
+                continue
+            if not p.fits:
+                continue
+            points.append(ScalingPoint(gpu=gpu, gpus=n,
+                                       throughput_samples_per_s=p.throughput_samples_per_s,
+                                       low=p.low, high=p.high))
+    return tuple(points)
+
+
+def _single_gpu_efficiency(predictor: Predictor, c: Candidate, hw: Hardware) -> float | None:
+    if c.gpus == 1:
+        return 1.0
+    cfg = ParallelConfig(gpus_per_node=1, nodes=1, strategy="single",
+                         micro_batch=c.config.micro_batch, grad_accum=c.config.grad_accum,
+                         precision=c.config.precision,
+                         activation_checkpointing=c.config.activation_checkpointing)
+    try:
+        one = predictor.predict(cfg, hw)
+    except (ValueError, ArithmeticError):
+        return None
+    if not one.fits or one.throughput_samples_per_s <= 0:
+        return None
+    return c.throughput_samples_per_s / (c.gpus * one.throughput_samples_per_s)
+
+
+def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
+              gpus: Mapping[str, GpuSpec], target: Target, *, hardware_for: HardwareFor,
+              space: SearchSpace = SearchSpace(), costing: Costing = Costing(),
+              with_scaling: bool = True) -> Recommendation:
+    """Search every allowed offer and return the ranked plans, Pareto set and explanation.
+
+    Raises :class:`NoOffersError` when the search space selects no offer at all.
+    """
+    started = time.perf_counter()
+    chosen = filter_offers(offers, space)
+    search = _Search(predictor, workload, target, space, costing)
+    hw_cache: dict[tuple, Hardware] = {}
+    for offer in chosen:
+        spec = gpus.get(offer.gpu)
+        if spec is None:
+            search.dropped[f"no GPU spec for {offer.gpu}"] += 1
+            continue
+        key = (offer.gpu, offer.gpu_count, offer.intra_node_link, offer.intra_node_gb_per_s,
+               offer.inter_node_gbps, offer.inter_node_rdma)
+        hw = hw_cache.get(key)
+        if hw is None:
+            hw = hw_cache[key] = hardware_for(spec, offer)
+        search.offer(offer, spec, hw)
+
+    best: dict[tuple, Candidate] = {}
+    for c in search.candidates:
+        k = _dedupe_key(c)
+        if k not in best or _rank_key(c) < _rank_key(best[k]):
+            best[k] = c
+    ranked = tuple(sorted(best.values(), key=_rank_key))
+    winner = ranked[0] if ranked and ranked[0].meets_deadline else None
+    fastest = min(ranked, key=lambda c: (c.hours, c.cost_usd), default=None)
+    cheapest = min(ranked, key=lambda c: (c.cost_usd, c.hours), default=None)
+    whys = {i: one_line_why(c, ranked[0], i + 1, target)
+            for i, c in enumerate(ranked[:200])}
+    notes: list[str] = []
+    explanation: tuple[str, ...] = ()
+    if not ranked:
+        notes.append("no plan fits: every offer was dropped ("
+                     + "; ".join(f"{r}: {n}" for r, n in search.dropped.most_common()) + ")")
+    elif winner is None:
+        notes.append(
+            f"no plan meets the {target.deadline_hours:g} h deadline with "
+            f"{target.confidence:.0%} confidence; fastest: {fastest.hours:.1f} h for "
+            f"${fastest.cost_usd:,.0f} ({fastest.offer.provider} {fastest.offer.instance_type} "
+            f"× {fastest.nodes}); cheapest: ${cheapest.cost_usd:,.0f} in {cheapest.hours:.1f} h "
+            f"({cheapest.offer.provider} {cheapest.offer.instance_type} × {cheapest.nodes})")
+    if winner is not None:
+        runner_up = next((c for c in ranked[1:] if (c.offer.instance_type, c.nodes,
+                                                    strategy_label(c.config), c.pricing)
+                          != (winner.offer.instance_type, winner.nodes,
+                              strategy_label(winner.config), winner.pricing)), None)
+        eff: dict[int, float | None] = {}
+        for c in (winner, runner_up):
+            if c is not None:
+                spec = gpus[c.offer.gpu]
+                eff[id(c)] = _single_gpu_efficiency(predictor, c, hardware_for(spec, c.offer))
+        explanation = explain_winner(winner, runner_up, target, eff)
+    scaling = (scaling_points(predictor, workload, chosen, gpus, hardware_for,
+                              space.max_gpus or 64) if with_scaling else ())
+    notes.append(f"searched {search.searched} plans over {len(chosen)} offers in "
+                 f"{time.perf_counter() - started:.2f} s")
+    return Recommendation(
+        target=target, candidates=ranked, pareto=pareto_front(ranked), winner=winner,
+        fastest=fastest, cheapest=cheapest, explanation=explanation, whys=whys,
+        dropped=dict(search.dropped), searched=search.searched, notes=tuple(notes),
+        scaling=scaling,
+    )

@@ -1,0 +1,208 @@
+"""The recommender's logic on hand-made offers and an analytic predictor (no MLflow)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from recommend_helpers import BIG, BIG_FP16, GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for
+
+from mlflow_gpuopt.recommend import (
+    CANDIDATE_KEYS,
+    NoOffersError,
+    SearchSpace,
+    Target,
+    pareto_front,
+    recommend,
+    recommendation_dict,
+)
+from mlflow_gpuopt.recommend.cost import billed_hours
+
+
+def run(workload=RESNET, target=None, space=SearchSpace(), offers=OFFERS, **kw):
+    target = target or Target(total_samples=90 * 1_281_167, deadline_hours=24.0,
+                              per_rank_batch=workload.micro_batch or 1)
+    return recommend(AnalyticPredictor(workload), workload, offers, GPUS, target,
+                     hardware_for=hardware_for, space=space, **kw)
+
+
+def test_ranked_by_expected_cost_among_plans_meeting_the_deadline():
+    rec = run(target=Target(90 * 1_281_167, deadline_hours=1.0, per_rank_batch=256))
+    assert rec.winner is rec.candidates[0]
+    meeting = [c for c in rec.candidates if c.meets_deadline]
+    assert len(meeting) >= 3
+    costs = [c.cost_usd for c in meeting]
+    assert costs == sorted(costs)
+    first_missing = next(i for i, c in enumerate(rec.candidates) if not c.meets_deadline)
+    assert all(not c.meets_deadline for c in rec.candidates[first_missing:])
+    assert all(c.p_meets_deadline >= 0.9 for c in meeting)
+    # the winner is predicted to finish before the deadline with room to spare
+    assert rec.winner.hours_high < 1.0
+    assert rec.winner.cost_usd == min(c.cost_usd for c in meeting)
+
+
+def test_deadline_changes_the_winner_to_a_faster_plan():
+    loose = run(target=Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=256))
+    tight = run(target=Target(90 * 1_281_167, deadline_hours=0.35, per_rank_batch=256))
+    assert tight.winner is not None and loose.winner is not None
+    assert tight.winner.hours < 0.35 < loose.winner.hours
+    assert tight.winner.cost_usd >= loose.winner.cost_usd
+
+
+def test_model_too_large_for_16gb_is_never_placed_on_v100_with_ddp():
+    workload = replace(BIG_FP16, params=1_500_000_000, micro_batch=8,
+                       activation_bytes_per_sample=2e8)
+    rec = run(workload, Target(2e7, deadline_hours=None, per_rank_batch=8))
+    assert rec.candidates
+    for c in rec.candidates:
+        assert c.prediction.fits
+        assert c.prediction.memory.total_bytes <= c.prediction.memory_capacity_bytes
+        if c.offer.gpu.startswith("V100"):
+            assert c.config.strategy not in ("ddp", "single")
+    assert rec.dropped.get("does not fit in GPU memory", 0) > 0
+    assert any(c.offer.gpu.startswith("V100") for c in rec.candidates)  # sharded, it fits
+
+
+def test_bf16_workload_never_lands_on_gpus_without_bf16():
+    rec = run(BIG, Target(1e6, deadline_hours=None, per_rank_batch=4))
+    assert rec.candidates
+    assert all(not c.offer.gpu.startswith("V100") for c in rec.candidates)
+    assert all(c.config.precision == "bf16" for c in rec.candidates)
+    assert any("lacks bf16" in reason for reason in rec.dropped)
+
+
+def test_large_model_gets_sharding_or_model_parallel_plans():
+    rec = run(BIG, Target(1e6, deadline_hours=None, per_rank_batch=4))
+    strategies = {c.config.strategy for c in rec.candidates}
+    assert strategies & {"fsdp", "zero2", "tp", "pp"}
+    assert "single" not in strategies  # 7B with Adam does not fit one 80 GB GPU
+
+
+def test_nothing_meets_the_deadline_shows_fastest_and_cheapest():
+    rec = run(target=Target(1e12, deadline_hours=1.0, per_rank_batch=256))
+    assert rec.winner is None
+    assert rec.fastest is not None and rec.cheapest is not None
+    assert rec.fastest.hours == min(c.hours for c in rec.candidates)
+    assert rec.cheapest.cost_usd == min(c.cost_usd for c in rec.candidates)
+    assert "no plan meets the 1 h deadline" in rec.notes[0]
+    doc = recommendation_dict(rec)
+    assert doc["meets_deadline"] is False and doc["fastest"]["predicted_hours"] > 1.0
+
+
+def test_pareto_front_is_not_dominated_and_contains_fastest_and_cheapest():
+    rec = run()
+    front = rec.pareto
+    assert rec.fastest in front
+    assert min(c.cost_usd for c in front) == pytest.approx(rec.cheapest.cost_usd)
+    for a in front:
+        for b in rec.candidates:
+            assert not (b.hours < a.hours and b.cost_usd < a.cost_usd)
+    assert [c.hours for c in front] == sorted(c.hours for c in front)
+    assert pareto_front([]) == ()
+
+
+def test_colab_is_one_gpu_capped_sessions_and_not_guaranteed():
+    rec = run(space=SearchSpace(providers=("colab",)),
+              target=Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=256))
+    assert rec.candidates
+    for c in rec.candidates:
+        assert c.nodes == 1 and c.gpus == 1 and c.pricing == "subscription"
+        assert any("not guaranteed" in n for n in c.notes)
+    long = run(space=SearchSpace(providers=("colab",)),
+               target=Target(2e9, deadline_hours=None, per_rank_batch=256))
+    c = long.candidates[0]
+    assert c.hours > 24 and c.sessions == math.ceil(c.hours / 24 - 1e-9)
+    assert any("session cap" in n for n in c.notes)
+
+
+def test_spot_is_cheaper_but_slower_and_less_certain_than_on_demand():
+    rec = run(space=SearchSpace(providers=("aws",)),
+              target=Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=256))
+    pairs = {}
+    for c in rec.candidates:
+        key = (c.offer.instance_type, c.nodes, c.config)
+        pairs.setdefault(key, {})[c.pricing] = c
+    both = [p for p in pairs.values() if {"spot", "on_demand"} <= set(p)]
+    assert both
+    for p in both:
+        assert p["spot"].hours > p["on_demand"].hours
+        assert p["spot"].cost_usd < p["on_demand"].cost_usd
+        assert (p["spot"].hours_high / p["spot"].hours_low
+                >= p["on_demand"].hours_high / p["on_demand"].hours_low - 1e-9)
+    only_spot = run(space=SearchSpace(spot=True))
+    assert {c.pricing for c in only_spot.candidates} == {"spot"}
+    no_spot = run(space=SearchSpace(spot=False))
+    assert "spot" not in {c.pricing for c in no_spot.candidates}
+
+
+def test_billing_minimum_and_increment():
+    o = OFFERS[2]  # 60 s minimum, per-second
+    assert billed_hours(10 / 3600, o) == pytest.approx(60 / 3600)
+    hourly = replace(o, billing_increment_s=3600, billing_minimum_s=0)
+    assert billed_hours(1.01, hourly) == pytest.approx(2.0)
+    rec = run(target=Target(1000, deadline_hours=None, per_rank_batch=256))
+    for c in rec.candidates:  # start-up time is paid for too
+        assert c.cost_usd >= c.price_per_hour_usd * c.startup_hours - 1e-9
+
+
+def test_search_space_limits_are_respected():
+    rec = run(space=SearchSpace(max_gpus=8, max_nodes=2, providers=("aws", "lambda")))
+    assert rec.candidates
+    assert all(c.gpus <= 8 and c.nodes <= 2 for c in rec.candidates)
+    assert {c.offer.provider for c in rec.candidates} <= {"aws", "lambda"}
+    with pytest.raises(NoOffersError, match="provider nope"):
+        run(space=SearchSpace(providers=("nope",)))
+    with pytest.raises(NoOffersError, match="region mars-1"):
+        run(space=SearchSpace(region="mars-1"))
+
+
+def test_explanation_and_launch_line():
+    rec = run()
+    text = "\n".join(rec.explanation)
+    assert text.startswith("Recommended:")
+    assert "per effective GPU-hour" in text and "scaling efficiency" in text
+    assert "memory headroom" in text and "Where the time goes" in text
+    w = rec.winner
+    assert f"torchrun --nnodes {w.nodes} --nproc-per-node {w.config.gpus_per_node}" in w.launch
+    assert f"Launch: {w.launch}" in text
+    big = run(BIG, Target(1e6, deadline_hours=None, per_rank_batch=4))
+    zero = [c for c in big.candidates if c.config.strategy.startswith("zero")]
+    fsdp = [c for c in big.candidates if c.config.strategy == "fsdp"]
+    assert all('"stage":' + c.config.strategy[-1] in c.launch for c in zero)
+    assert all("FULL_SHARD" in c.launch for c in fsdp)
+
+
+def test_json_has_the_contract_keys():
+    doc = recommendation_dict(run(), top=5)
+    assert set(doc) >= {"target", "candidates", "pareto"}
+    assert len(doc["candidates"]) == 5
+    assert [c["rank"] for c in doc["candidates"]] == [1, 2, 3, 4, 5]
+    for c in doc["candidates"] + doc["pareto"]:
+        assert set(CANDIDATE_KEYS) <= set(c)
+        assert c["predicted_hours_low"] <= c["predicted_hours"] <= c["predicted_hours_high"]
+        assert c["cost_low_usd"] <= c["cost_high_usd"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(min_value=0.5, max_value=500), st.floats(min_value=1.01, max_value=3))
+def test_p_meets_deadline_grows_with_the_deadline(deadline, factor):
+    target = Target(90 * 1_281_167, deadline_hours=deadline, per_rank_batch=256)
+    a = run(target=target, space=SearchSpace(providers=("lambda",)), with_scaling=False)
+    b = run(target=replace(target, deadline_hours=deadline * factor),
+            space=SearchSpace(providers=("lambda",)), with_scaling=False)
+    pa = {(c.offer.instance_type, c.config): c.p_meets_deadline for c in a.candidates}
+    for c in b.candidates:
+        assert c.p_meets_deadline >= pa[(c.offer.instance_type, c.config)] - 1e-12
+
+
+def test_search_is_pruned():
+    predictor = AnalyticPredictor(RESNET)
+    target = Target(90 * 1_281_167, deadline_hours=24.0, per_rank_batch=256)
+    t0 = time.perf_counter()
+    recommend(predictor, RESNET, OFFERS * 20, GPUS, target, hardware_for=hardware_for)
+    assert time.perf_counter() - t0 < 5  # generous: the figure lives in the benchmark
+    assert predictor.calls < 120 * 20
