@@ -1,1 +1,44 @@
-"""devices."""
+"""Devices: one GPU interface (:class:`GPUs`) with NVML, torch.cuda and empty backends, and the host.
+
+``get_gpus()`` tries the backends in a fixed order — NVML, then torch.cuda — and degrades to
+:class:`EmptyGPUs` when none starts. It never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mlflow_gpuopt.devices.base import GPUs, EmptyGPUs
+from mlflow_gpuopt.devices.errors import DeviceError, DeviceInitError, DeviceNotSupportedError
+from mlflow_gpuopt.devices.samples import GpuSample, HostSample, TorchMemorySample
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GPUs", "EmptyGPUs", "GpuSample", "HostSample", "TorchMemorySample", "DeviceError",
+           "DeviceInitError", "DeviceNotSupportedError", "get_gpus", "get_host"]
+
+
+def get_gpus(visible_devices: str | None = None) -> GPUs:
+    """The GPUs this process can see: NVML → torch.cuda → empty (first that starts)."""
+    from mlflow_gpuopt.devices.nvml import NvmlGPUs
+    from mlflow_gpuopt.devices.torch_cuda import TorchCudaGPUs
+
+    for factory in (lambda: NvmlGPUs(visible_devices), TorchCudaGPUs):
+        try:
+            return factory()
+        except DeviceError as exc:
+            logger.debug("gpuopt: GPU backend unavailable: %s", exc)
+        except Exception as exc:  # a bug in a backend must not stop tracking
+            logger.warning("gpuopt: GPU backend failed to start: %s", exc)
+    return EmptyGPUs()
+
+
+def get_host():
+    """The host monitor, or ``None`` when psutil is unavailable."""
+    from mlflow_gpuopt.devices.host import HostMonitor
+
+    try:
+        return HostMonitor()
+    except Exception as exc:
+        logger.warning("gpuopt: host metrics unavailable: %s", exc)
+        return None

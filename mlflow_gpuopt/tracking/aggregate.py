@@ -1,0 +1,124 @@
+"""Turns the step clock's raw records into step times, windows and steady-state figures.
+
+Runs on the sampler thread (and once more at stop). Memory is bounded whatever the number of
+steps: step times go into a :class:`LogHistogram`; only the first ``warmup_steps`` times are
+kept as a list (the fallback when a run is too short to have a steady state).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from mlflow_gpuopt.tracking.distributed import StepWindow
+from mlflow_gpuopt.tracking.quantiles import LogHistogram
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Steady-state step figures (warm-up excluded)."""
+
+    steps: int
+    warmup_steps: int  # steps left out
+    step_time_p50_s: float | None
+    step_time_p90_s: float | None
+    step_time_mean_s: float | None
+    throughput_samples_per_s: float | None  # None when samples per step are unknown
+    throughput_tokens_per_s: float | None
+    throughput_steps_per_s: float | None
+
+
+class StepAggregator:
+    """Consumes ``(t, samples, tokens, forwards, cuda_event)`` records in step order.
+
+    Step ``i``'s time is the gap between boundaries ``i-1`` and ``i`` (step 0 starts at
+    tracking start). With CUDA events, times are GPU-side and a record waits until its event
+    has completed (``query()``), so nothing ever synchronises during training.
+    """
+
+    def __init__(self, start_time_s: float, warmup_steps: int, start_event: object = None) -> None:
+        self.warmup_steps = warmup_steps
+        self.hist = LogHistogram()
+        self.warmup_times: list[float] = []
+        self.warmup_samples: list[int] = []
+        self.warmup_tokens: list[int] = []
+        self.steps = 0
+        self.steady_time_s = 0.0
+        self.steady_samples = 0
+        self.steady_tokens = 0
+        self.samples_known = True
+        self._prev_t = start_time_s
+        self._prev_event = start_event
+        self._waiting: deque = deque()
+
+    def consume(self, records: deque, final: bool = False) -> StepWindow | None:
+        """Take every available record; return the window they form (``None`` if no step)."""
+        while True:
+            try:
+                self._waiting.append(records.popleft())
+            except IndexError:
+                break
+        first = self.steps
+        duration = 0.0
+        samples = tokens = 0
+        while self._waiting:
+            t, s, k, _fwd, ev = self._waiting[0]
+            if ev is not None:
+                if not final and not ev.query():
+                    break
+                if final:
+                    ev.synchronize()
+                dt = self._prev_event.elapsed_time(ev) / 1000.0 if self._prev_event is not None else t - self._prev_t
+                self._prev_event = ev
+            else:
+                dt = t - self._prev_t
+            self._waiting.popleft()
+            self._prev_t = t
+            self._add(dt, s, k)
+            duration += dt
+            samples += s
+            tokens += k
+        if self.steps == first:
+            return None
+        return StepWindow(first_step=first + 1, last_step=self.steps, steps=self.steps - first,
+                          duration_s=duration, samples=samples, tokens=tokens)
+
+    def _add(self, dt: float, samples: int, tokens: int) -> None:
+        self.steps += 1
+        if samples <= 0:
+            self.samples_known = False
+        if self.steps <= self.warmup_steps:
+            self.warmup_times.append(dt)
+            self.warmup_samples.append(samples)
+            self.warmup_tokens.append(tokens)
+            return
+        self.hist.add(dt)
+        self.steady_time_s += dt
+        self.steady_samples += samples
+        self.steady_tokens += tokens
+
+    def steady_state(self) -> SteadyState:
+        """Figures over the steps after warm-up; a run too short for that drops only step 1."""
+        if self.hist.count:
+            p50, p90, mean = self.hist.quantile(0.5), self.hist.quantile(0.9), self.hist.mean
+            n, time_s = self.hist.count, self.steady_time_s
+            samples, tokens, skipped = self.steady_samples, self.steady_tokens, self.warmup_steps
+        else:
+            drop = 1 if len(self.warmup_times) > 1 else 0
+            times = self.warmup_times[drop:]
+            if not times:
+                return SteadyState(0, 0, None, None, None, None, None, None)
+            srt = sorted(times)
+            p50 = srt[int(0.5 * (len(srt) - 1))]
+            p90 = srt[int(0.9 * (len(srt) - 1))]
+            n, time_s = len(times), sum(times)
+            mean = time_s / n
+            samples, tokens, skipped = sum(self.warmup_samples[drop:]), sum(self.warmup_tokens[drop:]), drop
+        rate = (lambda x: x / time_s if time_s > 0 and x > 0 else None)
+        return SteadyState(
+            steps=n, warmup_steps=skipped, step_time_p50_s=p50, step_time_p90_s=p90,
+            step_time_mean_s=mean,
+            throughput_samples_per_s=rate(samples) if self.samples_known else None,
+            throughput_tokens_per_s=rate(tokens),
+            throughput_steps_per_s=rate(n),
+        )

@@ -1,0 +1,64 @@
+"""Options of ``track()`` / ``Tracker``: one frozen dataclass, every field with its unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    """How ``track()`` measures. Every field has a working default.
+
+    Args:
+        interval_s: seconds between hardware samples (the sampler thread's period).
+        warmup_steps: first training steps left out of the steady-state summary.
+        profile: measure the workload profile (FLOPs, activations) once, on a real step.
+        profile_step: 0-based training step whose forward+backward is profiled.
+        run_id: log into this existing run (e.g. Lightning ``MLFlowLogger.run_id``) instead of
+            the active one or a new one.
+        run_name: name of the run when ``track()`` starts one.
+        name: workload name in ``profile.json`` (default: the model's class name).
+        micro_batch, grad_accum, samples_per_step, tokens_per_sample, precision, strategy:
+            override what is inferred from the model's inputs and the optimizer.
+        gpu_indices: process-visible GPU indices to sample (default: the model's CUDA devices,
+            else every visible GPU when the model is not on CPU).
+        print_summary: print a short summary at exit.
+        max_step_records: bound of the queue between the step hook and the sampler thread.
+    """
+
+    interval_s: float = 1.0
+    warmup_steps: int = 3
+    profile: bool = True
+    profile_step: int = 1
+    run_id: str | None = None
+    run_name: str | None = None
+    name: str | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    samples_per_step: int | None = None
+    tokens_per_sample: int | None = None
+    precision: str | None = None
+    strategy: str | None = None
+    gpu_indices: tuple[int, ...] | None = None
+    print_summary: bool = True
+    max_step_records: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup_steps must be >= 0")
+        if self.precision is not None and self.precision not in ("fp32", "tf32", "fp16", "bf16"):
+            raise ValueError("precision must be one of fp32, tf32, fp16, bf16")
+
+    @classmethod
+    def from_kwargs(cls, config: TrackConfig | None, kwargs: dict) -> TrackConfig:
+        """``config`` with ``kwargs`` applied on top; unknown names raise ``TypeError``."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise TypeError(f"unknown track() option(s): {', '.join(sorted(unknown))}")
+        base = config or cls()
+        if "gpu_indices" in kwargs and kwargs["gpu_indices"] is not None:
+            kwargs = {**kwargs, "gpu_indices": tuple(kwargs["gpu_indices"])}
+        return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **kwargs})

@@ -1,0 +1,101 @@
+"""Reads every device backend once per tick into contract metric names, keeping peaks.
+
+Each backend and each GPU is read inside its own ``try``; a failure is warned about
+(rate-limited) and the other readings of that tick are still returned.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mlflow_gpuopt.devices import GPUs
+from mlflow_gpuopt.tracking._warn import WarnOnce
+
+logger = logging.getLogger(__name__)
+
+
+class HardwareReader:
+    """Samples ``gpus`` (any backend), torch.cuda memory and the host."""
+
+    def __init__(self, gpus: GPUs, host: Any = None, torch_cuda_indices: list[int] | None = None,
+                 warn: WarnOnce | None = None) -> None:
+        self.gpus = gpus
+        self.host = host
+        self.torch_cuda_indices = torch_cuda_indices or []
+        self._warn = warn or WarnOnce(logger, every=100)
+        self.peak_gpu_memory_used_bytes: float | None = None  # NVML, whole device
+        self.peak_torch_reserved_bytes: float | None = None  # this process, caching allocator
+        self.peak_process_rss_bytes: float | None = None
+        self.first_energy_j: dict[int, float] = {}
+        self.last_energy_j: dict[int, float] = {}
+        self.util_sum: float = 0.0
+        self.util_n: int = 0
+
+    def read(self) -> dict[str, float]:
+        """One reading of everything, as ``{metric name: value}``."""
+        m: dict[str, float] = {}
+        for i in range(len(self.gpus)):
+            try:
+                s = self.gpus.sample(i)
+            except Exception as exc:
+                self._warn(f"gpu{i}", "GPU %d reading failed: %s", i, exc)
+                continue
+            if s.utilization_percent is not None:
+                m[f"gpuopt/gpu_{i}_utilization_percent"] = s.utilization_percent
+                self.util_sum += s.utilization_percent
+                self.util_n += 1
+            if s.memory_used_bytes is not None:
+                m[f"gpuopt/gpu_{i}_memory_used_bytes"] = s.memory_used_bytes
+                self.peak_gpu_memory_used_bytes = max(self.peak_gpu_memory_used_bytes or 0.0,
+                                                      s.memory_used_bytes)
+            if s.power_watts is not None:
+                m[f"gpuopt/gpu_{i}_power_watts"] = s.power_watts
+            if s.sm_clock_mhz is not None:
+                m[f"gpuopt/gpu_{i}_sm_clock_mhz"] = s.sm_clock_mhz
+            if s.energy_joules is not None:
+                self.first_energy_j.setdefault(i, s.energy_joules)
+                self.last_energy_j[i] = s.energy_joules
+        if self.torch_cuda_indices:
+            from mlflow_gpuopt.devices.torch_cuda import torch_memory_sample
+
+            for i in self.torch_cuda_indices:
+                try:
+                    t = torch_memory_sample(i)
+                except Exception as exc:
+                    self._warn(f"torch{i}", "torch.cuda memory reading failed: %s", exc)
+                    continue
+                m[f"gpuopt/gpu_{i}_torch_allocated_bytes"] = t.allocated_bytes
+                m[f"gpuopt/gpu_{i}_torch_reserved_bytes"] = t.reserved_bytes
+                self.peak_torch_reserved_bytes = max(self.peak_torch_reserved_bytes or 0.0,
+                                                     t.peak_reserved_bytes)
+        if self.host is not None:
+            try:
+                h = self.host.sample()
+            except Exception as exc:
+                self._warn("host", "host reading failed: %s", exc)
+            else:
+                if h.cpu_utilization_percent is not None:
+                    m["gpuopt/cpu_utilization_percent"] = h.cpu_utilization_percent
+                if h.host_memory_used_bytes is not None:
+                    m["gpuopt/host_memory_used_bytes"] = h.host_memory_used_bytes
+                if h.process_rss_bytes is not None:
+                    m["gpuopt/process_rss_bytes"] = h.process_rss_bytes
+                    self.peak_process_rss_bytes = max(self.peak_process_rss_bytes or 0.0,
+                                                      h.process_rss_bytes)
+        return m
+
+    @property
+    def energy_joules(self) -> float | None:
+        """Energy all sampled GPUs used between the first and the last reading."""
+        if not self.last_energy_j:
+            return None
+        return sum(self.last_energy_j[i] - self.first_energy_j[i] for i in self.last_energy_j)
+
+    def peak_memory_bytes(self) -> float | None:
+        """Peak memory of the run: torch's reserved peak, else NVML's, else the process RSS."""
+        for v in (self.peak_torch_reserved_bytes, self.peak_gpu_memory_used_bytes,
+                  self.peak_process_rss_bytes):
+            if v is not None:
+                return v
+        return None

@@ -1,0 +1,246 @@
+"""The workload profile, measured once on one real training step.
+
+How: when the profiled step's first forward starts (a forward pre-hook on the model), a
+``torch.utils.flop_counter.FlopCounterMode`` is entered; it is left at that step's optimizer
+step (post-hook) or manual ``tracker.step()``. So it counts exactly the forward and backward
+matmuls/convolutions of every micro-batch of that step — the user's own batch, no copy, no
+extra forward — and divides by the samples they held. The counter only observes dispatch, so
+training results are unchanged. Activation bytes come from the first forward of that step:
+saved-for-backward tensors (``saved_tensors_hooks``, de-duplicated by storage, parameters
+excluded), and on CUDA also the allocator's peak growth during the forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "gpuopt.workload/1"
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    """What one training sample costs (the ``profile.json`` of the design's contract)."""
+
+    name: str
+    params: int
+    trainable_params: int
+    flops_per_sample: float | None  # forward + backward, FLOPs (2 per multiply-add)
+    precision: str  # fp32 | tf32 | fp16 | bf16
+    micro_batch: int | None  # samples per forward
+    grad_accum: int  # forwards per optimizer step
+    optimizer: str | None
+    optimizer_state_bytes_per_param: float | None
+    activation_bytes_per_sample: float | None
+    activation_saved_bytes_per_sample: float | None  # saved-for-backward tensors only
+    tokens_per_sample: int | None  # sequence length for token-id inputs
+    largest_layer_params: int | None  # largest leaf module (e.g. the embedding)
+
+    def to_json(self, hardware: dict | None = None) -> dict:
+        """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
+        doc: dict[str, Any] = {"schema": SCHEMA, **asdict(self)}
+        if hardware is not None:
+            doc["hardware"] = hardware
+        return doc
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    """(total, trainable) parameter counts, shared parameters counted once."""
+    seen: set[int] = set()
+    total = trainable = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return total, trainable
+
+
+def largest_leaf_params(model: Any) -> int | None:
+    best = None
+    for m in model.modules():
+        if next(m.children(), None) is None:
+            n = sum(p.numel() for p in m.parameters(recurse=False))
+            if n and (best is None or n > best):
+                best = n
+    return best
+
+
+def detect_precision(model: Any, device_type: str) -> str:
+    """Precision the forward runs in: autocast dtype if on, else the parameters' dtype."""
+    import torch
+
+    try:
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    except Exception as exc:  # older torch or an unknown device type
+        logger.debug("gpuopt: autocast query failed: %s", exc)
+    p = next(iter(model.parameters()), None) if model is not None else None
+    dtype = p.dtype if p is not None else torch.float32
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    if device_type == "cuda":
+        if torch.get_float32_matmul_precision() != "highest":
+            return "tf32"
+        has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+        if has_conv and torch.backends.cudnn.allow_tf32:
+            return "tf32"
+    return "fp32"
+
+
+def optimizer_state_bytes_per_param(optimizer: Any) -> float | None:
+    """Bytes of optimizer state per trainable parameter (Adam fp32: ~8), after a step."""
+    import torch
+
+    n_params = 0
+    state_bytes = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            n_params += p.numel()
+            for v in optimizer.state.get(p, {}).values():
+                if isinstance(v, torch.Tensor):
+                    state_bytes += v.numel() * v.element_size()
+    return state_bytes / n_params if n_params else None
+
+
+def first_tensor(args: tuple, kwargs: dict | None) -> Any:
+    """The batch tensor of a forward call: first tensor positional arg, else first tensor kwarg."""
+    import torch
+
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                return a
+    return None
+
+
+class WorkloadProfiler:
+    """State machine driven by the step clock's hooks; see the module docstring."""
+
+    def __init__(self, model: Any, optimizer: Any, name: str | None = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.name = name or type(model).__name__
+        self._flop_mode: Any = None
+        self._saved_ctx: Any = None
+        self._saved_bytes = 0
+        self._seen_storages: set[int] = set()
+        self._param_storages: set[int] = set()
+        self._forward_batch: int | None = None
+        self._cuda_base: float | None = None
+        self._cuda_delta: float | None = None
+        self.precision: str | None = None
+        self.tokens_per_sample: int | None = None
+        self.flops: float | None = None
+        self.active = False
+        self.done = False
+
+    # called from the model's forward pre-hook, first forward of the profiled step
+    def begin_step(self, batch: Any) -> None:
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self.active = True
+        device_type = batch.device.type if batch is not None else "cpu"
+        self.precision = detect_precision(self.model, device_type)
+        if batch is not None and batch.dim() >= 1:
+            self._forward_batch = int(batch.shape[0])
+            if batch.dim() == 2 and not batch.is_floating_point():
+                self.tokens_per_sample = int(batch.shape[1])  # token ids (batch, sequence)
+        self._param_storages = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        self._saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_ctx.__enter__()
+        if device_type == "cuda":
+            torch.cuda.reset_peak_memory_stats(batch.device)
+            self._cuda_base = float(torch.cuda.memory_allocated(batch.device))
+        self._flop_mode = FlopCounterMode(display=False)
+        self._flop_mode.__enter__()
+
+    def _pack(self, t: Any) -> Any:
+        try:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in self._seen_storages and ptr not in self._param_storages:
+                self._seen_storages.add(ptr)
+                self._saved_bytes += t.untyped_storage().nbytes()
+        except Exception as exc:  # e.g. a tensor subclass without storage
+            logger.debug("gpuopt: saved tensor not measured: %s", exc)
+        return t
+
+    @staticmethod
+    def _unpack(t: Any) -> Any:
+        return t
+
+    # called from the model's forward hook (after the first forward of the profiled step)
+    def end_forward(self, output: Any = None) -> None:
+        if self._saved_ctx is not None:
+            ctx, self._saved_ctx = self._saved_ctx, None
+            ctx.__exit__(None, None, None)
+            if self._cuda_base is not None:
+                import torch
+
+                dev = torch.cuda.current_device()
+                self._cuda_delta = float(torch.cuda.max_memory_allocated(dev)) - self._cuda_base
+
+    # called at the step boundary (optimizer post-hook or manual step)
+    def end_step(self) -> None:
+        self.end_forward()
+        if self._flop_mode is not None:
+            mode, self._flop_mode = self._flop_mode, None
+            mode.__exit__(None, None, None)
+            self.flops = float(mode.get_total_flops())
+        self.active = False
+        self.done = True
+        self._seen_storages.clear()
+        self._param_storages.clear()
+
+    def abort(self) -> None:
+        """Leave any mode still entered (training raised, or tracking stopped mid-step)."""
+        try:
+            if self._saved_ctx is not None:
+                ctx, self._saved_ctx = self._saved_ctx, None
+                ctx.__exit__(None, None, None)
+        finally:
+            if self._flop_mode is not None:
+                mode, self._flop_mode = self._flop_mode, None
+                mode.__exit__(None, None, None)
+            self.active = False
+
+    def result(self, step_samples: int | None, step_forwards: int | None,
+               overrides: dict | None = None) -> WorkloadProfile:
+        """The profile, from this step's counts and the samples/forwards the step held."""
+        o = overrides or {}
+        total, trainable = count_params(self.model)
+        micro = o.get("micro_batch") or self._forward_batch
+        grad_accum = o.get("grad_accum") or step_forwards or 1
+        samples = step_samples or ((micro or 0) * grad_accum) or None
+        flops_ps = self.flops / samples if (self.flops and samples) else None
+        saved_ps = self._saved_bytes / self._forward_batch if self._forward_batch else None
+        cuda_ps = (self._cuda_delta / self._forward_batch
+                   if self._cuda_delta is not None and self._forward_batch else None)
+        return WorkloadProfile(
+            name=self.name,
+            params=total,
+            trainable_params=trainable,
+            flops_per_sample=flops_ps,
+            precision=o.get("precision") or self.precision or "fp32",
+            micro_batch=micro,
+            grad_accum=int(grad_accum),
+            optimizer=type(self.optimizer).__name__ if self.optimizer is not None else None,
+            optimizer_state_bytes_per_param=(optimizer_state_bytes_per_param(self.optimizer)
+                                             if self.optimizer is not None else None),
+            activation_bytes_per_sample=cuda_ps if cuda_ps is not None else saved_ps,
+            activation_saved_bytes_per_sample=saved_ps,
+            tokens_per_sample=o.get("tokens_per_sample") or self.tokens_per_sample,
+            largest_layer_params=largest_leaf_params(self.model),
+        )

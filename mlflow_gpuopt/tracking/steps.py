@@ -1,0 +1,134 @@
+"""The step clock: the only tracking code on the training thread's hot path.
+
+Each training step appends one tuple ``(perf_counter_s, samples, tokens, forwards, cuda_event)``
+to a bounded deque; everything else (step times, quantiles, throughput) is computed by the
+sampler thread from that deque. A step is an optimizer step (global post-hook) or a manual
+``mark()`` — once ``mark()`` is called, it is the only step clock. Any exception in a hook
+switches the clock off (one warning) and training goes on with a hook that returns at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any, Callable
+
+from mlflow_gpuopt.tracking.profiler import WorkloadProfiler, first_tensor
+
+logger = logging.getLogger(__name__)
+
+
+class StepClock:
+    """Counts and timestamps training steps; drives the one-off workload profiler."""
+
+    def __init__(self, optimizer: Any = None, profiler: WorkloadProfiler | None = None,
+                 profile_step: int = 1, cuda_events: bool = False, maxlen: int = 1_000_000,
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
+        self.records: deque = deque(maxlen=maxlen)
+        self.optimizer = optimizer
+        self.profiler = profiler
+        self.profile_step = profile_step if profiler is not None else -1
+        self.steps = 0  # completed steps
+        self.manual = False
+        self.broken = False
+        self.pending_samples = 0
+        self.pending_tokens = 0
+        self.pending_forwards = 0
+        self.last_step_samples = 0
+        self.last_step_forwards = 0
+        self.profile_samples: int | None = None
+        self.profile_forwards: int | None = None
+        self._cuda_events = cuda_events
+        self._event_cls: Any = None
+        self._on_error = on_error
+        self._perf = time.perf_counter
+        import torch
+
+        self._grad_enabled = torch.is_grad_enabled
+        self._tensor = torch.Tensor
+        self.start_time = self._perf()
+        self.start_event: Any = None
+        if cuda_events:
+            import torch
+
+            self._event_cls = torch.cuda.Event
+            self.start_event = torch.cuda.Event(enable_timing=True)
+            self.start_event.record()
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.broken = True
+        self.profile_step = -1
+        if self.profiler is not None:
+            try:
+                self.profiler.abort()
+            except Exception as inner:  # already failing: just record it
+                logger.debug("gpuopt: profiler abort failed: %s", inner)
+        if self._on_error is not None:
+            self._on_error(where, exc)
+
+    # -- hooks (training thread) ---------------------------------------------------------------
+    def on_forward_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """Model forward pre-hook: count the batch (training forwards only)."""
+        if self.broken or not module.training:
+            return None
+        try:
+            if not self._grad_enabled():
+                return None
+            x = args[0] if args and isinstance(args[0], self._tensor) else first_tensor(args, kwargs)
+            if x is not None and x.dim() >= 1:
+                n = x.shape[0]
+                self.pending_samples += n
+                if x.dim() == 2 and not x.is_floating_point():
+                    self.pending_tokens += n * x.shape[1]
+            self.pending_forwards += 1
+            if self.steps == self.profile_step and not self.profiler.active and self.profiler.done is False:
+                self.profiler.begin_step(x)
+        except Exception as exc:
+            self._fail("forward hook", exc)
+        return None
+
+    def on_forward(self, module: Any, args: tuple, output: Any) -> None:
+        """Model forward hook: closes the profiler's activation window."""
+        if self.profile_step == self.steps and not self.broken and self.profiler.active:
+            try:
+                self.profiler.end_forward(output)
+            except Exception as exc:
+                self._fail("forward hook", exc)
+
+    def on_optimizer_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        """Global optimizer step post-hook."""
+        if self.manual or self.broken:
+            return
+        if self.optimizer is not None and optimizer is not self.optimizer:
+            return
+        self._mark(0, 0)
+
+    def mark(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """A manual step boundary (``tracker.step()``); from now on the only step clock."""
+        if self.broken:
+            return
+        self.manual = True
+        self._mark(samples or 0, tokens or 0)
+
+    def _mark(self, samples: int, tokens: int) -> None:
+        try:
+            t = self._perf()
+            ev = None
+            if self._event_cls is not None:
+                ev = self._event_cls(enable_timing=True)
+                ev.record()
+            s = samples or self.pending_samples
+            k = tokens or self.pending_tokens
+            self.records.append((t, s, k, self.pending_forwards, ev))
+            self.last_step_samples = s
+            self.last_step_forwards = self.pending_forwards
+            self.pending_samples = self.pending_tokens = self.pending_forwards = 0
+            if self.steps == self.profile_step and self.profiler.active:
+                self.profile_step = -1
+                self.profiler.end_step()
+                self.profile_samples = s
+                self.profile_forwards = self.last_step_forwards
+            self.steps += 1
+        except Exception as exc:
+            self._fail("step hook", exc)

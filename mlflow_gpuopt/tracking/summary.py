@@ -1,0 +1,63 @@
+"""The end-of-run summary: one frozen record, its MLflow metrics and its one-line printout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlflow_gpuopt.tracking.aggregate import SteadyState
+
+
+@dataclass(frozen=True)
+class TrackSummary:
+    """What ``track()`` measured, steady state (warm-up excluded)."""
+
+    run_id: str | None
+    device: str  # NVML name or "cpu"
+    device_count: int
+    total_steps: int
+    steady: SteadyState
+    peak_memory_bytes: float | None  # GPU: torch reserved peak or NVML used; CPU: process RSS
+    mfu: float | None  # model FLOPs utilisation, 0..1, where the GPU's peak is known
+    flops_per_sample: float | None
+    params: int | None
+    energy_joules: float | None  # all sampled GPUs, first to last sample
+    gpu_utilization_mean_percent: float | None
+
+    def metrics(self) -> dict[str, float]:
+        """``gpuopt/summary/*`` metrics; figures that are unknown are left out."""
+        s = self.steady
+        values = {
+            "gpuopt/summary/throughput_samples_per_s": s.throughput_samples_per_s,
+            "gpuopt/summary/throughput_tokens_per_s": s.throughput_tokens_per_s,
+            "gpuopt/summary/throughput_steps_per_s": s.throughput_steps_per_s,
+            "gpuopt/summary/step_time_p50_s": s.step_time_p50_s,
+            "gpuopt/summary/step_time_p90_s": s.step_time_p90_s,
+            "gpuopt/summary/step_time_mean_s": s.step_time_mean_s,
+            "gpuopt/summary/steps": float(self.total_steps),
+            "gpuopt/summary/steady_steps": float(s.steps),
+            "gpuopt/summary/warmup_steps": float(s.warmup_steps),
+            "gpuopt/summary/peak_memory_bytes": self.peak_memory_bytes,
+            "gpuopt/summary/mfu": self.mfu,
+            "gpuopt/summary/energy_joules": self.energy_joules,
+            "gpuopt/summary/gpu_utilization_percent": self.gpu_utilization_mean_percent,
+        }
+        return {k: float(v) for k, v in values.items() if v is not None}
+
+    def text(self) -> str:
+        """A short human summary, e.g. for the end of a training script."""
+        s = self.steady
+        parts = [f"gpuopt: run {self.run_id or '(not logged)'} on "
+                 f"{self.device_count} x {self.device}" if self.device_count else
+                 f"gpuopt: run {self.run_id or '(not logged)'} on cpu",
+                 f"{self.total_steps} steps"]
+        if s.throughput_samples_per_s is not None:
+            parts.append(f"{s.throughput_samples_per_s:.1f} samples/s")
+        elif s.throughput_steps_per_s is not None:
+            parts.append(f"{s.throughput_steps_per_s:.2f} steps/s")
+        if s.step_time_p50_s is not None:
+            parts.append(f"step p50 {s.step_time_p50_s * 1e3:.2f} ms, p90 {s.step_time_p90_s * 1e3:.2f} ms")
+        if self.peak_memory_bytes is not None:
+            parts.append(f"peak memory {self.peak_memory_bytes / 2**30:.2f} GiB")
+        if self.mfu is not None:
+            parts.append(f"MFU {self.mfu * 100:.1f}%")
+        return " | ".join(parts)

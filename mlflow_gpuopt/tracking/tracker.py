@@ -1,0 +1,381 @@
+"""``track()`` and ``Tracker``: measure a PyTorch training loop into an MLflow run.
+
+The façade only wires parts together: a :class:`StepClock` on the training thread (hooks),
+a :class:`Sampler` thread that turns step records and device readings into metrics, a
+:class:`WorkloadProfiler` run once on a real step, and :class:`RunWriter` for MLflow.
+Nothing in here may break training: every failure becomes one warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any, Iterator
+
+from mlflow_gpuopt.tracking._warn import WarnOnce
+from mlflow_gpuopt.tracking.config import TrackConfig
+from mlflow_gpuopt.tracking.distributed import DistributedContext, combine_window
+from mlflow_gpuopt.tracking.profiler import WorkloadProfile, WorkloadProfiler, detect_precision
+from mlflow_gpuopt.tracking.summary import TrackSummary
+
+logger = logging.getLogger(__name__)
+
+PROFILE_ARTIFACT = "gpuopt/profile.json"
+
+
+class Tracker:
+    """Measures training between :meth:`start` and :meth:`stop` (or as a ``with`` block).
+
+    Args:
+        model: the ``nn.Module`` being trained (for batch size, FLOPs and activations).
+        optimizer: its optimizer; steps of other optimizers are then ignored. Without it,
+            any optimizer's ``step()`` counts as a training step.
+        config: a :class:`TrackConfig`; keyword arguments override its fields.
+
+    Example::
+
+        tracker = Tracker(model, opt, interval_s=0.5).start()
+        for x, y in loader:
+            ...; opt.step()                      # steps are found by a global optimizer hook
+        summary = tracker.stop()
+    """
+
+    def __init__(self, model: Any = None, optimizer: Any = None, *,
+                 config: TrackConfig | None = None, **kwargs: Any) -> None:
+        self.config = TrackConfig.from_kwargs(config, kwargs)
+        self.model = model
+        self.optimizer = optimizer
+        self.run_id: str | None = None
+        self.summary: TrackSummary | None = None
+        self.profile: WorkloadProfile | None = None
+        self._warn = WarnOnce(logger, every=100)
+        self._lock = threading.Lock()
+        self._handles: list[Any] = []
+        self._writer: Any = None
+        self._binding: Any = None
+        self._sampler: Any = None
+        self._clock: Any = None
+        self._agg: Any = None
+        self._hw: Any = None
+        self._device = "cpu"
+        self._device_count = 0
+        self._profile_params_logged = False
+        self._started = False
+        self._stopped = False
+
+    # -- public --------------------------------------------------------------------------------
+    def start(self) -> Tracker:
+        """Start measuring (idempotent). Never raises: on failure, training goes on untracked."""
+        if self._started:
+            return self
+        self._started = True
+        try:
+            self._start()
+        except Exception as exc:
+            self._warn("start", "tracking could not start; training goes on untracked: %s", exc)
+            self._remove_hooks()
+        return self
+
+    def step(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """Mark the end of one training step by hand (loops without an optimizer, or to give
+        the samples/tokens of a step). Once called, the optimizer hook no longer counts steps.
+        """
+        clock = self._clock
+        if clock is not None:
+            clock.mark(samples, tokens)
+
+    def stop(self, failed: bool = False) -> TrackSummary | None:
+        """Stop, log the summary and profile, flush, end the run if it was started here.
+
+        Returns the summary (also kept as ``self.summary``), or ``None`` if tracking failed.
+        """
+        if not self._started or self._stopped:
+            return self.summary
+        self._stopped = True
+        self._remove_hooks()
+        try:
+            self._finish()
+        except Exception as exc:
+            self._warn("stop", "could not finish tracking: %s", exc)
+        finally:
+            self._close(failed)
+        return self.summary
+
+    def __enter__(self) -> Tracker:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop(failed=exc_type is not None)
+
+    # -- start ---------------------------------------------------------------------------------
+    def _start(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        from mlflow_gpuopt.devices import get_host
+        from mlflow_gpuopt.tracking.aggregate import StepAggregator
+        from mlflow_gpuopt.tracking.hardware import HardwareReader
+        from mlflow_gpuopt.tracking.sampler import Sampler
+        from mlflow_gpuopt.tracking.steps import StepClock
+
+        cfg = self.config
+        self._dist = DistributedContext.from_env(strategy=cfg.strategy)
+        gpus, cuda_indices = self._select_gpus()
+        self._device_count = len(gpus)
+        self._device = gpus.name(0) if len(gpus) else "cpu"
+        self._hw = HardwareReader(gpus, get_host(), cuda_indices, warn=self._warn)
+        if self._dist.is_logging_rank:
+            self._open_run()
+        self._log_params({
+            "gpuopt.device": self._device,
+            "gpuopt.device_count": self._device_count,
+            "gpuopt.nodes": self._dist.nodes,
+            "gpuopt.world_size": self._dist.world_size,
+            "gpuopt.strategy": self._dist.strategy,
+            "gpuopt.gpu_backend": gpus.backend,
+        })
+        profiler = (WorkloadProfiler(self.model, self.optimizer, cfg.name)
+                    if cfg.profile and self.model is not None else None)
+        self._clock = StepClock(self.optimizer, profiler, cfg.profile_step,
+                                cuda_events=bool(cuda_indices), maxlen=cfg.max_step_records,
+                                on_error=self._hook_error)
+        self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps, self._clock.start_event)
+        self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
+        if self.model is not None:
+            self._handles.append(self.model.register_forward_pre_hook(self._clock.on_forward_pre,
+                                                                      with_kwargs=True))
+            self._handles.append(self.model.register_forward_hook(self._clock.on_forward))
+        self._sampler = Sampler(self._tick, cfg.interval_s, warn=self._warn)
+        self._sampler.start()
+
+    def _select_gpus(self) -> tuple[Any, list[int]]:
+        """The GPUs this process uses, and those of them torch.cuda holds the model on."""
+        from mlflow_gpuopt.devices import get_gpus
+
+        model_cuda: list[int] = []
+        on_cpu = False
+        if self.model is not None:
+            import torch
+
+            devs = {p.device for p in self.model.parameters()}
+            model_cuda = sorted({d.index if d.index is not None else torch.cuda.current_device()
+                                 for d in devs if d.type == "cuda"})
+            on_cpu = bool(devs) and not model_cuda and torch.cuda.is_available()
+        gpus = get_gpus()
+        if self.config.gpu_indices is not None:
+            indices = list(self.config.gpu_indices)
+        elif model_cuda:
+            indices = model_cuda
+        elif on_cpu:  # CPU training on a machine that has GPUs: they are not ours
+            indices = []
+        elif self._dist.world_size > 1:
+            indices = [self._dist.local_rank]
+        else:
+            return gpus, []
+        return gpus.select([i for i in indices if i < len(gpus)]), model_cuda
+
+    def _open_run(self) -> None:
+        from mlflow_gpuopt.tracking.runs import bind_run
+        from mlflow_gpuopt.tracking.writer import RunWriter
+
+        try:
+            self._binding = bind_run(self.config.run_id, self.config.run_name)
+            self.run_id = self._binding.run_id
+            self._writer = RunWriter(self.run_id)
+            self._writer.set_tags({"gpuopt.tracked": "true"})
+        except Exception as exc:
+            self._warn("run", "no MLflow run; measuring without logging: %s", exc)
+
+    # -- hot-path failure ----------------------------------------------------------------------
+    def _hook_error(self, where: str, exc: BaseException) -> None:
+        self._warn("hook", "%s failed, step tracking is off for this run: %r", where, exc)
+
+    def _remove_hooks(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in handles:
+            try:
+                h.remove()
+            except Exception as exc:
+                self._warn("unhook", "could not remove a hook: %s", exc)
+
+    # -- sampler thread ------------------------------------------------------------------------
+    def _tick(self, final: bool = False) -> None:
+        if not self._lock.acquire(timeout=10.0):
+            return
+        try:
+            metrics: dict[str, float] = {}
+            try:
+                window = self._agg.consume(self._clock.records, final=final)
+            except Exception as exc:
+                self._warn("steps", "step timing failed: %s", exc)
+                window = None
+            if window is not None:
+                window = combine_window(self._dist, window)
+                metrics["gpuopt/step_time_s"] = window.duration_s / window.steps
+                if window.duration_s > 0 and window.samples > 0 and self._agg.samples_known:
+                    metrics["gpuopt/throughput_samples_per_s"] = window.samples / window.duration_s
+                if window.duration_s > 0 and window.tokens > 0:
+                    metrics["gpuopt/throughput_tokens_per_s"] = window.tokens / window.duration_s
+            metrics.update(self._hw.read())
+            self._maybe_log_profile_params()
+            if self._writer is not None and metrics:
+                self._writer.log_metrics(metrics, step=self._agg.steps)
+        finally:
+            self._lock.release()
+
+    def _maybe_log_profile_params(self) -> None:
+        if self._profile_params_logged:
+            return
+        profiler = self._clock.profiler
+        if profiler is None or not profiler.done:
+            return
+        self._profile_params_logged = True
+        try:
+            self.profile = profiler.result(self._clock.profile_samples, self._clock.profile_forwards,
+                                           self._overrides())
+        except Exception as exc:
+            self._warn("profile", "workload profile failed: %s", exc)
+            return
+        self._log_profile_params(self.profile)
+
+    def _overrides(self) -> dict:
+        c = self.config
+        return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
+                "precision": c.precision, "tokens_per_sample": c.tokens_per_sample}
+
+    def _log_profile_params(self, p: WorkloadProfile | None) -> None:
+        c = self.config
+        params: dict[str, Any] = {
+            "gpuopt.precision": (p.precision if p else None) or c.precision or self._fallback_precision(),
+            "gpuopt.micro_batch": (p.micro_batch if p else None) or c.micro_batch
+            or c.samples_per_step or (self._clock.last_step_samples if self._clock else None),
+            "gpuopt.grad_accum": (p.grad_accum if p else None) or c.grad_accum or 1,
+        }
+        if p is not None:
+            params["gpuopt.params"] = p.params
+            params["gpuopt.trainable_params"] = p.trainable_params
+            if p.flops_per_sample is not None:
+                params["gpuopt.flops_per_sample"] = f"{p.flops_per_sample:.6g}"
+            if p.optimizer:
+                params["gpuopt.optimizer"] = p.optimizer
+            if p.tokens_per_sample:
+                params["gpuopt.tokens_per_sample"] = p.tokens_per_sample
+        self._log_params({k: v for k, v in params.items() if v not in (None, "", 0)})
+
+    def _fallback_precision(self) -> str:
+        if self.model is None:
+            return "fp32"
+        try:
+            p = next(iter(self.model.parameters()))
+            return detect_precision(self.model, p.device.type)
+        except Exception:
+            return "fp32"
+
+    def _log_params(self, params: dict) -> None:
+        if self._writer is not None:
+            self._writer.log_params(params)
+
+    # -- stop ----------------------------------------------------------------------------------
+    def _finish(self) -> None:
+        clock = self._clock
+        if clock is None:
+            return
+        if clock.profiler is not None and clock.profiler.active:
+            clock.profiler.abort()  # the profiled step never finished
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._tick(final=True)  # the end sample, and every step not yet read
+        if not self._profile_params_logged:
+            self._profile_params_logged = True
+            if self.model is not None and clock.profiler is not None:
+                try:
+                    self.profile = clock.profiler.result(clock.last_step_samples or None,
+                                                         clock.last_step_forwards or None,
+                                                         self._overrides())
+                except Exception as exc:
+                    self._warn("profile", "workload profile failed: %s", exc)
+            self._log_profile_params(self.profile)
+        self.summary = self._summarize()
+        if self._writer is not None:
+            self._writer.log_metrics(self.summary.metrics(), step=self._agg.steps)
+            if self.profile is not None:
+                self._writer.log_dict(self.profile.to_json(self._hardware()), PROFILE_ARTIFACT)
+        if self.config.print_summary:
+            print(self.summary.text(), flush=True)
+
+    def _hardware(self) -> dict:
+        from mlflow_gpuopt.devices.fingerprint import hardware_fingerprint
+
+        try:
+            hw = hardware_fingerprint().to_dict()
+        except Exception as exc:
+            self._warn("fingerprint", "hardware fingerprint failed: %s", exc)
+            hw = {}
+        hw.update({"device": self._device, "device_count": self._device_count,
+                   "world_size": self._dist.world_size, "nodes": self._dist.nodes})
+        return hw
+
+    def _summarize(self) -> TrackSummary:
+        from mlflow_gpuopt.tracking.peaks import peak_flops_per_s
+
+        steady = self._agg.steady_state()
+        p = self.profile
+        mfu = None
+        if (p is not None and p.flops_per_sample and steady.throughput_samples_per_s
+                and self._device_count):
+            peak = peak_flops_per_s(self._device, p.precision)
+            if peak:
+                mfu = p.flops_per_sample * steady.throughput_samples_per_s / (peak * self._device_count)
+        hw = self._hw
+        return TrackSummary(
+            run_id=self.run_id, device=self._device, device_count=self._device_count,
+            total_steps=self._agg.steps, steady=steady, peak_memory_bytes=hw.peak_memory_bytes(),
+            mfu=mfu, flops_per_sample=p.flops_per_sample if p else None,
+            params=p.params if p else None, energy_joules=hw.energy_joules,
+            gpu_utilization_mean_percent=hw.util_sum / hw.util_n if hw.util_n else None)
+
+    def _close(self, failed: bool) -> None:
+        if self._writer is not None:
+            try:
+                report = self._writer.close(timeout_s=30.0)
+                if report.pending_metrics:
+                    self._warn("flush", "%d metrics were not delivered to MLflow",
+                               report.pending_metrics)
+            except Exception as exc:
+                self._warn("flush", "could not flush to MLflow: %s", exc)
+        if self._binding is not None:
+            from mlflow_gpuopt.tracking.runs import end_run
+
+            try:
+                end_run(self._binding, failed)
+            except Exception as exc:
+                self._warn("end", "could not end the MLflow run: %s", exc)
+        if self._hw is not None:
+            try:
+                self._hw.gpus.close()
+            except Exception as exc:
+                self._warn("close", "could not release the GPU backend: %s", exc)
+
+
+@contextlib.contextmanager
+def track(model: Any = None, optimizer: Any = None, *, config: TrackConfig | None = None,
+          **kwargs: Any) -> Iterator[Tracker]:
+    """Measure the training inside the block into the active (or a new) MLflow run.
+
+    Example::
+
+        with gpuopt.track(model=model, optimizer=opt) as tracker:
+            for x, y in loader:
+                loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+        print(tracker.summary)
+
+    See :class:`Tracker` for the arguments and :class:`TrackConfig` for the options.
+    """
+    tracker = Tracker(model, optimizer, config=config, **kwargs)
+    tracker.start()
+    failed = True
+    try:
+        yield tracker
+        failed = False
+    finally:
+        tracker.stop(failed=failed)
