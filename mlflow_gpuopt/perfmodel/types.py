@@ -31,6 +31,7 @@ class Workload:
     num_layers: int | None = None
     largest_layer_params: int | None = None
     hidden_size: int | None = None
+    memory_traffic_bytes_per_sample: float | None = None  # DRAM bytes moved per sample (roofline)
 
 
 @dataclass(frozen=True)
@@ -126,3 +127,5 @@ class Prediction:
     max_micro_batch: int  # largest micro-batch that fits (0 if even 1 does not)
     samples_per_step: int  # global batch: micro_batch × grad_accum × data-parallel ranks
     extrapolated: bool  # True when no observation was on this GPU type
+    tokens_per_s: float | None = None  # throughput × tokens_per_sample, where known
+    assumptions: tuple[str, ...] = ()  # what the model had to guess, in words

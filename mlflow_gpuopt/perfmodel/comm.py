@@ -1,0 +1,138 @@
+"""Communication time: ring collectives (NCCL), per-strategy volumes, tensor-parallel
+all-reduces, pipeline point-to-point and bubble, and Pollux's overlap with compute.
+
+All times are seconds; bandwidths bytes/s, one direction, per GPU unless named otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlflow_gpuopt.perfmodel.layout import SHARDED_PARAMS, Layout
+from mlflow_gpuopt.perfmodel.types import Hardware
+
+#: Bus bandwidth NCCL reaches as a share of the link's datasheet figure (nccl-tests busbw).
+BUS_EFFICIENCY = 0.75
+#: Per ring step latency inside a node (NVLink/PCIe) and across nodes.
+INTRA_NODE_LATENCY_S = 5e-6
+INTER_NODE_LATENCY_S = 20e-6
+#: Pollux's overlap exponent prior: 1 = communication adds to compute, large = fully hidden.
+GAMMA_PRIOR = 2.0
+#: Compute time lost per doubling of data-parallel replicas to stragglers, synchronisation
+#: jitter and input-pipeline contention (Pollux's "retrogression"); set from the spread of
+#: NVIDIA's published 8-GPU weak-scaling efficiencies (84-99%, reference/models.md 5.5).
+SYNC_OVERHEAD_PER_DOUBLING = 0.02
+#: Volume of one data-parallel synchronisation relative to an all-reduce of the gradients:
+#: DDP and ZeRO-1/2 move 2Ψ (reduce-scatter + all-gather); ZeRO-3/FSDP 3Ψ (parameters are
+#: all-gathered again for the backward pass).
+STRATEGY_VOLUME = {"single": 0.0, "ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5,
+                   "fsdp": 1.5}
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_bytes_per_s: float,
+                     latency_s: float = INTRA_NODE_LATENCY_S) -> float:
+    """Ring all-reduce: ``2(n−1)/n · bytes / bw + 2(n−1)·α`` (nccl-tests PERFORMANCE.md)."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (2.0 * (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
+            + 2.0 * (ranks - 1) * latency_s)
+
+
+def ring_allgather_s(nbytes: float, ranks: int, bandwidth_bytes_per_s: float,
+                     latency_s: float = INTRA_NODE_LATENCY_S) -> float:
+    """Ring all-gather or reduce-scatter of ``nbytes`` in total: ``(n−1)/n · bytes / bw``."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s + (ranks - 1) * latency_s
+
+
+def dp_link(hardware: Hardware, layout: Layout) -> tuple[float, float]:
+    """Effective (bandwidth, latency) of the data-parallel ring.
+
+    Inside one node: the GPU's NVLink/NVSwitch or PCIe share. Spanning nodes: the slowest
+    link bounds the ring, and a node's network is shared by the GPUs in it that run different
+    rings at once (``gpus_per_node / dp_ranks_per_node`` of them).
+    """
+    intra = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY
+    if not layout.dp_spans_nodes:
+        return intra, INTRA_NODE_LATENCY_S
+    concurrent = max(1, hardware.gpus_per_node // max(1, layout.dp_ranks_per_node))
+    inter = hardware.inter_node_bytes_per_s * BUS_EFFICIENCY / concurrent
+    return min(intra, inter), INTER_NODE_LATENCY_S
+
+
+def grad_comm_bytes_per_param(precision_mixed: bool, dp_strategy: str) -> int:
+    """Bytes per gradient element on the wire: DeepSpeed/FSDP reduce 16-bit gradients in mixed
+    precision; PyTorch DDP under autocast keeps fp32 parameters, so fp32 gradients."""
+    if precision_mixed and dp_strategy in ("zero1", "zero2", "zero3", "fsdp"):
+        return 2
+    return 4
+
+
+def dp_sync_s(params_per_replica: float, bytes_per_param: int, layout: Layout,
+              hardware: Hardware) -> float:
+    """One data-parallel synchronisation of the gradients of one model shard.
+
+    DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``).
+    """
+    if layout.dp <= 1:
+        return 0.0
+    bw, lat = dp_link(hardware, layout)
+    volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
+    return volume * ring_allreduce_s(params_per_replica * bytes_per_param, layout.dp, bw, lat)
+
+
+def sharded_params(layout: Layout) -> bool:
+    """ZeRO-3/FSDP gather parameters on every micro-step, so accumulation does not hide it."""
+    return layout.dp_strategy in SHARDED_PARAMS
+
+
+def tp_allreduce_s(num_layers: int, micro_batch: float, seq_len: float, hidden: float,
+                   act_bytes: int, tp: int, hardware: Hardware) -> float:
+    """Megatron tensor parallel: 2 all-reduces of ``b·s·h`` activations per layer in forward
+    and 2 in backward, over ``tp`` GPUs inside one node (exposed: they sit on the critical
+    path between matmuls)."""
+    if tp <= 1:
+        return 0.0
+    nbytes = micro_batch * seq_len * hidden * act_bytes
+    bw = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY
+    return 4.0 * num_layers * ring_allreduce_s(nbytes, tp, bw, INTRA_NODE_LATENCY_S)
+
+
+def pp_p2p_s(boundary_bytes: float, layout: Layout, hardware: Hardware) -> float:
+    """One micro-batch crossing one stage boundary, forward activation plus backward
+    gradient, on the node network when stages span nodes."""
+    if layout.pp <= 1:
+        return 0.0
+    if layout.pp_spans_nodes:
+        bw = hardware.inter_node_bytes_per_s * BUS_EFFICIENCY / max(1, hardware.gpus_per_node)
+        lat = INTER_NODE_LATENCY_S
+    else:
+        bw, lat = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY, INTRA_NODE_LATENCY_S
+    return 2.0 * (boundary_bytes / bw + lat)
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """GPipe/1F1B pipeline bubble as a share of the step: ``(p−1)/(m+p−1)``."""
+    if stages <= 1:
+        return 0.0
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def overlap_s(compute_s: float, comm_s: float, gamma: float) -> float:
+    """Pollux: ``(T_grad^γ + T_comm^γ)^(1/γ)``; γ = 1 adds them, γ → ∞ takes the max."""
+    if comm_s <= 0:
+        return compute_s
+    if compute_s <= 0:
+        return comm_s
+    hi = max(compute_s, comm_s)
+    lo = min(compute_s, comm_s)
+    return hi * (1.0 + (lo / hi) ** gamma) ** (1.0 / gamma)
+
+
+def sync_overhead_s(micro_step_s: float, dp: int) -> float:
+    """Time lost to stragglers and synchronisation once per step: a share of one micro-step
+    per doubling of the replica count."""
+    if dp <= 1:
+        return 0.0
+    return SYNC_OVERHEAD_PER_DOUBLING * math.log2(dp) * micro_step_s

@@ -1,0 +1,10 @@
+"""The one error the scaling models raise for inputs they cannot use."""
+
+from __future__ import annotations
+
+
+class PerfModelError(ValueError):
+    """A workload, observation or configuration the models cannot work with.
+
+    The message is one line a command line can print as it is.
+    """

@@ -1,0 +1,213 @@
+"""Fit the calibration factors to measured runs: bounded least squares on log error.
+
+What the data can identify is fitted, the rest stays at its prior (Pollux's guards):
+
+- ``log k`` per (GPU type, precision) observed: the compute scale (always identified by one
+  run on that GPU at that precision);
+- ``log r`` per (GPU, precision) with two or more distinct micro-batches: how much of the
+  micro-step is batch-independent (``a`` vs ``b``);
+- ``log κ`` when any run used more than one GPU: the communication/straggler scale;
+- ``γ`` (overlap, in [1, 10]) when two or more multi-GPU configurations differ in replicas.
+
+Every parameter also has a weak prior residual, so a fit never runs away with one run's
+noise. Observations on a CPU tell nothing about GPU speed: they are set aside and the
+prediction falls back to FLOPs / peak with a prior efficiency and a wide interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from mlflow_gpuopt.perfmodel import comm
+from mlflow_gpuopt.perfmodel.errors import PerfModelError
+from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
+from mlflow_gpuopt.perfmodel.memory import optimizer_state_bytes_per_param
+from mlflow_gpuopt.perfmodel.precision import normalize_precision
+from mlflow_gpuopt.perfmodel.shape import Shape, model_shape
+from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
+from mlflow_gpuopt.perfmodel.types import Hardware, Observation, ParallelConfig, Workload
+from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_FLOOR
+
+logger = logging.getLogger(__name__)
+
+#: Noise of one measured throughput (log); sets how hard the fit follows the data vs priors.
+SIGMA_OBSERVATION = 0.03
+#: Prior widths (log) of the fitted factors.
+SIGMA_PRIOR_COMPUTE = 1.5
+SIGMA_PRIOR_FIXED = 0.7
+SIGMA_PRIOR_COMM = 0.7
+SIGMA_PRIOR_GAMMA = 3.0
+
+CPU_NAMES = frozenset({"cpu", "", "none"})
+
+Key = tuple[str, str]  # (gpu, precision)
+
+
+@dataclass(frozen=True)
+class PreparedObservation:
+    """An observation with its precision, layout and micro-batch worked out."""
+
+    key: Key
+    hardware: Hardware
+    layout: Layout
+    micro_batch: float
+    grad_accum: int
+    nodes: int
+    throughput_samples_per_s: float
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Fitted factors and what the observations covered (for intervals)."""
+
+    log_compute_scale: dict[Key, float] = field(hash=False)
+    log_compute_sd: dict[Key, float] = field(hash=False)
+    log_fixed_scale: dict[Key, float] = field(hash=False)
+    comm_scale: float
+    gamma: float
+    residual_rms: float
+    observed_batches: dict[Key, frozenset[float]] = field(hash=False)
+    max_observed_dp: int
+    observed_strategies: frozenset[str]
+    observed_multinode: bool
+    cpu_only: bool  # observations existed but none on a GPU
+    n_observations: int
+
+
+def is_cpu(name: str) -> bool:
+    """True for a CPU "device" name as tracking logs it."""
+    return name.strip().lower() in CPU_NAMES or name.strip().lower().startswith("cpu")
+
+
+def prepare(workload: Workload, observations: Sequence[Observation],
+            hardware: Mapping[str, Hardware]) -> tuple[list[PreparedObservation], int]:
+    """GPU observations ready for the model, and the number of CPU ones set aside."""
+    prepared: list[PreparedObservation] = []
+    cpu = 0
+    for obs in observations:
+        if obs.throughput_samples_per_s is None or not obs.throughput_samples_per_s > 0:
+            raise PerfModelError(
+                f"observation on {obs.gpu!r} has no positive throughput_samples_per_s")
+        if is_cpu(obs.gpu):
+            cpu += 1
+            continue
+        hw = hardware.get(obs.gpu)
+        if hw is None:
+            raise PerfModelError(f"no hardware description given for GPU {obs.gpu!r}")
+        nodes = max(1, int(obs.nodes or 1))
+        if obs.gpu_count < 1 or obs.gpu_count % nodes:
+            raise PerfModelError(
+                f"observation on {obs.gpu}: {obs.gpu_count} GPUs do not split over {nodes} nodes")
+        precision = normalize_precision(obs.precision or workload.precision)
+        m = obs.micro_batch or workload.micro_batch
+        if not m:
+            raise PerfModelError(
+                f"observation on {obs.gpu} has no micro_batch and the workload gives none")
+        config = ParallelConfig(gpus_per_node=obs.gpu_count // nodes, nodes=nodes,
+                                strategy=obs.strategy or "ddp", micro_batch=int(m),
+                                grad_accum=max(1, int(obs.grad_accum or 1)), precision=precision)
+        prepared.append(PreparedObservation(
+            key=(obs.gpu, precision), hardware=hw, layout=resolve_layout(config),
+            micro_batch=float(m), grad_accum=config.grad_accum, nodes=nodes,
+            throughput_samples_per_s=float(obs.throughput_samples_per_s)))
+    return prepared, cpu
+
+
+def _throughput(workload: Workload, obs: PreparedObservation, shape: Shape, k_opt: float,
+                calib: Calibration) -> float:
+    t = step_terms(workload, obs.hardware, obs.key[1], obs.layout, obs.micro_batch,
+                   obs.grad_accum, shape, k_opt, calib)
+    return t.samples_per_step / t.step_s
+
+
+def fit_calibration(workload: Workload, observations: Sequence[Observation],
+                    hardware: Mapping[str, Hardware]) -> FitResult:
+    """Fit what the observations identify (see the module docstring)."""
+    prepared, n_cpu = prepare(workload, observations, hardware)
+    shape = model_shape(workload)
+    k_opt, _ = optimizer_state_bytes_per_param(workload)
+    keys = sorted({o.key for o in prepared})
+    batches = {key: frozenset(o.micro_batch for o in prepared if o.key == key) for key in keys}
+    split_keys = [key for key in keys if len(batches[key]) >= 2]
+    multi = [o for o in prepared if o.layout.dp > 1 or o.layout.tp > 1 or o.layout.pp > 1]
+    fit_kappa = bool(multi)
+    fit_gamma = len({(o.layout.dp, o.nodes) for o in multi}) >= 2
+
+    names: list[str] = [f"k:{k}" for k in keys] + [f"r:{k}" for k in split_keys]
+    if fit_kappa:
+        names.append("kappa")
+    if fit_gamma:
+        names.append("gamma")
+    n_k, n_r = len(keys), len(split_keys)
+    x0 = np.zeros(len(names))
+    # Start the compute scales at observed / prior so the solver starts near the answer.
+    for i, key in enumerate(keys):
+        ratios = [math.log(_throughput(workload, o, shape, k_opt, Calibration())
+                           / o.throughput_samples_per_s) for o in prepared if o.key == key]
+        x0[i] = float(np.mean(ratios))
+    if fit_gamma:
+        x0[-1] = comm.GAMMA_PRIOR
+    lower = np.full(len(names), -12.0)
+    upper = np.full(len(names), 12.0)
+    lower[n_k:n_k + n_r], upper[n_k:n_k + n_r] = -5.0, 5.0
+    if fit_kappa:
+        idx = n_k + n_r
+        lower[idx], upper[idx] = math.log(0.05), math.log(50.0)
+    if fit_gamma:
+        lower[-1], upper[-1] = 1.0, 10.0
+    x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+
+    def calib_for(x: np.ndarray, key: Key) -> Calibration:
+        k = math.exp(x[keys.index(key)])
+        r = math.exp(x[n_k + split_keys.index(key)]) if key in split_keys else 1.0
+        kappa = math.exp(x[n_k + n_r]) if fit_kappa else 1.0
+        gamma = float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR
+        return Calibration(compute_scale=k, fixed_scale=r, comm_scale=kappa, gamma=gamma)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        res = [(math.log(_throughput(workload, o, shape, k_opt, calib_for(x, o.key)))
+                - math.log(o.throughput_samples_per_s)) / SIGMA_OBSERVATION for o in prepared]
+        res.extend(x[:n_k] / SIGMA_PRIOR_COMPUTE)
+        res.extend(x[n_k:n_k + n_r] / SIGMA_PRIOR_FIXED)
+        if fit_kappa:
+            res.append(x[n_k + n_r] / SIGMA_PRIOR_COMM)
+        if fit_gamma:
+            res.append((x[-1] - comm.GAMMA_PRIOR) / SIGMA_PRIOR_GAMMA)
+        return np.asarray(res, dtype=float)
+
+    if names:
+        sol = least_squares(residuals, x0, bounds=(lower, upper), method="trf", x_scale=1.0)
+        x = sol.x
+        jac = sol.jac
+        try:
+            cov = np.linalg.pinv(jac.T @ jac)
+        except np.linalg.LinAlgError:  # pragma: no cover - pinv is robust
+            cov = np.eye(len(names))
+        obs_res = residuals(x)[:len(prepared)] * SIGMA_OBSERVATION
+        rms = float(np.sqrt(np.mean(obs_res**2))) if len(prepared) else 0.0
+    else:
+        x, cov, rms = x0, np.zeros((0, 0)), 0.0
+    logger.debug("perfmodel fit: %s = %s (rms log error %.3f)", names, x, rms)
+
+    log_k = {key: float(x[i]) for i, key in enumerate(keys)}
+    # A parameter's spread: its covariance, but never below the noise of the data it saw.
+    sd = {key: max(SIGMA_FLOOR, rms, float(math.sqrt(max(cov[i, i], 0.0))))
+          for i, key in enumerate(keys)}
+    log_r = {key: float(x[n_k + j]) for j, key in enumerate(split_keys)}
+    return FitResult(
+        log_compute_scale=log_k, log_compute_sd=sd, log_fixed_scale=log_r,
+        comm_scale=math.exp(x[n_k + n_r]) if fit_kappa else 1.0,
+        gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
+        residual_rms=rms, observed_batches=batches,
+        max_observed_dp=max((o.layout.dp for o in prepared), default=0),
+        observed_strategies=frozenset(o.layout.dp_strategy if o.layout.tp * o.layout.pp == 1
+                                      else ("tp" if o.layout.tp > 1 else "pp")
+                                      for o in prepared),
+        observed_multinode=any(o.nodes > 1 for o in prepared),
+        cpu_only=not prepared, n_observations=len(prepared) + n_cpu)

@@ -1,0 +1,160 @@
+"""``fit()`` and the :class:`Predictor` it returns: throughput, interval, step-time breakdown
+and memory for any configuration on any GPU, from the fitted calibration."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from mlflow_gpuopt.perfmodel import uncertainty as unc
+from mlflow_gpuopt.perfmodel.errors import PerfModelError
+from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration
+from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
+from mlflow_gpuopt.perfmodel.memory import (
+    _memory,
+    max_micro_batch_fitting,
+    optimizer_state_bytes_per_param,
+)
+from mlflow_gpuopt.perfmodel.precision import normalize_precision
+from mlflow_gpuopt.perfmodel.shape import model_shape
+from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
+from mlflow_gpuopt.perfmodel.types import (
+    Hardware,
+    Observation,
+    ParallelConfig,
+    Prediction,
+    Workload,
+)
+
+_DP_FAMILY = {"single": "ddp", "ddp": "ddp"}
+
+
+def validate_workload(workload: Workload) -> None:
+    """Raise :class:`PerfModelError` for a workload the models cannot use."""
+    if not workload.params or workload.params <= 0:
+        raise PerfModelError("workload needs a positive 'params' (parameter count)")
+    if not workload.flops_per_sample or workload.flops_per_sample <= 0:
+        raise PerfModelError("workload needs a positive 'flops_per_sample'")
+    normalize_precision(workload.precision)
+    if workload.micro_batch is not None and workload.micro_batch < 1:
+        raise PerfModelError("workload 'micro_batch' must be at least 1")
+
+
+class Predictor:
+    """A fitted scaling model for one workload. Build it with :func:`fit`.
+
+    ``predict`` is plain arithmetic over quantities fixed at fit time, cheap enough for the
+    recommender's thousands of calls.
+    """
+
+    def __init__(self, workload: Workload, result: FitResult) -> None:
+        self.workload = workload
+        self.result = result
+        self._shape = model_shape(workload)
+        self._opt_bytes, opt_assumed = optimizer_state_bytes_per_param(workload)
+        notes = list(self._shape.assumptions)
+        if opt_assumed:
+            notes.append("optimizer unknown: Adam's 8 bytes/param of state assumed")
+        if result.cpu_only:
+            notes.append("only CPU measurements: GPU speed from FLOPs / peak at a prior "
+                         "efficiency (wide interval)")
+        elif not result.log_compute_scale:
+            notes.append("no measurements: GPU speed from FLOPs / peak at a prior efficiency")
+        self._notes = tuple(notes)
+        self._observed_gpus = {key[0] for key in result.log_compute_scale}
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """What the model had to guess for this workload, in words."""
+        return self._notes
+
+    def _compute_scale(self, key: Key, hardware: Hardware) -> tuple[float, float, float, bool]:
+        """(log k, its sd, log r, extrapolated) for a GPU and precision."""
+        res = self.result
+        if key in res.log_compute_scale:
+            return (res.log_compute_scale[key], res.log_compute_sd[key],
+                    res.log_fixed_scale.get(key, 0.0), False)
+        if not res.log_compute_scale:
+            return 0.0, unc.SIGMA_PRIOR_ONLY, 0.0, True
+        same_gpu = [k for k in res.log_compute_scale if k[0] == key[0]]
+        if same_gpu:
+            pool, extra = same_gpu, unc.SIGMA_OTHER_PRECISION
+        else:
+            # Prefer calibrations made at the same precision.
+            pool = [k for k in res.log_compute_scale if k[1] == key[1]] or \
+                list(res.log_compute_scale)
+            extra = unc.SIGMA_OTHER_GPU
+        logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
+        sd = max(res.log_compute_sd[k] for k in pool)
+        return logk, unc.combine(sd, extra), 0.0, key[0] not in self._observed_gpus
+
+    def _resolve(self, config: ParallelConfig, hardware: Hardware
+                 ) -> tuple[Layout, str, int]:
+        validate_config(config, hardware)
+        layout = resolve_layout(config)
+        precision = normalize_precision(config.precision or self.workload.precision)
+        m = config.micro_batch or self.workload.micro_batch
+        if not m:
+            raise PerfModelError("no micro-batch: give one in the configuration or the workload")
+        return layout, precision, int(m)
+
+    def predict(self, config: ParallelConfig, hardware: Hardware) -> Prediction:
+        """Throughput, interval, time breakdown and memory for ``config`` on ``hardware``."""
+        layout, precision, m = self._resolve(config, hardware)
+        res = self.result
+        key = (hardware.gpu, precision)
+        logk, sd_k, logr, extrapolated = self._compute_scale(key, hardware)
+        calib = Calibration(compute_scale=math.exp(logk), fixed_scale=math.exp(logr),
+                            comm_scale=res.comm_scale, gamma=res.gamma)
+        terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
+                           self._shape, self._opt_bytes, calib)
+        throughput = terms.samples_per_step / terms.step_s
+
+        strategy = layout.dp_strategy if layout.tp * layout.pp == 1 else (
+            "tp" if layout.tp > 1 else "pp")
+        observed = {_DP_FAMILY.get(s, s) for s in res.observed_strategies}
+        sigma = unc.combine(
+            sd_k,
+            unc.scale_beyond(layout.dp, max(1, res.max_observed_dp)) if res.max_observed_dp
+            else 0.0,
+            unc.batch_away(m, res.observed_batches.get(key, frozenset()),
+                           key in res.log_fixed_scale),
+            unc.SIGMA_UNOBSERVED_STRATEGY
+            if res.max_observed_dp and _DP_FAMILY.get(strategy, strategy) not in observed
+            and layout.gpus_total() > 1 else 0.0,
+            unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
+            else 0.0,
+        )
+        low, high = unc.interval(throughput, sigma)
+
+        memory = _memory(self.workload, config, layout, hardware.memory_bytes, m, self._shape)
+        max_m = max_micro_batch_fitting(self.workload, config, layout, hardware.memory_bytes,
+                                        self._shape)
+        tokens = self.workload.tokens_per_sample
+        return Prediction(
+            gpu=hardware.gpu, config=config, throughput_samples_per_s=throughput,
+            low=low, high=high, log_sigma=sigma, step_time_s=terms.step_s,
+            compute_s=terms.compute_s, exposed_comm_s=terms.exposed_comm_s,
+            bubble_s=terms.bubble_s, memory=memory, memory_capacity_bytes=hardware.memory_bytes,
+            fits=memory.total_bytes <= hardware.memory_bytes, max_micro_batch=max_m,
+            samples_per_step=int(round(terms.samples_per_step)), extrapolated=extrapolated,
+            tokens_per_s=throughput * tokens if tokens else None, assumptions=self._notes)
+
+    def max_micro_batch(self, config: ParallelConfig, hardware: Hardware) -> int:
+        """Largest micro-batch per GPU whose memory fits ``hardware`` under ``config``."""
+        validate_config(config, hardware)
+        layout = resolve_layout(config)
+        return max_micro_batch_fitting(self.workload, config, layout, hardware.memory_bytes,
+                                       self._shape)
+
+
+def fit(workload: Workload, observations: Sequence[Observation],
+        hardware: Mapping[str, Hardware]) -> Predictor:
+    """Fit the scaling model to ``observations`` of ``workload``.
+
+    ``hardware`` maps every GPU named in ``observations`` (canonical names) to its
+    :class:`Hardware`; observations on ``"cpu"`` need none. With no GPU observation the
+    predictor runs on priors (FLOPs / peak at a typical efficiency) with wide intervals.
+    """
+    validate_workload(workload)
+    return Predictor(workload, fit_calibration(workload, observations, hardware))

@@ -1,0 +1,94 @@
+"""One optimizer step put together: compute, communication, overlap, accumulation, bubble.
+
+    T_grad      = a + b·m                                  per micro-step, per GPU (compute.py)
+    T_sync      = (T_grad^γ + T_comm^γ)^(1/γ)              Pollux overlap (comm.py)
+    T_step      = (s−1)·T_grad + T_sync + T_opt + T_straggle           DDP / ZeRO-1/2
+    T_step      = s·(T_grad ⊕ T_gather) + T_opt + T_straggle           ZeRO-3 / FSDP (gathers every micro-step)
+    T_step      = (s+p−1)·(T_stage + T_p2p) + exposed T_comm + ...     pipeline, bubble (p−1)/(s+p−1)
+
+Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
+``fixed_scale`` the batch-independent part ``a`` alone, ``comm_scale`` communication and
+straggling. Pure arithmetic, no allocation beyond the result: the recommender calls this
+thousands of times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlflow_gpuopt.perfmodel import comm
+from mlflow_gpuopt.perfmodel.compute import (
+    fixed_time_prior_s,
+    optimizer_time_prior_s,
+    per_sample_time_prior_s,
+)
+from mlflow_gpuopt.perfmodel.layout import Layout
+from mlflow_gpuopt.perfmodel.precision import ELEMENT_BYTES, is_mixed
+from mlflow_gpuopt.perfmodel.shape import Shape
+from mlflow_gpuopt.perfmodel.types import Hardware, Workload
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Multipliers on the priors, fitted from observations (1.0 = the prior as is)."""
+
+    compute_scale: float = 1.0
+    fixed_scale: float = 1.0
+    comm_scale: float = 1.0
+    gamma: float = comm.GAMMA_PRIOR
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """Where one optimizer step's time goes, seconds (critical path of one GPU)."""
+
+    step_s: float
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    samples_per_step: float
+
+
+def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
+               micro_batch: float, grad_accum: int, shape: Shape, optimizer_state_bytes: float,
+               calib: Calibration) -> StepTerms:
+    """Time of one optimizer step (``grad_accum`` micro-steps of ``micro_batch`` per GPU)."""
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    shards = tp * pp
+    s = max(1, int(grad_accum))
+    params_shard = workload.params / shards
+    k = calib.compute_scale
+    a = k * calib.fixed_scale * fixed_time_prior_s(params_shard, hardware, precision)
+    b = k * per_sample_time_prior_s(workload, hardware, precision) / shards
+    t_grad = a + b * micro_batch
+    opt_params = params_shard / dp if layout.dp_strategy in ("zero1", "zero2", "zero3",
+                                                            "fsdp") else params_shard
+    t_opt = k * optimizer_time_prior_s(opt_params, optimizer_state_bytes, hardware, precision)
+
+    act_bytes = ELEMENT_BYTES[precision]
+    kappa = calib.comm_scale
+    t_tp = kappa * comm.tp_allreduce_s(max(1, shape.num_layers // pp), micro_batch,
+                                       shape.seq_len, shape.hidden_size, act_bytes, tp,
+                                       hardware)
+    grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
+    t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
+    t_micro = t_grad + t_tp
+    t_straggle = kappa * comm.sync_overhead_s(t_micro, dp)
+
+    bubble = 0.0
+    if pp > 1:
+        boundary = micro_batch * shape.seq_len * shape.hidden_size * act_bytes
+        t_stage = t_micro + kappa * comm.pp_p2p_s(boundary, layout, hardware)
+        bubble = (pp - 1) * t_stage
+        pipe = (s + pp - 1) * t_stage
+        exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
+        step = pipe + exposed_dp + t_opt + t_straggle
+    elif comm.sharded_params(layout):
+        step = s * comm.overlap_s(t_micro, t_dp, calib.gamma) + t_opt + t_straggle
+    else:
+        step = (s - 1) * t_micro + comm.overlap_s(t_micro, t_dp, calib.gamma) + t_opt \
+            + t_straggle
+    compute = s * t_grad + t_opt
+    exposed = max(0.0, step - compute - bubble)
+    return StepTerms(step_s=step, compute_s=compute, exposed_comm_s=exposed, bubble_s=bubble,
+                     samples_per_step=micro_batch * s * dp)
