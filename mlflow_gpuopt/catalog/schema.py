@@ -35,6 +35,7 @@ class GpuSpec:
     pcie_gen: int
     tdp_w: float
     source: str
+    verification: str = ""  # how the figures were checked (which are recalled, derived, read)
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak TFLOP/s for ``precision``, falling back the way the hardware does.
@@ -78,7 +79,9 @@ class Offer:
     billing_increment_s: int  # 1 = per-second billing
     billing_minimum_s: int  # e.g. 60 on AWS/GCP
     intra_node_link: str  # "nvswitch" | "nvlink" | "pcie3" | "pcie4" | "pcie5" | "none"
-    intra_node_gb_per_s: float  # GPU-to-GPU bandwidth per GPU inside a node, GB/s
+    # GPU-to-GPU bandwidth per GPU inside a node, GB/s, total bidirectional (the convention of
+    # NVIDIA's headline figures: A100 NVLink 600, H100 900; PCIe 4.0 x16 = 64); 0 on 1-GPU nodes.
+    intra_node_gb_per_s: float
     inter_node_gbps: float  # node network, Gbit/s (0 where multi-node is not offered)
     inter_node_rdma: bool  # EFA / InfiniBand / GPUDirect-TCPX
     max_nodes: int  # 1 where the provider offers no multi-node (Colab)
@@ -88,9 +91,61 @@ class Offer:
     max_session_hours: float | None  # Colab session cap; None = unlimited
     gpu_guaranteed: bool  # False on Colab
     as_of: str  # ISO date the price was read
-    source: str  # where the price was read
+    source: str  # where the price was read; starts with "estimated:" where not read from a source
+    # Lambda: regions that had capacity when the price was fetched; None = not known (snapshot).
+    regions_with_capacity: tuple[str, ...] | None = None
+    subscription_usd_per_month: float | None = None  # Colab Pro/Pro+ monthly fee; None = PAYG
+    compute_units_per_month: float | None = None  # compute units the subscription includes
 
     @property
     def price_per_gpu_hour_usd(self) -> float:
         """On-demand $ per GPU-hour."""
         return self.price_per_hour_usd / self.gpu_count
+
+    @property
+    def spot_price_per_gpu_hour_usd(self) -> float | None:
+        """Spot $ per GPU-hour, None where no spot is sold."""
+        if self.spot_price_per_hour_usd is None:
+            return None
+        return self.spot_price_per_hour_usd / self.gpu_count
+
+    @property
+    def total_gpu_memory_gb(self) -> float:
+        """GPU memory of the whole node, GB (``gpu_count`` × ``gpu_memory_gb``; not host RAM)."""
+        return self.gpu_count * self.gpu_memory_gb
+
+    @property
+    def is_estimate(self) -> bool:
+        """True where the price was not read from a price source but estimated (see ``source``)."""
+        return self.source.lower().startswith("estimated")
+
+
+#: Providers the catalog knows, in display order.
+PROVIDERS = ("aws", "gcp", "lambda", "azure", "colab")
+
+#: Allowed values of ``Offer.intra_node_link``.
+INTRA_NODE_LINKS = ("nvswitch", "nvlink", "pcie3", "pcie4", "pcie5", "none")
+
+#: Allowed values of ``Offer.pricing``.
+PRICING_KINDS = ("on_demand", "compute_units")
+
+#: Prices above this ($ per GPU-hour) are treated as a parsing error, not a price.
+MAX_USD_PER_GPU_HOUR = 1000.0
+
+#: Columns of ``pricing/gpus.csv``, in file order (the ``GpuSpec`` fields).
+GPU_COLUMNS = (
+    "name", "memory_gb", "memory_bandwidth_gb_per_s", "fp32_tflops", "tf32_tflops",
+    "fp16_tflops", "bf16_tflops", "fp8_tflops", "nvlink_gb_per_s", "pcie_gen", "tdp_w",
+    "source", "verification",
+)
+
+#: Columns of every ``pricing/<provider>.csv`` (the ``Offer`` fields plus
+#: ``total_gpu_memory_gb``, which is checked against ``gpu_count`` × ``gpu_memory_gb``).
+OFFER_COLUMNS = (
+    "provider", "instance_type", "region", "gpu", "gpu_count", "gpu_memory_gb",
+    "total_gpu_memory_gb", "vcpus", "memory_gb", "price_per_hour_usd", "spot_price_per_hour_usd",
+    "billing_increment_s", "billing_minimum_s", "intra_node_link", "intra_node_gb_per_s",
+    "inter_node_gbps", "inter_node_rdma", "max_nodes", "pricing", "compute_units_per_hour",
+    "usd_per_compute_unit", "max_session_hours", "gpu_guaranteed", "subscription_usd_per_month",
+    "compute_units_per_month", "regions_with_capacity", "as_of", "source",
+)

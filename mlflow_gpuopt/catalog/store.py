@@ -1,0 +1,165 @@
+"""Where the catalog lives: the shipped snapshot (``pricing/`` via importlib.resources) and
+the user's cache of refreshed prices, which takes precedence provider by provider.
+
+The cache directory is ``$GPUOPT_CACHE_DIR`` or ``~/.cache/mlflow-gpuopt``; refreshed files go
+to ``<cache>/catalog-v<CATALOG_SCHEMA_VERSION>/<provider>.csv`` so a schema change never reads
+an old file. A cached file older than ``max_age_days`` (argument, else
+``$GPUOPT_PRICING_MAX_AGE_DAYS``, else 30) is still used, with a warning naming its date.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import tempfile
+import threading
+from importlib import resources
+from pathlib import Path
+
+from mlflow_gpuopt.catalog.catalog import Catalog
+from mlflow_gpuopt.catalog.errors import CatalogError
+from mlflow_gpuopt.catalog.rows import parse_gpus_csv, parse_offers_csv
+from mlflow_gpuopt.catalog.schema import CATALOG_SCHEMA_VERSION, PROVIDERS, GpuSpec
+
+logger = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "GPUOPT_CACHE_DIR"
+MAX_AGE_ENV = "GPUOPT_PRICING_MAX_AGE_DAYS"
+DEFAULT_MAX_AGE_DAYS = 30.0
+SHIPPED = "shipped snapshot"
+
+_lock = threading.Lock()
+_loaded: dict[tuple, Catalog] = {}
+
+
+def cache_root() -> Path:
+    """The user's cache directory (not created here)."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "mlflow-gpuopt"
+
+
+def catalog_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The schema-versioned folder that holds refreshed ``<provider>.csv`` files."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    return root / f"catalog-v{CATALOG_SCHEMA_VERSION}"
+
+
+def max_age_days_setting(max_age_days: float | None = None) -> float:
+    """The staleness limit in days: the argument, else the environment, else 30."""
+    if max_age_days is not None:
+        value, where = max_age_days, "max_age_days"
+    elif os.environ.get(MAX_AGE_ENV):
+        value, where = os.environ[MAX_AGE_ENV], MAX_AGE_ENV
+    else:
+        return DEFAULT_MAX_AGE_DAYS
+    try:
+        out = float(value)
+    except ValueError:
+        out = float("nan")
+    if not out > 0:
+        raise CatalogError(f"{where} must be a positive number of days, got {value!r}")
+    return out
+
+
+def shipped_text(name: str) -> str:
+    """Text of one file of the shipped snapshot (``pricing/<name>``)."""
+    return resources.files("pricing").joinpath(name).read_text(encoding="utf-8")
+
+
+def load_gpus() -> dict[str, GpuSpec]:
+    """The shipped GPU specs (canonical name -> spec)."""
+    return parse_gpus_csv(shipped_text("gpus.csv"), "pricing/gpus.csv")
+
+
+def _user_files(cache_dir: Path) -> dict[str, Path]:
+    return {p: cache_dir / f"{p}.csv" for p in PROVIDERS if (cache_dir / f"{p}.csv").is_file()}
+
+
+def load_catalog(
+    cache_dir: str | os.PathLike | None = None,
+    max_age_days: float | None = None,
+    *,
+    use_user_cache: bool = True,
+    reload: bool = False,
+    today: _dt.date | None = None,
+) -> Catalog:
+    """Load and validate the catalog: user cache (per provider) over the shipped snapshot.
+
+    The result is kept per process (keyed by the cache folder and the cached files' mtimes, so
+    a refresh is picked up); ``reload=True`` reads everything again.
+
+    Raises:
+        CatalogError: a file is malformed; the message names file, row and column.
+    """
+    folder = catalog_cache_dir(cache_dir)
+    limit = max_age_days_setting(max_age_days)
+    files = _user_files(folder) if use_user_cache else {}
+    stamp = tuple(sorted((p, f.stat().st_mtime_ns, f.stat().st_size) for p, f in files.items()))
+    key = (str(folder), limit, use_user_cache, stamp, today)
+    with _lock:
+        if not reload and key in _loaded:
+            return _loaded[key]
+        catalog = _read(folder, files, limit, today or _dt.date.today())
+        _loaded.clear()
+        _loaded[key] = catalog
+        return catalog
+
+
+def _read(folder: Path, files: dict[str, Path], limit: float, today: _dt.date) -> Catalog:
+    gpus = load_gpus()
+    offers = []
+    sources = {}
+    warnings = []
+    for provider in PROVIDERS:
+        path = files.get(provider)
+        if path is None:
+            offers += parse_offers_csv(
+                shipped_text(f"{provider}.csv"), gpus, f"pricing/{provider}.csv", provider
+            )
+            sources[provider] = SHIPPED
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CatalogError(f"cannot read: {exc}", file=str(path)) from None
+        rows = parse_offers_csv(text, gpus, str(path), provider)
+        if not rows:
+            raise CatalogError("holds no offers", file=str(path))
+        offers += rows
+        sources[provider] = str(path)
+        newest = max(_dt.date.fromisoformat(o.as_of) for o in rows)
+        age = (today - newest).days
+        if age > limit:
+            msg = (
+                f"refreshed {provider} prices in {path} are from {newest.isoformat()}, "
+                f"{age} days old (limit {limit:g}); run `mlflow gpuopt pricing refresh "
+                f"--provider {provider}`"
+            )
+            logger.warning("%s", msg)
+            warnings.append(msg)
+    return Catalog(tuple(offers), gpus, sources, tuple(warnings))
+
+
+def clear_catalog_cache() -> None:
+    """Forget the catalog kept for this process (the next load reads the files again)."""
+    with _lock:
+        _loaded.clear()
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``.
+
+    A crash or error leaves either the old file or the new one, never a mix.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
