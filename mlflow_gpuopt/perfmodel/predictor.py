@@ -52,7 +52,7 @@ class Predictor:
         self.result = result
         self._shape = model_shape(workload)
         self._opt_bytes, opt_assumed = optimizer_state_bytes_per_param(workload)
-        notes = list(self._shape.assumptions)
+        notes = []
         if opt_assumed:
             notes.append("optimizer unknown: Adam's 8 bytes/param of state assumed")
         if result.cpu_only:
@@ -131,6 +131,7 @@ class Predictor:
         max_m = max_micro_batch_fitting(self.workload, config, layout, hardware.memory_bytes,
                                         self._shape)
         tokens = self.workload.tokens_per_sample
+        notes = self._notes + self._shape_notes(layout, config.activation_checkpointing)
         return Prediction(
             gpu=hardware.gpu, config=config, throughput_samples_per_s=throughput,
             low=low, high=high, log_sigma=sigma, step_time_s=terms.step_s,
@@ -138,7 +139,21 @@ class Predictor:
             bubble_s=terms.bubble_s, memory=memory, memory_capacity_bytes=hardware.memory_bytes,
             fits=memory.total_bytes <= hardware.memory_bytes, max_micro_batch=max_m,
             samples_per_step=int(round(terms.samples_per_step)), extrapolated=extrapolated,
-            tokens_per_s=throughput * tokens if tokens else None, assumptions=self._notes)
+            tokens_per_s=throughput * tokens if tokens else None, assumptions=notes)
+
+    def _shape_notes(self, layout: Layout, checkpointing: bool) -> tuple[str, ...]:
+        """The shape estimates this configuration's terms actually used."""
+        used = []
+        for note in self._shape.assumptions:
+            if note.startswith("largest layer"):
+                keep = layout.dp_strategy in ("zero3", "fsdp")
+            elif note.startswith("num_layers"):
+                keep = layout.tp > 1 or layout.pp > 1 or checkpointing
+            else:
+                keep = layout.tp > 1 or layout.pp > 1
+            if keep:
+                used.append(note)
+        return tuple(used)
 
     def max_micro_batch(self, config: ParallelConfig, hardware: Hardware) -> int:
         """Largest micro-batch per GPU whose memory fits ``hardware`` under ``config``."""

@@ -1,0 +1,221 @@
+"""``mlflow gpuopt predict``: throughput, interval, step time and memory for one configuration.
+
+    mlflow gpuopt predict --run-id ID --gpu A100-80GB-SXM4 --gpus 8
+    mlflow gpuopt predict --workload w.json --observations o.csv --gpu "NVIDIA H100 80GB HBM3" \
+        --gpus 16 --nodes 2 --strategy zero2 --micro-batch 8 --json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+
+import click
+
+from mlflow_gpuopt.cli._errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+_DP = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
+_PART = re.compile(r"^(tp|pp|dp)?(\d*)$")
+
+
+def parse_strategy(text: str) -> tuple[str, int, int]:
+    """``(data-parallel strategy, tp, pp)`` from ``ddp``, ``zero2``, ``tp``, ``tp4``,
+    ``pp2``, ``tp2xpp2``, ``tp2xpp2xzero1`` (parts joined by ``x``, ``×``, ``+`` or ``,``)."""
+    parts = [p for p in re.split(r"[x×+,*]", text.strip().lower()) if p]
+    if not parts:
+        raise UsageError(f"empty --strategy; use one of {', '.join(_DP)}, tp, pp or tp2xpp2xddp")
+    dp, tp, pp = None, 1, 1
+    for part in parts:
+        if part in _DP:
+            dp = part
+            continue
+        m = _PART.match(part)
+        if not m or m.group(1) not in ("tp", "pp"):
+            raise UsageError(
+                f"unknown strategy {text!r}; use one of {', '.join(_DP)}, tp, pp, or a "
+                "combination such as tp2xpp2xddp")
+        degree = int(m.group(2)) if m.group(2) else 0  # 0: fill the node / the job
+        if m.group(1) == "tp":
+            tp = degree
+        else:
+            pp = degree
+    if dp is None:
+        dp = "tp" if tp != 1 and pp == 1 else ("pp" if pp != 1 else "ddp")
+    return dp, tp, pp
+
+
+def _catalog():
+    from mlflow_gpuopt.catalog import CatalogError, load_catalog
+
+    try:
+        return load_catalog()
+    except CatalogError as exc:
+        raise UsageError(f"the GPU catalog cannot be read: {exc}") from None
+
+
+def _resolve(catalog, name: str) -> str:
+    try:
+        return catalog.resolve_gpu(name)
+    except ValueError as exc:  # UnknownGpuError names the closest matches
+        raise UsageError(str(exc)) from None
+
+
+def _max_gpus_per_node(catalog, gpu: str) -> int:
+    counts = [o.gpu_count for o in catalog.offers if o.gpu == gpu]
+    return max(counts) if counts else 8
+
+
+def _inputs(run_ids, workload_path, observations_path, catalog):
+    from mlflow_gpuopt.workload_files import (
+        WorkloadFileError,
+        load_observations,
+        load_workload,
+    )
+
+    if run_ids and (workload_path or observations_path):
+        raise UsageError("give either --run-id or --workload/--observations, not both")
+    if not run_ids and not workload_path:
+        raise UsageError("give --run-id ID, or --workload W.json [--observations O.csv]")
+    if observations_path and not workload_path:
+        raise UsageError("--observations needs --workload W.json")
+    if run_ids:
+        from mlflow_gpuopt.mlflow_io.runs import RunInputError, load_run_inputs
+
+        try:
+            inputs = load_run_inputs(run_ids, resolve_gpu=catalog.resolve_gpu)
+        except RunInputError as exc:
+            raise UsageError(str(exc)) from None
+        return inputs.workload, list(inputs.observations)
+    try:
+        workload = load_workload(workload_path)
+        observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
+                        if observations_path else [])
+    except WorkloadFileError as exc:
+        raise UsageError(str(exc)) from None
+    return workload, observations
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _human(result: dict) -> str:
+    lines = [
+        f"{result['gpus']} x {result['gpu']} ({result['nodes']} node(s)), "
+        f"{result['strategy']}, micro-batch {result['micro_batch']} x accumulation "
+        f"{result['grad_accum']}, {result['precision']}",
+        f"  throughput   {result['throughput_samples_per_s']:,.1f} samples/s  "
+        f"(90% interval {result['low']:,.1f} - {result['high']:,.1f})",
+    ]
+    if result.get("tokens_per_s"):
+        lines.append(f"  tokens       {result['tokens_per_s']:,.0f} tokens/s")
+    t = result["time_breakdown"]
+    lines.append(f"  step time    {result['step_time_s'] * 1e3:,.2f} ms  (compute "
+                 f"{t['compute_s'] * 1e3:,.2f} ms, exposed communication "
+                 f"{t['exposed_comm_s'] * 1e3:,.2f} ms, pipeline bubble "
+                 f"{t['bubble_s'] * 1e3:,.2f} ms)")
+    m = result["memory"]
+    fits = "fits" if result["fits"] else "DOES NOT FIT"
+    lines.append(f"  memory/GPU   {_fmt_bytes(result['memory_per_gpu_bytes'])} of "
+                 f"{_fmt_bytes(result['memory_capacity_bytes'])} ({fits}; weights "
+                 f"{_fmt_bytes(m['weights_bytes'])}, gradients {_fmt_bytes(m['gradients_bytes'])}"
+                 f", optimizer {_fmt_bytes(m['optimizer_bytes'])}, activations "
+                 f"{_fmt_bytes(m['activations_bytes'])}, workspace "
+                 f"{_fmt_bytes(m['workspace_bytes'])})")
+    lines.append(f"  largest micro-batch that fits: {result['max_micro_batch']}")
+    basis = (f"{result['observations_used']} measurement(s)"
+             + ("; extrapolated to this GPU type" if result["extrapolated"] else ""))
+    lines.append(f"  based on     {basis}")
+    for note in result["assumptions"]:
+        lines.append(f"  assumption   {note}")
+    return "\n".join(lines)
+
+
+@click.command("predict")
+@click.option("--run-id", "run_ids", multiple=True, help="Run tracked with gpuopt.track() (repeatable).")
+@click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
+              help="workload.json (params, flops_per_sample, precision, ...).")
+@click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
+              help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision.")
+@click.option("--gpu", required=True, help="GPU to predict on (NVML or catalog name).")
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total GPUs.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Nodes (default: as few as the catalog's largest machine allows).")
+@click.option("--strategy", default=None,
+              help="single, ddp, zero1, zero2, zero3, fsdp, tp[N], pp[N] or e.g. tp2xpp2xddp.")
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
+              help="Per-GPU micro-batch (default: the measured one).")
+@click.option("--grad-accum", type=click.IntRange(min=1), default=None,
+              help="Gradient-accumulation steps (default: the measured one).")
+@click.option("--precision", default=None, help="fp32, tf32, fp16 or bf16 (default: measured).")
+@click.option("--activation-checkpointing", is_flag=True, help="Recompute activations.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
+            grad_accum, precision, activation_checkpointing, as_json) -> None:
+    """Predict throughput, memory and step time for one configuration."""
+    from mlflow_gpuopt.hardware import hardware_for_gpu
+    from mlflow_gpuopt.perfmodel import ParallelConfig, PerfModelError, fit, normalize_precision
+
+    catalog = _catalog()
+    target = _resolve(catalog, gpu)
+    workload, observations = _inputs(run_ids, workload_path, observations_path, catalog)
+
+    if nodes is None:
+        nodes = max(1, math.ceil(gpus / _max_gpus_per_node(catalog, target)))
+    if gpus % nodes:
+        raise UsageError(f"--gpus {gpus} does not split evenly over --nodes {nodes}")
+    per_node = gpus // nodes
+    dp_strategy, tp, pp = parse_strategy(strategy or ("single" if gpus == 1 else "ddp"))
+    if tp == 0:
+        tp = per_node
+    if pp == 0:
+        pp = max(1, gpus // max(1, tp))
+    if precision is not None:
+        try:
+            precision = normalize_precision(precision)
+        except PerfModelError as exc:
+            raise UsageError(str(exc)) from None
+
+    hardware = {}
+    for obs in observations:
+        if obs.gpu == "cpu" or obs.gpu in hardware:
+            continue
+        per = max(o.gpu_count // max(1, o.nodes) for o in observations if o.gpu == obs.gpu)
+        hardware[obs.gpu] = hardware_for_gpu(catalog.gpus[obs.gpu], gpus_per_node=per)
+    target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node)
+    config = ParallelConfig(
+        gpus_per_node=per_node, nodes=nodes, strategy=dp_strategy,
+        micro_batch=micro_batch or workload.micro_batch,
+        grad_accum=grad_accum or workload.grad_accum or 1,
+        precision=precision or workload.precision,
+        activation_checkpointing=activation_checkpointing, tp=tp, pp=pp)
+    try:
+        predictor = fit(workload, observations, hardware)
+        p = predictor.predict(config, target_hw)
+    except PerfModelError as exc:
+        raise UsageError(str(exc)) from None
+
+    shown_strategy = strategy or ("single" if gpus == 1 else "ddp")
+    m = p.memory
+    result = {
+        "gpu": target, "gpus": gpus, "nodes": nodes, "strategy": shown_strategy,
+        "micro_batch": config.micro_batch, "grad_accum": config.grad_accum,
+        "precision": config.precision, "tp": tp, "pp": pp,
+        "throughput_samples_per_s": p.throughput_samples_per_s, "low": p.low, "high": p.high,
+        "step_time_s": p.step_time_s, "memory_per_gpu_bytes": m.total_bytes, "fits": p.fits,
+        "memory_capacity_bytes": p.memory_capacity_bytes, "max_micro_batch": p.max_micro_batch,
+        "tokens_per_s": p.tokens_per_s, "samples_per_step": p.samples_per_step,
+        "log_sigma": p.log_sigma, "extrapolated": p.extrapolated,
+        "memory": {"weights_bytes": m.weights_bytes, "gradients_bytes": m.gradients_bytes,
+                   "optimizer_bytes": m.optimizer_bytes, "activations_bytes": m.activations_bytes,
+                   "workspace_bytes": m.workspace_bytes},
+        "time_breakdown": {"compute_s": p.compute_s, "exposed_comm_s": p.exposed_comm_s,
+                           "bubble_s": p.bubble_s},
+        "observations_used": len(observations), "run_ids": list(run_ids),
+        "assumptions": list(p.assumptions),
+    }
+    click.echo(json.dumps(result, indent=None if as_json else 2) if as_json else _human(result))

@@ -1,0 +1,68 @@
+"""Adapter from the catalog's records (``GpuSpec``, ``Offer``) to the models' ``Hardware``.
+
+The only place that decides which link a GPU talks over: the offer's measured/declared
+intra-node link when there is an offer, else the spec's NVLink (SXM parts) or its PCIe
+generation; the node network from the offer, else a conservative default.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
+from mlflow_gpuopt.perfmodel.types import Hardware
+
+logger = logging.getLogger(__name__)
+
+#: One direction of a x16 slot, GB/s, by PCIe generation (what GPU-to-GPU traffic gets
+#: without NVLink).
+PCIE_GB_PER_S = {3: 16.0, 4: 32.0, 5: 64.0, 6: 128.0}
+#: Node network assumed without an offer to say better: 100 Gbit/s Ethernet.
+DEFAULT_INTER_NODE_GBPS = 100.0
+
+
+def _intra_node_gb_per_s(spec: GpuSpec, offer: Offer | None) -> float:
+    """GPU-to-GPU bandwidth per GPU, one direction, GB/s."""
+    if offer is not None and offer.intra_node_gb_per_s:
+        # Catalog figures are totals per GPU (both directions), as datasheets quote NVLink.
+        return offer.intra_node_gb_per_s / 2.0
+    if offer is not None and offer.intra_node_link.startswith("pcie"):
+        gen = int(offer.intra_node_link[4:] or spec.pcie_gen)
+        return PCIE_GB_PER_S.get(gen, 16.0)
+    # Without an offer: NVLink for SXM parts only (PCIe cards' NVLink is a 2-GPU bridge).
+    if spec.nvlink_gb_per_s and "PCIE" not in spec.name.upper():
+        return spec.nvlink_gb_per_s / 2.0
+    return PCIE_GB_PER_S.get(spec.pcie_gen, 16.0)
+
+
+def peak_flops_by_precision(spec: GpuSpec) -> dict[str, float]:
+    """Dense peak FLOP/s per precision, with the spec's own fallbacks (TF32 → FP32, ...)."""
+    out: dict[str, float] = {}
+    for p in ("fp32", "tf32", "fp16", "bf16", "fp8"):
+        try:
+            tflops = spec.peak_tflops(p)
+        except ValueError:
+            continue
+        if tflops:
+            out[p] = float(tflops) * 1e12
+    return out
+
+
+def hardware_for_gpu(spec: GpuSpec, *, gpus_per_node: int, offer: Offer | None = None
+                     ) -> Hardware:
+    """The models' view of ``spec`` in a node of ``gpus_per_node`` GPUs (from ``offer`` if any).
+
+    Intra-node bandwidth: the offer's link, else NVLink (SXM) or PCIe by generation.
+    Inter-node: ``offer.inter_node_gbps`` (Gbit/s → bytes/s), else 100 Gbit/s.
+    """
+    inter_gbps = (offer.inter_node_gbps if offer is not None and offer.inter_node_gbps
+                  else DEFAULT_INTER_NODE_GBPS)
+    return Hardware(
+        gpu=spec.name,
+        memory_bytes=float(spec.memory_gb) * 1e9,
+        memory_bandwidth_bytes_per_s=float(spec.memory_bandwidth_gb_per_s) * 1e9,
+        peak_flops_per_s=peak_flops_by_precision(spec),
+        intra_node_bytes_per_s=_intra_node_gb_per_s(spec, offer) * 1e9,
+        inter_node_bytes_per_s=inter_gbps * 1e9 / 8.0,
+        gpus_per_node=int(offer.gpu_count if offer is not None else gpus_per_node),
+    )

@@ -1,0 +1,143 @@
+"""Write a recommendation to MLflow: a run nested under the source run, plus child runs.
+
+The recommendation run holds ``gpuopt/recommendation.json``, the candidate table (logged with
+``log_table`` so MLflow's table view and evaluation UI can read it), the Pareto and scaling
+charts (PNG) and a self-contained HTML report; its metrics are the winner's. The top
+candidates become child runs of it, each with params (provider, instance, GPUs, strategy, …)
+and metrics (``predicted_hours``, ``predicted_cost_usd``, ``p_meets_deadline``, …), so
+MLflow's compare-runs scatter and parallel-coordinates charts work on them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+RECOMMENDATION_JSON = "gpuopt/recommendation.json"
+CANDIDATES_TABLE = "gpuopt/candidates_table.json"
+REPORT_HTML = "gpuopt/report.html"
+PARETO_PNG = "gpuopt/pareto.png"
+SCALING_PNG = "gpuopt/scaling.png"
+
+#: Candidate keys that become child-run params / metrics.
+CHILD_PARAMS = ("rank", "provider", "instance_type", "region", "gpu", "nodes", "gpus",
+                "gpus_per_node", "strategy", "strategy_label", "micro_batch", "grad_accum",
+                "precision", "pricing", "launch")
+CHILD_METRICS = ("predicted_hours", "predicted_hours_low", "predicted_hours_high",
+                 "predicted_cost_usd", "cost_low_usd", "cost_high_usd", "p_meets_deadline",
+                 "throughput_samples_per_s", "price_per_hour_usd", "usd_per_million_samples",
+                 "memory_per_gpu_bytes", "gpus", "nodes")
+
+
+@dataclass(frozen=True)
+class LoggedRecommendation:
+    """Where the recommendation went."""
+
+    run_id: str
+    experiment_id: str
+    child_run_ids: tuple[str, ...]
+
+
+def _table(doc: Mapping[str, Any]) -> dict[str, list]:
+    cols = ("rank", "provider", "instance_type", "nodes", "gpus", "gpu", "strategy_label",
+            "micro_batch", "grad_accum", "precision", "pricing", "predicted_hours",
+            "predicted_hours_low", "predicted_hours_high", "predicted_cost_usd",
+            "cost_low_usd", "cost_high_usd", "p_meets_deadline", "meets_deadline", "why")
+    return {c: [row.get(c) for row in doc["candidates"]] for c in cols}
+
+
+def _param_value(v: Any) -> str:
+    text = str(v)
+    return text if len(text) <= 6000 else text[:5997] + "..."
+
+
+def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
+                       charts: Mapping[str, bytes], report_html: str, top_children: int = 5,
+                       client=None) -> LoggedRecommendation:
+    """Log ``doc`` (``recommend.recommendation_dict``) nested under ``source_run_ids[0]``."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param, RunTag
+
+    client = client or MlflowClient()
+    parent = client.get_run(source_run_ids[0])
+    exp_id = parent.info.experiment_id
+    target = doc["target"]
+    best = doc.get("winner") or doc.get("cheapest")
+    name = "gpuopt-recommendation"
+    if best:
+        name += f" {best['provider']}-{best['instance_type']}x{best['nodes']}"
+    run = client.create_run(exp_id, run_name=name, tags={
+        "mlflow.parentRunId": source_run_ids[0],
+        "gpuopt.kind": "recommendation",
+        "gpuopt.source_run_ids": ",".join(source_run_ids),
+        "mlflow.note.content": "\n\n".join(doc.get("explanation") or doc.get("notes") or []),
+    })
+    run_id = run.info.run_id
+    status = "FAILED"
+    children: list[str] = []
+    try:
+        now = int(time.time() * 1000)
+        params = [Param(f"target.{k}", _param_value(v)) for k, v in target.items()
+                  if v is not None and v != ""]
+        metrics = [Metric("searched_plans", float(doc["searched"]), now, 0),
+                   Metric("feasible_plans", float(doc["feasible"]), now, 0),
+                   Metric("meets_deadline", 1.0 if doc.get("winner") else 0.0, now, 0)]
+        if best:
+            metrics += [Metric(k, float(best[k]), now, 0) for k in CHILD_METRICS
+                        if isinstance(best.get(k), (int, float))]
+            params += [Param(f"recommended.{k}", _param_value(best[k])) for k in CHILD_PARAMS
+                       if k != "rank" and best.get(k) is not None]
+        client.log_batch(run_id, metrics=metrics, params=params)
+        client.log_dict(run_id, dict(doc), RECOMMENDATION_JSON)
+        client.log_table(run_id, data=_table(doc), artifact_file=CANDIDATES_TABLE)
+        for label, path in (("pareto", PARETO_PNG), ("scaling", SCALING_PNG)):
+            if label in charts:
+                _log_bytes(client, run_id, charts[label], path)
+        client.log_text(run_id, report_html, REPORT_HTML)
+        for cand in doc["candidates"][:top_children]:
+            children.append(_log_child(client, exp_id, run_id, cand, Metric, Param, RunTag))
+        status = "FINISHED"
+    finally:
+        client.set_terminated(run_id, status=status)
+    logger.info("logged recommendation run %s with %d candidate runs", run_id, len(children))
+    return LoggedRecommendation(run_id=run_id, experiment_id=exp_id,
+                                child_run_ids=tuple(children))
+
+
+def _log_bytes(client, run_id: str, data: bytes, artifact_path: str) -> None:
+    import os
+    import tempfile
+
+    directory, filename = os.path.split(artifact_path)
+    with tempfile.TemporaryDirectory(prefix="gpuopt-") as tmp:
+        local = os.path.join(tmp, filename)
+        with open(local, "wb") as fh:
+            fh.write(data)
+        client.log_artifact(run_id, local, artifact_path=directory or None)
+
+
+def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any], Metric, Param,
+               RunTag) -> str:
+    name = (f"#{cand['rank']} {cand['provider']} {cand['instance_type']}x{cand['nodes']} "
+            f"{cand.get('strategy_label', cand['strategy'])} {cand['pricing']}")
+    child = client.create_run(exp_id, run_name=name, tags={
+        "mlflow.parentRunId": parent_id, "gpuopt.kind": "candidate"})
+    cid = child.info.run_id
+    now = int(time.time() * 1000)
+    try:
+        client.log_batch(
+            cid,
+            metrics=[Metric(k, float(cand[k]), now, 0) for k in CHILD_METRICS
+                     if isinstance(cand.get(k), (int, float))],
+            params=[Param(k, _param_value(cand[k])) for k in CHILD_PARAMS
+                    if cand.get(k) is not None],
+            tags=[RunTag("gpuopt.why", _param_value(cand.get("why", "")))],
+        )
+    finally:
+        client.set_terminated(cid)
+    return cid

@@ -1,0 +1,184 @@
+"""Read what ``gpuopt.track()`` logged into runs and turn it into the models' inputs.
+
+Contract (``design.md``): params ``gpuopt.device``, ``gpuopt.device_count``, ``gpuopt.nodes``,
+``gpuopt.world_size``, ``gpuopt.precision``, ``gpuopt.micro_batch``, ``gpuopt.grad_accum``,
+``gpuopt.strategy``, ``gpuopt.params``, ``gpuopt.flops_per_sample``; metric
+``gpuopt/summary/throughput_samples_per_s``; artifact ``gpuopt/profile.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
+from mlflow_gpuopt.workload_files import WorkloadFileError, workload_from_dict
+
+logger = logging.getLogger(__name__)
+
+PROFILE_ARTIFACT = "gpuopt/profile.json"
+THROUGHPUT_METRIC = "gpuopt/summary/throughput_samples_per_s"
+HOW_TO_TRACK = "run it under gpuopt.track() (e.g. `python examples/train_tiny_gpt.py`)"
+#: Runs whose FLOPs per sample differ by more than this are not the same workload.
+FLOPS_TOLERANCE = 0.15
+
+
+class RunInputError(ValueError):
+    """Runs that cannot feed the models; one line naming the run and what is missing."""
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """The workload and measurements read from one or more runs of the same training."""
+
+    workload: Workload
+    observations: tuple[Observation, ...]
+    run_ids: tuple[str, ...]
+
+
+def _int(params: dict[str, str], key: str, default: int | None = None) -> int | None:
+    value = params.get(key)
+    if value in (None, "", "None"):
+        return default
+    try:
+        return int(float(value))
+    except ValueError:
+        return default
+
+
+def _read_profile(client: Any, run_id: str) -> dict | None:
+    """``gpuopt/profile.json`` of a run, or None when the run has none."""
+    try:
+        listed = {f.path for f in client.list_artifacts(run_id, "gpuopt")}
+    except Exception as exc:  # an unreachable artifact store: say so, fall back to params
+        logger.warning("cannot list artifacts of run %s: %s", run_id, exc)
+        return None
+    if PROFILE_ARTIFACT not in listed:
+        return None
+    with tempfile.TemporaryDirectory(prefix="gpuopt-profile-") as tmp:
+        local = client.download_artifacts(run_id, PROFILE_ARTIFACT, tmp)
+        try:
+            return json.loads(Path(local).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RunInputError(f"run {run_id}: {PROFILE_ARTIFACT} is unreadable: {exc}") from None
+
+
+def _workload(run_id: str, params: dict[str, str], profile: dict | None) -> Workload:
+    doc: dict[str, Any] = dict(profile or {})
+    # Params fill what the profile lacks (the profile wins: it has the full-precision figures).
+    fallbacks = {"params": "gpuopt.params", "flops_per_sample": "gpuopt.flops_per_sample",
+                 "precision": "gpuopt.precision", "micro_batch": "gpuopt.micro_batch",
+                 "grad_accum": "gpuopt.grad_accum", "optimizer": "gpuopt.optimizer",
+                 "tokens_per_sample": "gpuopt.tokens_per_sample",
+                 "trainable_params": "gpuopt.trainable_params"}
+    for key, param in fallbacks.items():
+        if doc.get(key) in (None, "") and params.get(param) not in (None, "", "None"):
+            doc[key] = params[param]
+    try:
+        return workload_from_dict(doc, where=f"run {run_id}")
+    except WorkloadFileError as exc:
+        raise RunInputError(f"{exc}; {HOW_TO_TRACK}") from None
+
+
+def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
+                 workload: Workload, resolve_gpu: Callable[[str], str] | None) -> Observation:
+    device = params.get("gpuopt.device", "cpu") or "cpu"
+    gpu = "cpu"
+    if device.strip().lower() != "cpu":
+        gpu = device
+        if resolve_gpu is not None:
+            try:
+                gpu = resolve_gpu(device)
+            except ValueError as exc:
+                raise RunInputError(f"run {run_id}: {exc}") from None
+    throughput = metrics.get(THROUGHPUT_METRIC)
+    if throughput is None or not math.isfinite(throughput) or throughput <= 0:
+        raise RunInputError(
+            f"run {run_id} has no {THROUGHPUT_METRIC} (did it finish a few steps?); "
+            f"{HOW_TO_TRACK}")
+    nodes = _int(params, "gpuopt.nodes", 1) or 1
+    world = _int(params, "gpuopt.world_size")
+    count = world or ((_int(params, "gpuopt.device_count", 1) or 1) * nodes if gpu != "cpu"
+                      else 1)
+    strategy = (params.get("gpuopt.strategy") or "").lower() or (
+        "single" if count == 1 else "ddp")
+    if strategy not in STRATEGIES:
+        raise RunInputError(f"run {run_id}: unknown gpuopt.strategy {strategy!r}")
+    return Observation(
+        gpu=gpu, gpu_count=max(1, count), throughput_samples_per_s=float(throughput),
+        nodes=nodes if count % nodes == 0 else 1,
+        micro_batch=_int(params, "gpuopt.micro_batch") or workload.micro_batch,
+        strategy=strategy, precision=params.get("gpuopt.precision") or workload.precision,
+        grad_accum=_int(params, "gpuopt.grad_accum", 1) or 1)
+
+
+def _same_workload(a: Workload, b: Workload) -> str | None:
+    """Why ``a`` and ``b`` are different workloads, or None."""
+    if a.params != b.params:
+        return f"{a.params} vs {b.params} parameters"
+    if abs(a.flops_per_sample - b.flops_per_sample) > FLOPS_TOLERANCE * max(
+            a.flops_per_sample, b.flops_per_sample):
+        return f"{a.flops_per_sample:.3g} vs {b.flops_per_sample:.3g} FLOPs per sample"
+    return None
+
+
+def load_run_inputs(run_ids: Sequence[str], client: Any = None,
+                    resolve_gpu: Callable[[str], str] | None = None) -> RunInputs:
+    """Workload and observations from ``run_ids`` (the first run's profile is the workload).
+
+    ``client`` is an ``mlflow.MlflowClient`` (default: one for the current tracking URI);
+    ``resolve_gpu`` maps NVML names to canonical ones (default: the catalog's).
+
+    Raises:
+        RunInputError: an unknown run id, a run without gpuopt data, or runs of different
+            workloads; the message is one line.
+    """
+    if not run_ids:
+        raise RunInputError("no run id given")
+    if client is None:
+        from mlflow import MlflowClient
+
+        client = MlflowClient()
+    if resolve_gpu is None:
+        from mlflow_gpuopt.catalog import resolve_gpu as _resolve
+
+        resolve_gpu = _resolve
+    from mlflow.exceptions import MlflowException
+
+    workload: Workload | None = None
+    first = ""
+    observations: list[Observation] = []
+    for run_id in dict.fromkeys(run_ids):  # keep order, drop repeats
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as exc:
+            code = getattr(exc, "error_code", "")
+            if "NOT_EXIST" in str(code) or "not found" in str(exc).lower() \
+                    or "INVALID_PARAMETER" in str(code):
+                raise RunInputError(f"unknown run id {run_id!r}") from None
+            raise RunInputError(f"cannot read run {run_id!r}: {str(exc).splitlines()[0]}") \
+                from None
+        params = dict(run.data.params)
+        if not any(k.startswith("gpuopt.") for k in params):
+            raise RunInputError(f"run {run_id} has no gpuopt data; {HOW_TO_TRACK}")
+        profile = _read_profile(client, run_id)
+        this = _workload(run_id, params, profile)
+        if workload is None:
+            workload, first = this, run_id
+        else:
+            why = _same_workload(workload, this)
+            if why:
+                raise RunInputError(
+                    f"runs {first} and {run_id} are different workloads ({why}); "
+                    "pass runs of the same training script")
+        observations.append(_observation(run_id, params, dict(run.data.metrics), this,
+                                         resolve_gpu))
+    assert workload is not None
+    return RunInputs(workload=workload, observations=tuple(observations),
+                     run_ids=tuple(dict.fromkeys(run_ids)))

@@ -1,0 +1,172 @@
+"""Reading a user's ``workload.json`` and observations CSV into the models' records.
+
+Every problem becomes a :class:`WorkloadFileError` (a ``ValueError``) whose message is one
+line naming the file, the row or key, and what was expected, so the CLI can print it as is.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from mlflow_gpuopt.perfmodel.errors import PerfModelError
+from mlflow_gpuopt.perfmodel.precision import normalize_precision
+from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
+
+REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
+OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
+                       "strategy", "precision", "grad_accum")
+REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
+
+_INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_layers",
+             "largest_layer_params", "hidden_size"}
+_FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
+               "activation_bytes_per_sample", "tokens_per_sample",
+               "memory_traffic_bytes_per_sample"}
+_STR_KEYS = {"name", "precision", "optimizer"}
+_WORKLOAD_KEYS = {f.name for f in fields(Workload)}
+
+
+class WorkloadFileError(ValueError):
+    """A workload or observations file that cannot be used; one line, names where."""
+
+
+def _number(value: Any, key: str, where: str, cast: Callable[[float], Any]) -> Any:
+    if isinstance(value, bool):
+        raise WorkloadFileError(f"{where}: {key!r} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise WorkloadFileError(f"{where}: {key!r} must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise WorkloadFileError(f"{where}: {key!r} must be a finite number >= 0, got {value!r}")
+    if cast is int and number != int(number):
+        raise WorkloadFileError(f"{where}: {key!r} must be a whole number, got {value!r}")
+    return cast(number)
+
+
+def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workload:
+    """A :class:`Workload` from a ``profile.json``/``workload.json`` document.
+
+    Keys the models do not use (``schema``, ``hardware``...) are ignored; ``null`` values
+    mean "unknown". Raises :class:`WorkloadFileError` for missing or malformed keys.
+    """
+    if not isinstance(doc, Mapping):
+        raise WorkloadFileError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    missing = [k for k in REQUIRED_WORKLOAD_KEYS if doc.get(k) in (None, "")]
+    if missing:
+        raise WorkloadFileError(
+            f"{where}: missing required field(s) {', '.join(missing)} "
+            f"(required: {', '.join(REQUIRED_WORKLOAD_KEYS)})")
+    kwargs: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key not in _WORKLOAD_KEYS or value is None:
+            continue
+        if key in _INT_KEYS:
+            kwargs[key] = _number(value, key, where, int)
+        elif key in _FLOAT_KEYS:
+            kwargs[key] = _number(value, key, where, float)
+        elif key in _STR_KEYS:
+            kwargs[key] = str(value)
+    if kwargs["params"] <= 0 or kwargs["flops_per_sample"] <= 0:
+        raise WorkloadFileError(f"{where}: 'params' and 'flops_per_sample' must be positive")
+    try:
+        kwargs["precision"] = normalize_precision(kwargs["precision"])
+    except PerfModelError as exc:
+        raise WorkloadFileError(f"{where}: {exc}") from None
+    if kwargs.get("micro_batch") == 0:
+        kwargs.pop("micro_batch")
+    if "grad_accum" in kwargs:
+        kwargs["grad_accum"] = max(1, kwargs["grad_accum"])
+    return Workload(**kwargs)
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read ``workload.json`` (see :func:`workload_from_dict`)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadFileError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkloadFileError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    return workload_from_dict(doc, where=str(p))
+
+
+def parse_observations_csv(text: str, where: str = "observations",
+                           resolve_gpu: Callable[[str], str] | None = None) -> list[Observation]:
+    """Observations from CSV text with the columns of ``OBSERVATION_COLUMNS``.
+
+    ``resolve_gpu`` maps NVML/short names to canonical ones (``cpu`` is kept as ``cpu``); a
+    ``ValueError`` it raises is reported with the row.
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in REQUIRED_OBSERVATION_COLUMNS if c not in header]
+    if missing:
+        raise WorkloadFileError(
+            f"{where}: missing column(s) {', '.join(missing)} "
+            f"(columns: {', '.join(OBSERVATION_COLUMNS)})")
+    out: list[Observation] = []
+    for line, raw in enumerate(reader, start=2):
+        row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
+        at = f"{where}, row {line}"
+        if not any(row.values()):
+            continue
+        for c in REQUIRED_OBSERVATION_COLUMNS:
+            if not row.get(c):
+                raise WorkloadFileError(f"{at}: empty {c!r}")
+        gpu = row["gpu"]
+        if gpu.lower() != "cpu" and resolve_gpu is not None:
+            try:
+                gpu = resolve_gpu(gpu)
+            except ValueError as exc:
+                raise WorkloadFileError(f"{at}: {exc}") from None
+        elif gpu.lower() == "cpu":
+            gpu = "cpu"
+        count = _number(row["gpu_count"], "gpu_count", at, int)
+        nodes = _number(row["nodes"], "nodes", at, int) if row.get("nodes") else 1
+        thr = _number(row["throughput_samples_per_s"], "throughput_samples_per_s", at, float)
+        if count < 1 or nodes < 1 or thr <= 0:
+            raise WorkloadFileError(
+                f"{at}: gpu_count and nodes must be >= 1 and throughput_samples_per_s > 0")
+        strategy = (row.get("strategy") or "").lower() or ("single" if count == 1 else "ddp")
+        if strategy not in STRATEGIES:
+            raise WorkloadFileError(
+                f"{at}: unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        precision = None
+        if row.get("precision"):
+            try:
+                precision = normalize_precision(row["precision"])
+            except PerfModelError as exc:
+                raise WorkloadFileError(f"{at}: {exc}") from None
+        out.append(Observation(
+            gpu=gpu, gpu_count=count, throughput_samples_per_s=thr, nodes=nodes,
+            micro_batch=_number(row["micro_batch"], "micro_batch", at, int)
+            if row.get("micro_batch") else None,
+            strategy=strategy, precision=precision,
+            grad_accum=max(1, _number(row["grad_accum"], "grad_accum", at, int))
+            if row.get("grad_accum") else 1))
+    if not out:
+        raise WorkloadFileError(f"{where}: no observations (only a header?)")
+    return out
+
+
+def load_observations(path: str | Path, resolve_gpu: Callable[[str], str] | None = None
+                      ) -> list[Observation]:
+    """Read an observations CSV (see :func:`parse_observations_csv`)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadFileError(
+            f"cannot read observations file {p}: {exc.strerror or exc}") from None
+    return parse_observations_csv(text, where=str(p), resolve_gpu=resolve_gpu)
