@@ -24,6 +24,8 @@ class TrackConfig:
             else every visible GPU when the model is not on CPU).
         print_summary: print a short summary at exit.
         max_step_records: bound of the queue between the step hook and the sampler thread.
+        flush_timeout_s: at exit, how long to wait for MLflow to take the queued records
+            (what is left stays in the writer's journal, to replay later).
     """
 
     interval_s: float = 1.0
@@ -42,6 +44,7 @@ class TrackConfig:
     gpu_indices: tuple[int, ...] | None = None
     print_summary: bool = True
     max_step_records: int = 1_000_000
+    flush_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:

@@ -47,6 +47,28 @@ class WorkloadProfile:
         return doc
 
 
+def _cpu_attention_flops() -> dict:
+    """FLOP formulas for the CPU flash-attention kernels, which ``FlopCounterMode`` lacks
+    (it counts the CUDA ones); same formulas as its CUDA entries."""
+    import torch
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    def fwd(q, k, v, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return sdpa_flop_count(q, k, v)
+
+    def bwd(grad_out, q, k, v, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return sdpa_backward_flop_count(grad_out, q, k, v)
+
+    aten = torch.ops.aten
+    mapping = {}
+    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", fwd),
+                     ("_scaled_dot_product_flash_attention_for_cpu_backward", bwd)):
+        op = getattr(aten, name, None)
+        if op is not None:
+            mapping[op] = fn
+    return mapping
+
+
 def count_params(model: Any) -> tuple[int, int]:
     """(total, trainable) parameter counts, shared parameters counted once."""
     seen: set[int] = set()
@@ -164,7 +186,12 @@ class WorkloadProfiler:
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats(batch.device)
             self._cuda_base = float(torch.cuda.memory_allocated(batch.device))
-        self._flop_mode = FlopCounterMode(display=False)
+        try:
+            extra = _cpu_attention_flops()
+        except Exception as exc:  # an older torch without these kernels
+            logger.debug("gpuopt: no CPU attention FLOP formulas: %s", exc)
+            extra = {}
+        self._flop_mode = FlopCounterMode(display=False, custom_mapping=extra)
         self._flop_mode.__enter__()
 
     def _pack(self, t: Any) -> Any:

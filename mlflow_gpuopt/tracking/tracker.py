@@ -337,10 +337,7 @@ class Tracker:
     def _close(self, failed: bool) -> None:
         if self._writer is not None:
             try:
-                report = self._writer.close(timeout_s=30.0)
-                if report.pending_metrics:
-                    self._warn("flush", "%d metrics were not delivered to MLflow",
-                               report.pending_metrics)
+                self._writer.close(timeout_s=self.config.flush_timeout_s)  # warns itself
             except Exception as exc:
                 self._warn("flush", "could not flush to MLflow: %s", exc)
         if self._binding is not None:

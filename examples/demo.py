@@ -1,0 +1,60 @@
+"""The README's demo: train the tiny GPT with tracking into MLflow, then show what was measured.
+
+    python examples/demo.py [--steps 30]
+
+Everything shown is read back from the MLflow run (``sqlite:///mlflow.db`` unless
+``MLFLOW_TRACKING_URI`` says otherwise), so it is what other tools will see.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import train_tiny_gpt  # noqa: E402
+
+
+def show_run(run_id: str) -> dict:
+    """Print the measured figures of ``run_id``; returns them."""
+    import mlflow
+
+    run = mlflow.get_run(run_id)
+    p, m = run.data.params, run.data.metrics
+    figures = {
+        "run_id": run_id,
+        "device": f"{p.get('gpuopt.device_count')} x {p.get('gpuopt.device')}",
+        "precision": p.get("gpuopt.precision"),
+        "throughput_samples_per_s": m.get("gpuopt/summary/throughput_samples_per_s"),
+        "step_time_p50_s": m.get("gpuopt/summary/step_time_p50_s"),
+        "step_time_p90_s": m.get("gpuopt/summary/step_time_p90_s"),
+        "flops_per_sample": float(p["gpuopt.flops_per_sample"]) if "gpuopt.flops_per_sample" in p else None,
+        "params": int(p["gpuopt.params"]) if "gpuopt.params" in p else None,
+        "peak_memory_bytes": m.get("gpuopt/summary/peak_memory_bytes"),
+    }
+
+    def fmt(v, spec):
+        return "n/a" if v is None else format(v, spec)
+
+    print()
+    print("Measured by gpuopt.track() (read back from MLflow):")
+    print(f"  run id            {run_id}")
+    print(f"  tracking URI      {mlflow.get_tracking_uri()}")
+    print(f"  device            {figures['device']}  precision {figures['precision']}")
+    print(f"  throughput        {fmt(figures['throughput_samples_per_s'], '.1f')} samples/s")
+    p50, p90 = figures["step_time_p50_s"], figures["step_time_p90_s"]
+    print(f"  step time         p50 {fmt(p50 and p50 * 1e3, '.2f')} ms, p90 {fmt(p90 and p90 * 1e3, '.2f')} ms")
+    print(f"  FLOPs/sample      {fmt(figures['flops_per_sample'], '.3e')} (forward + backward)")
+    print(f"  parameters        {fmt(figures['params'], ',')}")
+    print(f"  peak memory       {fmt(figures['peak_memory_bytes'] and figures['peak_memory_bytes'] / 2**20, '.0f')} MiB")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> dict:
+    run_id = train_tiny_gpt.main(argv)
+    return show_run(run_id)
+
+
+if __name__ == "__main__":
+    main()
