@@ -37,11 +37,11 @@ from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_FLOOR
 logger = logging.getLogger(__name__)
 
 #: Noise of one measured throughput (log); sets how hard the fit follows the data vs priors.
-SIGMA_OBSERVATION = 0.03
+SIGMA_OBSERVATION = 0.01
 #: Prior widths (log) of the fitted factors.
 SIGMA_PRIOR_COMPUTE = 1.5
 SIGMA_PRIOR_FIXED = 0.7
-SIGMA_PRIOR_COMM = 0.7
+SIGMA_PRIOR_COMM = 1.5
 SIGMA_PRIOR_GAMMA = 3.0
 
 CPU_NAMES = frozenset({"cpu", "", "none"})

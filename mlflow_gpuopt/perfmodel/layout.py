@@ -72,6 +72,10 @@ def validate_config(config: ParallelConfig, hardware: Hardware) -> None:
     wider than a node (its all-reduces need NVLink-class links); ``tp × pp`` dividing the GPU
     count; positive micro-batch and accumulation.
     """
+    if config.tp > config.gpus_per_node:
+        raise PerfModelError(
+            f"tensor-parallel degree {config.tp} is larger than a node "
+            f"({config.gpus_per_node} GPUs); keep tp inside one node")
     layout = resolve_layout(config)
     if config.gpus_per_node > hardware.gpus_per_node:
         raise PerfModelError(

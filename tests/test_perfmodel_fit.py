@@ -1,0 +1,169 @@
+"""Fitting: observations reproduced, identifiable factors recovered, priors and intervals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlflow_gpuopt.perfmodel import (
+    Observation,
+    ParallelConfig,
+    PerfModelError,
+    Workload,
+    fit,
+)
+from mlflow_gpuopt.perfmodel import uncertainty as unc
+from mlflow_gpuopt.perfmodel.fitting import fit_calibration
+from mlflow_gpuopt.perfmodel.layout import resolve_layout
+from mlflow_gpuopt.perfmodel.shape import model_shape
+from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
+
+from tests.test_perfmodel_terms import A100, V100
+
+RESNET = Workload(params=25_557_032, flops_per_sample=2.46e10, precision="fp16", micro_batch=256,
+                  optimizer="SGD", optimizer_state_bytes_per_param=4,
+                  activation_bytes_per_sample=1.1e8, name="resnet50")
+HW = {"A100-80GB-SXM4": A100, "V100-SXM2-16GB": V100}
+
+
+def _truth(workload, hw, n, m, calib, s=1, strategy=None):
+    config = ParallelConfig(gpus_per_node=n, strategy=strategy or ("single" if n == 1 else "ddp"),
+                            micro_batch=m, grad_accum=s)
+    t = step_terms(workload, hw, workload.precision, resolve_layout(config), m, s,
+                   model_shape(workload), 4.0, calib)
+    return t.samples_per_step / t.step_s
+
+
+def test_single_observation_is_reproduced_within_2_percent():
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
+                       micro_batch=256, strategy="single")]
+    p = fit(RESNET, obs, HW).predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
+    assert p.throughput_samples_per_s == pytest.approx(2470.0, rel=0.02)
+    assert p.low < 2470.0 < p.high
+    assert not p.extrapolated
+
+
+def test_multi_gpu_observation_is_reproduced_within_2_percent():
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
+                       micro_batch=256),
+           Observation(gpu="A100-80GB-SXM4", gpu_count=8, throughput_samples_per_s=16621.0,
+                       micro_batch=256, strategy="ddp")]
+    pred = fit(RESNET, obs, HW)
+    one = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
+    eight = pred.predict(ParallelConfig(gpus_per_node=8, strategy="ddp"), A100)
+    assert one.throughput_samples_per_s == pytest.approx(2470.0, rel=0.02)
+    assert eight.throughput_samples_per_s == pytest.approx(16621.0, rel=0.02)
+    assert pred.result.comm_scale > 1.0  # the measured loss is more than the prior comm
+
+
+def test_comm_scale_recovered_from_synthetic_runs():
+    truth = Calibration(compute_scale=1.7, comm_scale=6.0)
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=n, micro_batch=64, strategy="ddp",
+                       throughput_samples_per_s=_truth(RESNET, V100, n, 64, truth))
+           for n in (1, 2)]
+    pred = fit(RESNET, obs, HW)
+    p8 = pred.predict(ParallelConfig(gpus_per_node=8, micro_batch=64), V100)
+    assert p8.throughput_samples_per_s == pytest.approx(_truth(RESNET, V100, 8, 64, truth),
+                                                        rel=0.03)
+
+
+def test_fixed_cost_identified_from_two_micro_batches():
+    truth = Calibration(compute_scale=1.3, fixed_scale=20.0)
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, micro_batch=m, strategy="single",
+                       throughput_samples_per_s=_truth(RESNET, A100, 1, m, truth))
+           for m in (16, 128)]
+    pred = fit(RESNET, obs, HW)
+    assert ("A100-80GB-SXM4", "fp16") in pred.result.log_fixed_scale
+    p = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=4), A100)
+    assert p.throughput_samples_per_s == pytest.approx(_truth(RESNET, A100, 1, 4, truth),
+                                                       rel=0.03)
+
+
+def test_other_gpu_is_extrapolated_with_a_wider_interval():
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, throughput_samples_per_s=1200.0,
+                       micro_batch=256)]
+    pred = fit(RESNET, obs, HW)
+    same = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), V100)
+    other = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
+    assert other.extrapolated and not same.extrapolated
+    assert other.log_sigma > same.log_sigma + 0.2
+    # A100 is faster than V100 for the same workload, by less than the peak ratio
+    assert 1.2 < other.throughput_samples_per_s / 1200.0 < 312 / 125 * 1.05
+
+
+def test_more_gpus_than_observed_widens_the_interval():
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
+                       micro_batch=256)]
+    pred = fit(RESNET, obs, HW)
+    s8 = pred.predict(ParallelConfig(gpus_per_node=8), A100).log_sigma
+    s64 = pred.predict(ParallelConfig(gpus_per_node=8, nodes=8), A100).log_sigma
+    s1 = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100).log_sigma
+    assert s1 < s8 < s64
+
+
+def test_cpu_only_observation_falls_back_to_prior_with_a_wide_interval():
+    obs = [Observation(gpu="cpu", gpu_count=1, throughput_samples_per_s=3.5, micro_batch=8)]
+    pred = fit(RESNET, obs, {})
+    p = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
+    assert pred.result.cpu_only
+    assert p.log_sigma >= unc.SIGMA_PRIOR_ONLY
+    assert any("CPU" in a for a in p.assumptions)
+    # prior = FLOPs/peak at prior efficiency + memory: between 10% and 100% of peak FLOPs rate
+    mfu = p.throughput_samples_per_s * RESNET.flops_per_sample / 312e12
+    assert 0.05 < mfu < 1.0
+
+
+def test_grad_accumulation_amortises_communication():
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
+                       micro_batch=256)]
+    pred = fit(RESNET, obs, HW)
+    s1 = pred.predict(ParallelConfig(gpus_per_node=8, nodes=4), A100)
+    s8 = pred.predict(ParallelConfig(gpus_per_node=8, nodes=4, grad_accum=8), A100)
+    assert s8.throughput_samples_per_s > s1.throughput_samples_per_s
+    assert s8.exposed_comm_s / s8.step_time_s < s1.exposed_comm_s / s1.step_time_s
+    assert s8.samples_per_step == 256 * 8 * 32
+
+
+def test_pipeline_prediction_reports_the_bubble():
+    w = Workload(params=1_300_000_000, flops_per_sample=6 * 1.3e9 * 1024, precision="bf16",
+                 micro_batch=4, tokens_per_sample=1024, num_layers=24, hidden_size=2048,
+                 optimizer="adamw")
+    pred = fit(w, [], HW)
+    p = pred.predict(ParallelConfig(gpus_per_node=4, strategy="pp", pp=4, grad_accum=8), A100)
+    stage = p.bubble_s / 3
+    assert p.bubble_s / ((8 + 3) * stage) == pytest.approx(3 / 11, rel=1e-6)
+    assert p.tokens_per_s == pytest.approx(p.throughput_samples_per_s * 1024)
+
+
+def test_max_micro_batch_is_the_largest_that_fits():
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, throughput_samples_per_s=1200.0,
+                       micro_batch=256)]
+    pred = fit(RESNET, obs, HW)
+    config = ParallelConfig(gpus_per_node=8)
+    m = pred.max_micro_batch(config, V100)
+    assert m > 0
+    fits = pred.predict(ParallelConfig(gpus_per_node=8, micro_batch=m), V100)
+    over = pred.predict(ParallelConfig(gpus_per_node=8, micro_batch=m + 1), V100)
+    assert fits.fits and not over.fits
+    assert fits.max_micro_batch == m
+
+
+def test_errors_are_perfmodel_errors():
+    with pytest.raises(PerfModelError, match="no hardware"):
+        fit(RESNET, [Observation(gpu="H100", gpu_count=1, throughput_samples_per_s=1.0)], HW)
+    with pytest.raises(PerfModelError, match="flops_per_sample"):
+        fit(Workload(params=10, flops_per_sample=0, precision="fp32"), [], HW)
+    with pytest.raises(PerfModelError, match="precision"):
+        fit(Workload(params=10, flops_per_sample=1, precision="int3"), [], HW)
+    with pytest.raises(ValueError):
+        fit(RESNET, [], HW).predict(ParallelConfig(gpus_per_node=16), A100)
+
+
+def test_fit_result_flags_what_was_observed():
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=16, nodes=2, strategy="zero2",
+                       throughput_samples_per_s=30000.0, micro_batch=256)]
+    res = fit_calibration(RESNET, obs, HW)
+    assert res.observed_multinode and res.max_observed_dp == 16
+    assert "zero2" in res.observed_strategies
+    assert math.isfinite(res.comm_scale)
