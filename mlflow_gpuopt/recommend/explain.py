@@ -25,6 +25,11 @@ _LINK_WORDS = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie3": "PCIe 3",
                "pcie4": "PCIe 4", "pcie5": "PCIe 5", "none": "no GPU link"}
 
 
+def money(usd: float) -> str:
+    """'$1,234' for big sums, '$5.67' for small ones."""
+    return f"${usd:,.0f}" if abs(usd) >= 100 else f"${usd:,.2f}"
+
+
 def strategy_label(config: ParallelConfig) -> str:
     """Short label for tables: ``ddp``, ``fsdp``, ``tp8``, ``tp8+pp2``, ``pp4``, ``fsdp+ac``."""
     if config.strategy in ("tp", "pp") or config.tp > 1 or config.pp > 1:
@@ -113,12 +118,12 @@ def one_line_why(c: Candidate, best: Candidate | None, rank: int, target: Target
                     if target.deadline_hours else "cheapest plan")
     elif best is not None and best is not c:
         d = c.cost_usd - best.cost_usd
-        bits.append(f"{'+' if d >= 0 else '-'}${abs(d):,.0f} vs #1"
+        bits.append(f"{'+' if d >= 0 else '-'}{money(abs(d))} vs #1"
                     + (f", {best.hours - c.hours:.1f} h faster" if c.hours < best.hours else ""))
     if not c.meets_deadline and target.deadline_hours is not None:
         bits.append(f"P(meets {target.deadline_hours:g} h) {c.p_meets_deadline:.0%} "
                     f"< {target.confidence:.0%}")
-    bits.append(f"${c.usd_per_million_samples:,.2f}/M samples")
+    bits.append(f"${c.usd_per_million_samples:,.3g}/M samples")
     bits.append(f"{headroom(c):.0%} memory free")
     if c.prediction.extrapolated:
         bits.append("extrapolated from other GPUs")
@@ -134,7 +139,7 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
     lines = [
         f"Recommended: {describe(win)}.",
         f"Predicted {win.hours:.1f} h ({win.hours_low:.1f}–{win.hours_high:.1f}), "
-        f"${win.cost_usd:,.0f} (${win.cost_low_usd:,.0f}–${win.cost_high_usd:,.0f}), {deadline}.",
+        f"{money(win.cost_usd)} ({money(win.cost_low_usd)}–{money(win.cost_high_usd)}), {deadline}.",
     ]
     e_win = efficiency.get(id(win))
     if runner_up is not None:
@@ -145,8 +150,8 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
 
         saving = runner_up.cost_usd - win.cost_usd
         lines.append(
-            f"Why it beats the next option ({describe(runner_up)}, ${runner_up.cost_usd:,.0f}, "
-            f"{runner_up.hours:.1f} h): saves ${saving:,.0f}; "
+            f"Why it beats the next option ({describe(runner_up)}, {money(runner_up.cost_usd)}, "
+            f"{runner_up.hours:.1f} h): saves {money(saving)}; "
             f"${effective_gpu_hour_usd(win, e_win):.2f} vs "
             f"${effective_gpu_hour_usd(runner_up, e_run):.2f} per effective GPU-hour "
             f"(price per GPU-hour ÷ scaling efficiency); per-GPU throughput "
@@ -154,7 +159,7 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
             f"{runner_up.throughput_samples_per_s / runner_up.gpus:,.1f} samples/s; scaling efficiency {pct(e_win)} vs "
             f"{pct(e_run)}; memory headroom {headroom(win):.0%} vs {headroom(runner_up):.0%}; "
             f"interconnect {interconnect(win)} vs {interconnect(runner_up)}; "
-            f"${win.usd_per_million_samples:,.2f} vs ${runner_up.usd_per_million_samples:,.2f} "
+            f"${win.usd_per_million_samples:,.3g} vs ${runner_up.usd_per_million_samples:,.3g} "
             f"per million samples.")
     p = win.prediction
     step = p.step_time_s if p.step_time_s > 0 else 1.0

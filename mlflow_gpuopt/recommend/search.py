@@ -28,6 +28,7 @@ from mlflow_gpuopt.recommend.cost import evaluate
 from mlflow_gpuopt.recommend.explain import (
     explain_winner,
     launch_line,
+    money,
     one_line_why,
     strategy_label,
 )
@@ -42,6 +43,8 @@ from mlflow_gpuopt.recommend.types import (
     Target,
 )
 
+#: Region of offers that are not tied to one (Lambda, Colab): they match any region asked.
+GLOBAL_REGION = "global"
 _DATA_PARALLEL_LADDER = ("ddp", "zero1", "zero2", "fsdp")
 #: Models at least this big also get tensor/pipeline-parallel plans.
 LARGE_MODEL_PARAMS = 1_000_000_000
@@ -75,11 +78,15 @@ def allowed_precisions(workload_precision: str, spec: GpuSpec) -> tuple[str, ...
 
 def filter_offers(offers: Iterable[Offer], space: SearchSpace) -> list[Offer]:
     """Offers allowed by providers / region / spot; raises :class:`NoOffersError` if none."""
+    offers = list(offers)
+    region = space.region.lower() if space.region else None
+    if region and not any(o.region.lower() == region for o in offers):
+        raise NoOffersError(f"no catalog offers in region {space.region}")
     out = []
     for o in offers:
         if space.providers and o.provider not in space.providers:
             continue
-        if space.region and o.region != space.region:
+        if region and o.region.lower() not in (region, GLOBAL_REGION):
             continue
         if space.spot is True and o.spot_price_per_hour_usd is None:
             continue
@@ -377,8 +384,8 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         notes.append(
             f"no plan meets the {target.deadline_hours:g} h deadline with "
             f"{target.confidence:.0%} confidence; fastest: {fastest.hours:.1f} h for "
-            f"${fastest.cost_usd:,.0f} ({fastest.offer.provider} {fastest.offer.instance_type} "
-            f"× {fastest.nodes}); cheapest: ${cheapest.cost_usd:,.0f} in {cheapest.hours:.1f} h "
+            f"{money(fastest.cost_usd)} ({fastest.offer.provider} {fastest.offer.instance_type} "
+            f"× {fastest.nodes}); cheapest: {money(cheapest.cost_usd)} in {cheapest.hours:.1f} h "
             f"({cheapest.offer.provider} {cheapest.offer.instance_type} × {cheapest.nodes})")
     if winner is not None:
         runner_up = next((c for c in ranked[1:] if (c.offer.instance_type, c.nodes,

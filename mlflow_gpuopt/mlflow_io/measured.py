@@ -1,0 +1,124 @@
+"""Read measured gpuopt runs for ``recommend --experiment`` and ``compare`` (read-only).
+
+A "measured run" is one that ``gpuopt.track()`` wrote: it has the ``gpuopt.flops_per_sample``
+param. Recommendation and candidate runs (tag ``gpuopt.kind``) are never measured runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+_MAX_RUNS = 1000
+
+
+class MeasuredRunError(ValueError):
+    """An experiment or run that cannot be read as a measured gpuopt run."""
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """What ``compare`` shows for one measured run (``None`` where the run lacks it)."""
+
+    run_id: str
+    run_name: str
+    device: str  # NVML name or "cpu"
+    device_count: int
+    nodes: int
+    world_size: int
+    strategy: str | None
+    precision: str | None
+    micro_batch: int | None
+    params: int | None
+    flops_per_sample: float | None
+    throughput_samples_per_s: float | None
+    mfu: float | None
+    step_time_p50_s: float | None
+    peak_memory_bytes: float | None
+    start_time_ms: int
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(float(v)) if v not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def _float(v: str | None) -> float | None:
+    try:
+        return float(v) if v not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def _measured(run) -> MeasuredRun:
+    p, m = run.data.params, run.data.metrics
+    return MeasuredRun(
+        run_id=run.info.run_id, run_name=run.info.run_name or "",
+        device=p.get("gpuopt.device", "unknown"),
+        device_count=_int(p.get("gpuopt.device_count")) or 1,
+        nodes=_int(p.get("gpuopt.nodes")) or 1,
+        world_size=_int(p.get("gpuopt.world_size")) or 1,
+        strategy=p.get("gpuopt.strategy"), precision=p.get("gpuopt.precision"),
+        micro_batch=_int(p.get("gpuopt.micro_batch")), params=_int(p.get("gpuopt.params")),
+        flops_per_sample=_float(p.get("gpuopt.flops_per_sample")),
+        throughput_samples_per_s=m.get("gpuopt/summary/throughput_samples_per_s"),
+        mfu=m.get("gpuopt/summary/mfu"),
+        step_time_p50_s=m.get("gpuopt/summary/step_time_p50_s"),
+        peak_memory_bytes=m.get("gpuopt/summary/peak_memory_bytes"),
+        start_time_ms=run.info.start_time or 0,
+    )
+
+
+def _is_measured(run) -> bool:
+    return ("gpuopt.flops_per_sample" in run.data.params
+            and run.data.tags.get("gpuopt.kind") not in ("recommendation", "candidate"))
+
+
+def measured_runs_in_experiment(name: str, client=None) -> list[MeasuredRun]:
+    """Measured runs of experiment ``name``, newest first (raises if none or no experiment)."""
+    from mlflow import MlflowClient
+
+    client = client or MlflowClient()
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        raise MeasuredRunError(f"no MLflow experiment named {name!r}")
+    runs = client.search_runs([exp.experiment_id], max_results=_MAX_RUNS,
+                              order_by=["attributes.start_time DESC"])
+    out = [_measured(r) for r in runs if _is_measured(r)]
+    if not out:
+        raise MeasuredRunError(
+            f"experiment {name!r} has no runs with gpuopt measurements; record one with "
+            "`with gpuopt.track(model=..., optimizer=...):` around the training loop")
+    return out
+
+
+def measured_runs(run_ids: Sequence[str], client=None) -> list[MeasuredRun]:
+    """The measured runs ``run_ids`` (raises for an unknown id or a run without gpuopt data)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = client or MlflowClient()
+    out = []
+    for rid in run_ids:
+        try:
+            run = client.get_run(rid)
+        except MlflowException as exc:
+            raise MeasuredRunError(f"no MLflow run with id {rid!r}") from exc
+        if not _is_measured(run):
+            raise MeasuredRunError(
+                f"run {rid} has no gpuopt measurements; record them with "
+                "`with gpuopt.track(model=..., optimizer=...):` around the training loop")
+        out.append(_measured(run))
+    return out
+
+
+def same_workload_run_ids(runs: Sequence[MeasuredRun]) -> list[str]:
+    """Ids of the runs that measured the same workload as the newest one (params, FLOPs)."""
+    newest = runs[0]
+    key = (newest.params, newest.flops_per_sample)
+    return [r.run_id for r in runs if (r.params, r.flops_per_sample) == key]

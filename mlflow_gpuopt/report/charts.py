@@ -1,0 +1,112 @@
+"""PNG charts of a recommendation: cost vs time (with the Pareto front) and scaling.
+
+Uses matplotlib's object API on the Agg canvas (no pyplot global state, no display needed);
+each function returns PNG bytes and writes nothing.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+from mlflow_gpuopt.perfmodel.types import Observation
+from mlflow_gpuopt.recommend.types import Recommendation, ScalingPoint
+
+_DPI = 110
+
+
+def _figure(width: float = 7.5, height: float = 4.6):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _colors(names: Sequence[str]) -> dict[str, tuple]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {name: cmap(i % 10) for i, name in enumerate(sorted(set(names)))}
+
+
+def pareto_png(rec: Recommendation) -> bytes:
+    """Predicted hours (x) vs expected cost (y) for every feasible plan, by GPU type.
+
+    The Pareto front is drawn as a step line, the deadline as a vertical line, the winner as
+    a star. Log axes: plans span orders of magnitude in both.
+    """
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    cands = rec.candidates
+    colors = _colors([c.offer.gpu for c in cands])
+    for gpu, color in colors.items():
+        pts = [c for c in cands if c.offer.gpu == gpu]
+        ax.scatter([c.hours for c in pts], [c.cost_usd for c in pts], s=16, alpha=0.55,
+                   color=color, label=gpu, edgecolors="none")
+    if rec.pareto:
+        ax.step([c.hours for c in rec.pareto], [c.cost_usd for c in rec.pareto], where="post",
+                color="black", linewidth=1.2, label="Pareto front")
+        ax.scatter([c.hours for c in rec.pareto], [c.cost_usd for c in rec.pareto], s=28,
+                   facecolors="none", edgecolors="black", linewidths=0.9)
+    if rec.target.deadline_hours:
+        ax.axvline(rec.target.deadline_hours, color="crimson", linestyle="--", linewidth=1,
+                   label=f"deadline {rec.target.deadline_hours:g} h")
+    if rec.winner is not None:
+        w = rec.winner
+        ax.scatter([w.hours], [w.cost_usd], marker="*", s=260, color="gold",
+                   edgecolors="black", zorder=5, label="recommended")
+        ax.errorbar([w.hours], [w.cost_usd],
+                    xerr=[[w.hours - w.hours_low], [w.hours_high - w.hours]],
+                    yerr=[[max(0.0, w.cost_usd - w.cost_low_usd)],
+                          [max(0.0, w.cost_high_usd - w.cost_usd)]],
+                    fmt="none", ecolor="black", elinewidth=0.8, capsize=3, zorder=4)
+    if cands:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("predicted time to train (hours)")
+    ax.set_ylabel("expected cost (USD)")
+    ax.set_title("Cost vs time of every feasible plan")
+    ax.grid(True, which="both", alpha=0.25)
+    if cands:
+        ax.legend(fontsize=7, loc="best", framealpha=0.85)
+    return _png(fig)
+
+
+def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] = ()) -> bytes:
+    """Predicted global throughput vs GPU count per GPU type, with the measured points."""
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    names = [p.gpu for p in points] + [o.gpu for o in measured]
+    colors = _colors(names)
+    for gpu in sorted({p.gpu for p in points}):
+        pts = sorted((p for p in points if p.gpu == gpu), key=lambda p: p.gpus)
+        xs = [p.gpus for p in pts]
+        ax.plot(xs, [p.throughput_samples_per_s for p in pts], marker=".", color=colors[gpu],
+                label=f"{gpu} (predicted)")
+        ax.fill_between(xs, [p.low for p in pts], [p.high for p in pts], color=colors[gpu],
+                        alpha=0.15, linewidth=0)
+    for o in measured:
+        ax.scatter([o.gpu_count], [o.throughput_samples_per_s], marker="D", s=46,
+                   color=colors.get(o.gpu, "black"), edgecolors="black", zorder=5,
+                   label=f"{o.gpu} measured")
+    if points or measured:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        handles, labels = ax.get_legend_handles_labels()
+        seen: dict[str, object] = {}
+        for h, lab in zip(handles, labels):
+            seen.setdefault(lab, h)
+        ax.legend(list(seen.values()), list(seen), fontsize=7, loc="best", framealpha=0.85)
+    ax.set_xlabel("GPUs (data parallel)")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title("Predicted scaling per GPU type (band: interval; diamonds: measured)")
+    ax.grid(True, which="both", alpha=0.25)
+    return _png(fig)
