@@ -44,7 +44,7 @@ def parse_offer_file(
     Returns:
         (repriced offers, templates not found in the file, kept unchanged).
     Raises:
-        RefreshError: wrong shape, absurd price, or none of our instance types priced.
+        RefreshError: wrong shape or absurd price.
     """
     where = f"AWS offer file {region}"
     products = get(payload, "products", dict, where)
@@ -87,8 +87,6 @@ def parse_offer_file(
             int(number(get(attrs, "vcpu", str, f"{where} {itype}"), f"{where} {itype} vcpu")),
             _memory_gib(get(attrs, "memory", str, f"{where} {itype}"), f"{where} {itype}"),
         )
-    if wanted and not prices:
-        raise RefreshError(f"{where}: none of our {len(wanted)} instance types is priced")
     source = (f"AWS Price List bulk API, AmazonEC2 {region} offer file version {version} "
               "(on-demand Linux, shared tenancy); spot kept from the previous catalog")
     fresh, kept = [], []
@@ -114,4 +112,6 @@ def fetch_and_parse(
         f, k = parse_offer_file(payload, region, templates, as_of)
         fresh += f
         kept += k
+    if templates and not fresh:
+        raise RefreshError(f"AWS offer files: none of our {len(templates)} offers is priced")
     return fresh, kept
