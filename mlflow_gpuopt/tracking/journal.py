@@ -80,9 +80,23 @@ class JournalWriter:
 
     @classmethod
     def reopen(cls, path: str | os.PathLike) -> JournalWriter:
-        """Append to an existing journal (used by replay to record its progress)."""
+        """Append to an existing journal (used by replay to record its progress).
+
+        A torn last line (a writer killed mid-write) is cut off first, so that what is
+        appended stays readable; readers ignore such a line anyway.
+        """
         self = cls.__new__(cls)
         self.path = Path(path)
+        with open(self.path, "rb+") as f:
+            data_end = f.seek(0, os.SEEK_END)
+            tail = b""
+            while data_end > 0 and b"\n" not in tail:
+                step = min(4096, data_end)
+                f.seek(data_end - step)
+                tail = f.read(step) + tail
+                data_end -= step
+            keep = data_end + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+            f.truncate(keep)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         return self
 
