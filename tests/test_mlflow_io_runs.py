@@ -1,0 +1,97 @@
+"""Reading gpuopt runs from a real sqlite MLflow store into Workload + Observations."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from mlflow_gpuopt.mlflow_io.runs import RunInputError, load_run_inputs
+
+PROFILE = {"schema": "gpuopt.workload/1", "name": "tiny_gpt", "params": 1_234_567,
+           "trainable_params": 1_234_567, "flops_per_sample": 3.1e9, "precision": "fp32",
+           "micro_batch": 8, "grad_accum": 1, "optimizer": "AdamW",
+           "optimizer_state_bytes_per_param": 8, "activation_bytes_per_sample": 2.5e6,
+           "activation_saved_bytes_per_sample": 2.0e6, "tokens_per_sample": 128,
+           "largest_layer_params": 65536, "hardware": {"device": "cpu"}}
+
+
+@pytest.fixture
+def client(tracking_uri, tmp_path):
+    c = MlflowClient(tracking_uri)
+    mlflow.set_experiment("gpuopt-io")
+    return c
+
+
+def _log_run(client, *, device="cpu", world=1, count=1, nodes=1, thr=42.0, profile=PROFILE,
+             params_extra=None, metric=True):
+    exp = client.get_experiment_by_name("gpuopt-io").experiment_id
+    run = client.create_run(exp)
+    rid = run.info.run_id
+    params = {"gpuopt.device": device, "gpuopt.device_count": count, "gpuopt.nodes": nodes,
+              "gpuopt.world_size": world, "gpuopt.precision": "fp32", "gpuopt.micro_batch": 8,
+              "gpuopt.grad_accum": 1, "gpuopt.strategy": "single" if world == 1 else "ddp",
+              "gpuopt.params": 1_234_567, "gpuopt.flops_per_sample": "3.1e+09"}
+    params.update(params_extra or {})
+    for k, v in params.items():
+        client.log_param(rid, k, v)
+    if metric:
+        client.log_metric(rid, "gpuopt/summary/throughput_samples_per_s", thr)
+    if profile is not None:
+        client.log_dict(rid, profile, "gpuopt/profile.json")
+    client.set_terminated(rid)
+    return rid
+
+
+def test_reads_workload_and_observations(client):
+    a = _log_run(client, thr=42.0)
+    b = _log_run(client, device="NVIDIA A100-SXM4-80GB", world=8, count=8, thr=9000.0)
+    inputs = load_run_inputs([a, b], client=client)
+    assert inputs.run_ids == (a, b)
+    w = inputs.workload
+    assert (w.params, w.flops_per_sample, w.precision, w.tokens_per_sample) == (
+        1_234_567, 3.1e9, "fp32", 128)
+    assert w.activation_bytes_per_sample == 2.5e6 and w.largest_layer_params == 65536
+    cpu, gpu = inputs.observations
+    assert (cpu.gpu, cpu.gpu_count, cpu.throughput_samples_per_s) == ("cpu", 1, 42.0)
+    assert (gpu.gpu, gpu.gpu_count, gpu.strategy, gpu.micro_batch) == (
+        "A100-80GB-SXM4", 8, "ddp", 8)
+
+
+def test_profile_missing_falls_back_to_params(client):
+    rid = _log_run(client, profile=None)
+    w = load_run_inputs([rid], client=client).workload
+    assert (w.params, w.flops_per_sample, w.micro_batch) == (1_234_567, 3.1e9, 8)
+
+
+def test_unknown_run_id(client):
+    with pytest.raises(RunInputError, match="unknown run id 'deadbeef"):
+        load_run_inputs(["deadbeef00000000000000000000000"], client=client)
+
+
+def test_run_without_gpuopt_data(client):
+    exp = client.get_experiment_by_name("gpuopt-io").experiment_id
+    rid = client.create_run(exp).info.run_id
+    client.log_param(rid, "lr", 0.1)
+    with pytest.raises(RunInputError, match=r"no gpuopt data; run it under gpuopt.track\(\)"):
+        load_run_inputs([rid], client=client)
+
+
+def test_run_without_throughput(client):
+    rid = _log_run(client, metric=False)
+    with pytest.raises(RunInputError, match="throughput_samples_per_s"):
+        load_run_inputs([rid], client=client)
+
+
+def test_runs_of_different_workloads(client):
+    a = _log_run(client)
+    other = dict(PROFILE, params=999, flops_per_sample=1e6)
+    b = _log_run(client, profile=other, params_extra={"gpuopt.params": 999})
+    with pytest.raises(RunInputError, match="different workloads"):
+        load_run_inputs([a, b], client=client)
+
+
+def test_unknown_gpu_name_is_reported(client):
+    rid = _log_run(client, device="Acme Flux 9000")
+    with pytest.raises(RunInputError, match="unknown GPU"):
+        load_run_inputs([rid], client=client)

@@ -1,0 +1,138 @@
+"""``mlflow gpuopt predict`` end to end: files, runs, errors, and a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlflow_gpuopt.cli import gpuopt
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = {"schema": "gpuopt.workload/1", "name": "resnet50", "params": 25557032,
+            "flops_per_sample": 2.46e10, "precision": "fp16", "micro_batch": 256,
+            "optimizer": "SGD", "optimizer_state_bytes_per_param": 4,
+            "activation_bytes_per_sample": 1.1e8, "tokens_per_sample": None}
+OBS = ("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision\n"
+       "NVIDIA A100-SXM4-80GB,1,1,256,2470,single,fp16\n"
+       "NVIDIA A100-SXM4-80GB,8,1,256,16621,ddp,fp16\n")
+KEYS = {"gpu", "gpus", "nodes", "strategy", "micro_batch", "throughput_samples_per_s", "low",
+        "high", "step_time_s", "memory_per_gpu_bytes", "fits"}
+
+
+@pytest.fixture
+def files(tmp_path):
+    w = tmp_path / "workload.json"
+    w.write_text(json.dumps(WORKLOAD))
+    o = tmp_path / "obs.csv"
+    o.write_text(OBS)
+    return str(w), str(o)
+
+
+def _run(args):
+    return CliRunner().invoke(gpuopt, ["predict", *args], catch_exceptions=False)
+
+
+def test_json_from_files_reproduces_the_observation(files):
+    w, o = files
+    r = _run(["--workload", w, "--observations", o, "--gpu", "A100-80GB-SXM4", "--gpus", "8",
+              "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert KEYS <= set(out)
+    assert out["gpu"] == "A100-80GB-SXM4" and out["gpus"] == 8 and out["nodes"] == 1
+    assert out["strategy"] == "ddp" and out["micro_batch"] == 256
+    assert out["throughput_samples_per_s"] == pytest.approx(16621, rel=0.02)
+    assert out["low"] < out["throughput_samples_per_s"] < out["high"]
+    assert out["fits"] is True and out["memory_per_gpu_bytes"] < 80e9
+    assert out["max_micro_batch"] >= 256
+
+
+def test_human_output_and_nvml_name(files):
+    w, o = files
+    r = _run(["--workload", w, "--observations", o, "--gpu", "NVIDIA H100 80GB HBM3",
+              "--gpus", "16", "--strategy", "zero2", "--micro-batch", "128"])
+    assert r.exit_code == 0, r.output
+    assert "16 x H100-SXM5-80GB (2 node(s)), zero2" in r.output
+    assert "samples/s" in r.output and "extrapolated" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpu", "A1000-XYZ", "--gpus", "8"], "unknown GPU"),
+    (["--gpu", "A100-80GB-SXM4", "--gpus", "8", "--strategy", "tp16"], "tensor-parallel"),
+    (["--gpu", "A100-80GB-SXM4", "--gpus", "8", "--strategy", "warp"], "unknown strategy"),
+    (["--gpu", "A100-80GB-SXM4", "--gpus", "6", "--nodes", "4"], "does not split"),
+    (["--gpu", "A100-80GB-SXM4", "--gpus", "8", "--precision", "fp3"], "unknown precision"),
+])
+def test_bad_input_is_one_line_exit_2(files, args, message):
+    w, o = files
+    r = CliRunner().invoke(gpuopt, ["predict", "--workload", w, "--observations", o, *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_workload_missing_required_field(tmp_path, files):
+    _, o = files
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"params": 10, "precision": "fp32"}))
+    r = CliRunner().invoke(gpuopt, ["predict", "--workload", str(bad), "--observations", o,
+                                    "--gpu", "A100-80GB-SXM4", "--gpus", "1"])
+    assert r.exit_code == 2
+    assert "missing required field(s) flops_per_sample" in r.output
+
+
+def test_conflicting_or_missing_sources(files):
+    w, o = files
+    r = CliRunner().invoke(gpuopt, ["predict", "--run-id", "abc", "--workload", w,
+                                    "--gpu", "A100-80GB-SXM4", "--gpus", "1"])
+    assert r.exit_code == 2 and "not both" in r.output
+    r = CliRunner().invoke(gpuopt, ["predict", "--gpu", "A100-80GB-SXM4", "--gpus", "1"])
+    assert r.exit_code == 2 and "--run-id" in r.output
+
+
+def test_from_run_id(tracking_uri):
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri)
+    exp = c.create_experiment("p")
+    rid = c.create_run(exp).info.run_id
+    for k, v in {"gpuopt.device": "NVIDIA A100-SXM4-80GB", "gpuopt.device_count": 1,
+                 "gpuopt.world_size": 1, "gpuopt.nodes": 1, "gpuopt.precision": "fp16",
+                 "gpuopt.micro_batch": 256, "gpuopt.grad_accum": 1, "gpuopt.strategy": "single",
+                 "gpuopt.params": 25557032, "gpuopt.flops_per_sample": "2.46e+10"}.items():
+        c.log_param(rid, k, v)
+    c.log_metric(rid, "gpuopt/summary/throughput_samples_per_s", 2470.0)
+    c.log_dict(rid, WORKLOAD, "gpuopt/profile.json")
+    r = _run(["--run-id", rid, "--gpu", "A100-80GB-SXM4", "--gpus", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["throughput_samples_per_s"] == pytest.approx(2470, rel=0.02)
+    assert out["run_ids"] == [rid]
+    r = CliRunner().invoke(gpuopt, ["predict", "--run-id", "nope0000", "--gpu", "A100",
+                                    "--gpus", "1"])
+    assert r.exit_code == 2 and "unknown run id" in r.output
+
+
+@pytest.mark.slow
+def test_real_subprocess(files):
+    w, o = files
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlflow_gpuopt", "predict", "--workload", w, "--observations", o,
+         "--gpu", "V100", "--gpus", "8", "--json"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["gpu"] == "V100-SXM2-16GB" and out["extrapolated"] is True
+    bad = subprocess.run(
+        [sys.executable, "-m", "mlflow_gpuopt", "predict", "--workload", w, "--gpu", "Z9",
+         "--gpus", "1"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("Error: unknown GPU") and "Traceback" not in bad.stderr
