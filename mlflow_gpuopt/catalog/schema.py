@@ -75,7 +75,7 @@ class Offer:
     vcpus: int
     memory_gb: float  # host RAM per node
     price_per_hour_usd: float  # on-demand, whole node
-    spot_price_per_hour_usd: float | None  # None where no spot/preemptible is sold
+    spot_price_per_hour_usd: float | None  # None where no spot is sold or it was not read
     billing_increment_s: int  # 1 = per-second billing
     billing_minimum_s: int  # e.g. 60 on AWS/GCP
     intra_node_link: str  # "nvswitch" | "nvlink" | "pcie3" | "pcie4" | "pcie5" | "none"
