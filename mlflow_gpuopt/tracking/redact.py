@@ -12,9 +12,10 @@ Pure string functions; they read ``os.environ`` only when no environment is pass
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 #: What replaces a secret.
@@ -136,3 +137,26 @@ def redact_mapping(values: Mapping[str, Any], extra_secrets: tuple[str, ...] | l
         text = str(value)
         out[str(key)] = MASK if (is_secret_name(str(key)) and text) else redact(text, secrets, {})
     return out
+
+
+@contextlib.contextmanager
+def no_url_echo(uri: str | None) -> Iterator[None]:
+    """While active, MLflow does not print run URLs if ``uri`` carries a password.
+
+    ``mlflow.end_run()`` (and ``MlflowClient.set_terminated``) print "View run at: URL" built
+    from the tracking URI, password included. ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` turns
+    that off; it is set only for the duration of the block and only when there is a secret.
+    """
+    if not uri_secrets(uri):
+        yield
+        return
+    name = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+    old = os.environ.get(name)
+    os.environ[name] = "true"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

@@ -41,10 +41,14 @@ def end_run(binding: RunBinding, failed: bool) -> None:
         return
     import mlflow
 
-    active = mlflow.active_run()
-    if active is not None and active.info.run_id == binding.run_id:
-        mlflow.end_run(status="FAILED" if failed else "FINISHED")
-    else:  # the user ended or switched runs inside the block: close ours by id
-        from mlflow.tracking import MlflowClient
+    from mlflow_gpuopt.tracking.redact import no_url_echo
 
-        MlflowClient().set_terminated(binding.run_id, status="FAILED" if failed else "FINISHED")
+    active = mlflow.active_run()
+    with no_url_echo(mlflow.get_tracking_uri()):  # MLflow would print the URI's password
+        if active is not None and active.info.run_id == binding.run_id:
+            mlflow.end_run(status="FAILED" if failed else "FINISHED")
+        else:  # the user ended or switched runs inside the block: close ours by id
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient().set_terminated(binding.run_id,
+                                          status="FAILED" if failed else "FINISHED")
