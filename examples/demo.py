@@ -24,7 +24,8 @@ def show_run(run_id: str) -> dict:
     p, m = run.data.params, run.data.metrics
     figures = {
         "run_id": run_id,
-        "device": f"{p.get('gpuopt.device_count')} x {p.get('gpuopt.device')}",
+        "device": (f"{p.get('gpuopt.device_count')} x {p.get('gpuopt.device')}"
+                   if p.get("gpuopt.device_count") not in (None, "0") else p.get("gpuopt.device")),
         "precision": p.get("gpuopt.precision"),
         "throughput_samples_per_s": m.get("gpuopt/summary/throughput_samples_per_s"),
         "step_time_p50_s": m.get("gpuopt/summary/step_time_p50_s"),

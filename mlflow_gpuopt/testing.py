@@ -53,7 +53,8 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
     """A module with the parts of pynvml's API the NVML backend uses, backed by ``gpus``.
 
     ``module.fail(name, exc)`` makes function ``name`` raise ``exc`` from then on;
-    ``module.heal(name)`` undoes it; ``module.init_count`` counts ``nvmlInit`` calls.
+    ``module.heal(name)`` undoes it; ``module.init_count`` counts ``nvmlInit`` calls; like NVML,
+    init/shutdown are reference-counted (``module.refs``).
     """
     m = types.ModuleType("pynvml")
     m.NVML_SUCCESS = 0
@@ -83,6 +84,7 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
         g.uuid = g.uuid or f"GPU-fake-{i:04d}"
     m.failures = {}
     m.init_count = 0
+    m.refs = 0  # NVML reference-counts init/shutdown
     m.initialized = False
 
     def fail(name: str, exc: BaseException) -> None:
@@ -111,11 +113,15 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
     @api
     def nvmlInit():
         m.init_count += 1
+        m.refs += 1
         m.initialized = True
 
     @api
     def nvmlShutdown():
-        m.initialized = False
+        if m.refs == 0:
+            raise NVMLError(m.NVML_ERROR_UNINITIALIZED)
+        m.refs -= 1
+        m.initialized = m.refs > 0
 
     @api
     def nvmlDeviceGetCount():

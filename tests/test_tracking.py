@@ -1,0 +1,221 @@
+"""track() on real CPU training into a real sqlite MLflow store: the logged contract."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import mlflow
+import pytest
+import torch
+import torch.nn as nn
+from mlflow.tracking import MlflowClient
+
+import mlflow_gpuopt as gpuopt
+from mlflow_gpuopt.testing import FakeGPU, fake_nvml
+
+D_IN, HIDDEN, D_OUT, BATCH = 32, 64, 8, 16
+
+
+def make_model(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(D_IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, D_OUT))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train(model, opt, steps: int, accum: int = 1, batch: int = BATCH, sleep_s: float = 0.0):
+    gen = torch.Generator().manual_seed(123)
+    losses = []
+    for _ in range(steps):
+        for _ in range(accum):
+            x = torch.randn(batch, D_IN, generator=gen)
+            loss = model(x).pow(2).mean() / accum
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if sleep_s:
+            time.sleep(sleep_s)
+    return losses
+
+
+def analytic_mlp_flops_per_sample() -> float:
+    # forward 2·MACs; backward: weight grads 2·MACs for both layers, input grads only for the
+    # second layer (the batch itself needs no gradient)
+    macs1, macs2 = D_IN * HIDDEN, HIDDEN * D_OUT
+    return 2 * (macs1 + macs2) + 2 * (macs1 + macs2) + 2 * macs2
+
+
+def artifact(run_id: str, path: str) -> dict:
+    return mlflow.artifacts.load_dict(f"runs:/{run_id}/{path}")
+
+
+def test_contract_is_logged(tracking_uri):
+    model, opt = make_model()
+    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        train(model, opt, steps=12, sleep_s=0.01)
+    run = mlflow.get_run(t.run_id)
+    assert run.info.status == "FINISHED"
+    p, m = run.data.params, run.data.metrics
+    assert p["gpuopt.device"] == "cpu" and p["gpuopt.device_count"] == "0"
+    assert p["gpuopt.nodes"] == "1" and p["gpuopt.world_size"] == "1"
+    assert p["gpuopt.strategy"] == "single" and p["gpuopt.precision"] == "fp32"
+    assert p["gpuopt.micro_batch"] == str(BATCH) and p["gpuopt.grad_accum"] == "1"
+    n_params = sum(x.numel() for x in model.parameters())
+    assert p["gpuopt.params"] == str(n_params)
+    assert float(p["gpuopt.flops_per_sample"]) == pytest.approx(analytic_mlp_flops_per_sample())
+    for name in ("throughput_samples_per_s", "step_time_p50_s", "step_time_p90_s",
+                 "peak_memory_bytes"):
+        assert m[f"gpuopt/summary/{name}"] > 0, name
+    assert "gpuopt/summary/mfu" not in m  # no known peak on a CPU
+    assert m["gpuopt/summary/steps"] == 12 and m["gpuopt/summary/steady_steps"] == 9
+    assert 0.01 <= m["gpuopt/summary/step_time_p50_s"] < 0.5
+    assert m["gpuopt/summary/throughput_samples_per_s"] == pytest.approx(
+        BATCH / m["gpuopt/summary/step_time_mean_s"], rel=1e-6)
+    client = MlflowClient()
+    hist = client.get_metric_history(t.run_id, "gpuopt/step_time_s")
+    assert len(hist) >= 2 and max(h.step for h in hist) == 12
+    for name in ("gpuopt/cpu_utilization_percent", "gpuopt/host_memory_used_bytes",
+                 "gpuopt/throughput_samples_per_s"):
+        assert client.get_metric_history(t.run_id, name), name
+    # a sample at start (step 0) and one at the end (last step)
+    steps = {h.step for h in client.get_metric_history(t.run_id, "gpuopt/host_memory_used_bytes")}
+    assert 0 in steps and 12 in steps
+    prof = artifact(t.run_id, "gpuopt/profile.json")
+    assert prof["schema"] == "gpuopt.workload/1"
+    assert prof["params"] == n_params and prof["precision"] == "fp32"
+    assert prof["optimizer"] == "AdamW"
+    assert prof["optimizer_state_bytes_per_param"] == pytest.approx(8.0, rel=0.01)
+    # saved for backward per sample: the input (D_IN) and the ReLU output (HIDDEN), fp32
+    assert prof["activation_bytes_per_sample"] == pytest.approx(4 * (D_IN + HIDDEN))
+    assert prof["hardware"]["gpu"] == "cpu" and prof["hardware"]["cpu_count"] >= 1
+    assert t.summary.steady.steps == 9
+
+
+def test_tracking_does_not_change_training():
+    model_a, opt_a = make_model()
+    plain = train(model_a, opt_a, steps=6)
+    model_b, opt_b = make_model()
+    with gpuopt.track(model_b, opt_b, interval_s=0.05, print_summary=False, profile_step=1,
+                      run_id=None) as t:
+        tracked = train(model_b, opt_b, steps=6)
+    assert tracked == plain  # bit-identical losses, profiled step included
+    for a, b in zip(model_a.parameters(), model_b.parameters()):
+        assert torch.equal(a, b)
+    mlflow.end_run() if mlflow.active_run() else None
+    assert t.profile is not None and t.profile.flops_per_sample > 0
+
+
+def test_joins_active_run_and_leaves_it_open(tracking_uri):
+    model, opt = make_model()
+    with mlflow.start_run() as outer:
+        with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+            train(model, opt, steps=4)
+        assert t.run_id == outer.info.run_id
+        assert mlflow.active_run().info.run_id == outer.info.run_id
+        mlflow.log_metric("after", 1.0)
+    run = mlflow.get_run(outer.info.run_id)
+    assert run.data.metrics["after"] == 1.0
+    assert "gpuopt.flops_per_sample" in run.data.params
+
+
+def test_starts_and_ends_its_own_run_failed_on_exception(tracking_uri):
+    model, opt = make_model()
+    with pytest.raises(RuntimeError, match="user bug"):
+        with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+            train(model, opt, steps=3)
+            raise RuntimeError("user bug")
+    assert mlflow.active_run() is None
+    run = mlflow.get_run(t.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.metrics["gpuopt/summary/steps"] == 3
+
+
+def test_explicit_run_id(tracking_uri):
+    run = MlflowClient().create_run(mlflow.get_experiment_by_name("Default").experiment_id)
+    model, opt = make_model()
+    with gpuopt.track(model, opt, run_id=run.info.run_id, interval_s=0.05, print_summary=False):
+        train(model, opt, steps=3)
+    assert mlflow.active_run() is None
+    assert mlflow.get_run(run.info.run_id).data.params["gpuopt.device"] == "cpu"
+
+
+def test_grad_accumulation_and_flops_per_sample(tracking_uri):
+    model, opt = make_model()
+    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        train(model, opt, steps=5, accum=4, batch=8)
+    p = mlflow.get_run(t.run_id).data.params
+    assert p["gpuopt.grad_accum"] == "4" and p["gpuopt.micro_batch"] == "8"
+    assert float(p["gpuopt.flops_per_sample"]) == pytest.approx(analytic_mlp_flops_per_sample())
+    assert t.summary.steady.throughput_samples_per_s == pytest.approx(
+        32 / t.summary.steady.step_time_mean_s, rel=1e-6)
+
+
+def test_manual_steps_without_optimizer(tracking_uri):
+    tracker = gpuopt.Tracker(interval_s=0.05, warmup_steps=1, print_summary=False).start()
+    for _ in range(6):
+        time.sleep(0.01)
+        tracker.step(samples=10, tokens=640)
+    summary = tracker.stop()
+    assert summary.total_steps == 6 and summary.steady.steps == 5
+    assert summary.steady.throughput_samples_per_s == pytest.approx(
+        10 / summary.steady.step_time_mean_s, rel=1e-6)
+    assert summary.steady.throughput_tokens_per_s == pytest.approx(
+        64 * summary.steady.throughput_samples_per_s, rel=1e-6)
+    m = mlflow.get_run(tracker.run_id).data.metrics
+    assert m["gpuopt/summary/throughput_tokens_per_s"] > 0
+
+
+def test_manual_step_takes_over_from_optimizer_hook(tracking_uri):
+    model, opt = make_model()
+    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        for _ in range(4):
+            train(model, opt, steps=2)  # two optimizer steps ...
+            t.step(samples=2 * BATCH)  # ... reported as one training step
+    # the two optimizer steps before the first step() were counted by the hook; after it,
+    # only step() counts: 2 + 4
+    assert t.summary.total_steps == 2 + 4
+
+
+def test_other_optimizers_are_ignored_and_hooks_removed(tracking_uri):
+    model, opt = make_model()
+    other = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
+    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        train(model, opt, steps=3)
+        other.step()
+        assert any(th.name == "GpuOptSampler" for th in threading.enumerate())
+    assert t.summary.total_steps == 3
+    train(model, opt, steps=2)  # after exit: nothing counts any more
+    assert t._clock.steps == 3
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    time.sleep(0.1)
+    assert not any(th.name == "GpuOptSampler" for th in threading.enumerate())
+
+
+def test_fake_gpu_series_device_and_mfu(tracking_uri, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    gpus = [FakeGPU("NVIDIA H100 80GB HBM3"), FakeGPU("NVIDIA A100-SXM4-80GB", power_mw=400_000)]
+    with fake_nvml(gpus) as nvml:
+        model, opt = make_model()
+        with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+            train(model, opt, steps=6, sleep_s=0.01)
+        assert nvml.initialized is False  # released at exit
+    run = mlflow.get_run(t.run_id)
+    p, m = run.data.params, run.data.metrics
+    assert p["gpuopt.device"] == "NVIDIA A100-SXM4-80GB" and p["gpuopt.device_count"] == "1"
+    assert p["gpuopt.gpu_backend"] == "nvml"
+    assert m["gpuopt/gpu_0_power_watts"] == pytest.approx(400.0)
+    assert m["gpuopt/gpu_0_utilization_percent"] == 87.0
+    assert m["gpuopt/gpu_0_memory_used_bytes"] == 10 * 2**30
+    assert m["gpuopt/summary/peak_memory_bytes"] == 10 * 2**30
+    expected_mfu = (float(p["gpuopt.flops_per_sample"]) * m["gpuopt/summary/throughput_samples_per_s"]
+                    / 19.5e12)  # A100 dense fp32
+    assert m["gpuopt/summary/mfu"] == pytest.approx(expected_mfu, rel=1e-6)
+    assert "gpuopt/gpu_1_power_watts" not in m  # only the visible GPU
+
+
+def test_unknown_option_is_a_type_error():
+    with pytest.raises(TypeError, match="interval"):
+        gpuopt.Tracker(intervall_s=1)
+    with pytest.raises(ValueError):
+        gpuopt.TrackConfig(precision="fp64")
