@@ -7,8 +7,8 @@
     T_step      = (s+p−1)·(T_stage + T_p2p) + exposed T_comm + ...     pipeline, bubble (p−1)/(s+p−1)
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
-``fixed_scale`` the batch-independent part ``a`` alone, ``comm_scale`` communication and
-straggling. Pure arithmetic, no allocation beyond the result: the recommender calls this
+``fixed_scale`` the batch-independent part ``a`` alone, ``comm_scale`` communication (the
+straggler share stays at its prior: one or two multi-GPU runs cannot tell it from bandwidth). Pure arithmetic, no allocation beyond the result: the recommender calls this
 thousands of times.
 """
 
@@ -73,7 +73,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
     t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
     t_micro = t_grad + t_tp
-    t_straggle = kappa * comm.sync_overhead_s(t_micro, dp)
+    t_straggle = comm.sync_overhead_s(t_micro, dp)  # a prior share, not fitted
 
     bubble = 0.0
     if pp > 1:
