@@ -92,6 +92,7 @@ class RestTransport:
     """Direct REST calls to an MLflow tracking server, no retries, short timeout."""
 
     def __init__(self, tracking_uri: str, timeout_s: float = 5.0) -> None:
+        from mlflow.utils import rest_utils  # noqa: F401 - imported here, not on the first send
         from mlflow.utils.credentials import get_default_host_creds
 
         self._uri = tracking_uri
