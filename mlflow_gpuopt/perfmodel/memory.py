@@ -119,6 +119,11 @@ def max_micro_batch_fitting(workload: Workload, config: ParallelConfig, layout: 
     Memory is linear in the micro-batch, so this solves it rather than searching."""
     m0 = _memory(workload, config, layout, capacity_bytes, 0, shape).total_bytes
     m1 = _memory(workload, config, layout, capacity_bytes, 1, shape).total_bytes
+    return largest_fitting(m0, m1, capacity_bytes)
+
+
+def largest_fitting(m0: float, m1: float, capacity_bytes: float) -> int:
+    """Largest m with ``m0 + (m1 − m0)·m <= capacity`` (memory at micro-batch 0 and 1)."""
     slope = m1 - m0
     if m1 > capacity_bytes:
         return 0

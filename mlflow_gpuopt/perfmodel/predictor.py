@@ -12,6 +12,7 @@ from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
 from mlflow_gpuopt.perfmodel.memory import (
     _memory,
+    largest_fitting,
     max_micro_batch_fitting,
     optimizer_state_bytes_per_param,
 )
@@ -20,6 +21,7 @@ from mlflow_gpuopt.perfmodel.shape import model_shape
 from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
 from mlflow_gpuopt.perfmodel.types import (
     Hardware,
+    MemoryBreakdown,
     Observation,
     ParallelConfig,
     Prediction,
@@ -127,9 +129,15 @@ class Predictor:
         )
         low, high = unc.interval(throughput, sigma)
 
-        memory = _memory(self.workload, config, layout, hardware.memory_bytes, m, self._shape)
-        max_m = max_micro_batch_fitting(self.workload, config, layout, hardware.memory_bytes,
-                                        self._shape)
+        # Memory is linear in the micro-batch: two evaluations give it at m and the max m.
+        mem0 = _memory(self.workload, config, layout, hardware.memory_bytes, 0, self._shape)
+        mem1 = _memory(self.workload, config, layout, hardware.memory_bytes, 1, self._shape)
+        memory = MemoryBreakdown(
+            weights_bytes=mem0.weights_bytes, gradients_bytes=mem0.gradients_bytes,
+            optimizer_bytes=mem0.optimizer_bytes, activations_bytes=mem1.activations_bytes * m,
+            workspace_bytes=mem0.workspace_bytes
+            + (mem1.workspace_bytes - mem0.workspace_bytes) * m)
+        max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, hardware.memory_bytes)
         tokens = self.workload.tokens_per_sample
         notes = self._notes + self._shape_notes(layout, config.activation_checkpointing)
         return Prediction(
