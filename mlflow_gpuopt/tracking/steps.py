@@ -82,11 +82,25 @@ class StepClock:
                 if x.dim() == 2 and not x.is_floating_point():
                     self.pending_tokens += n * x.shape[1]
             self.pending_forwards += 1
-            if self.steps == self.profile_step and not self.profiler.active and self.profiler.done is False:
-                self.profiler.begin_step(x)
         except Exception as exc:
             self._fail("forward hook", exc)
+            return None
+        if self.steps == self.profile_step and not self.profiler.active and not self.profiler.done:
+            try:
+                self.profiler.begin_step(x)
+            except Exception as exc:
+                self._profile_failed(exc)
         return None
+
+    def _profile_failed(self, exc: BaseException) -> None:
+        """The one-off profiler failed: drop the profile, keep counting steps."""
+        self.profile_step = -1
+        try:
+            self.profiler.abort()
+        except Exception as inner:
+            logger.debug("gpuopt: profiler abort failed: %s", inner)
+        if self._on_error is not None:
+            self._on_error("workload profiler", exc)
 
     def on_forward(self, module: Any, args: tuple, output: Any) -> None:
         """Model forward hook: closes the profiler's activation window."""
@@ -94,7 +108,7 @@ class StepClock:
             try:
                 self.profiler.end_forward(output)
             except Exception as exc:
-                self._fail("forward hook", exc)
+                self._profile_failed(exc)
 
     def on_optimizer_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         """Global optimizer step post-hook."""
@@ -124,11 +138,16 @@ class StepClock:
             self.last_step_samples = s
             self.last_step_forwards = self.pending_forwards
             self.pending_samples = self.pending_tokens = self.pending_forwards = 0
-            if self.steps == self.profile_step and self.profiler.active:
-                self.profile_step = -1
-                self.profiler.end_step()
-                self.profile_samples = s
-                self.profile_forwards = self.last_step_forwards
+            profiling = self.steps == self.profile_step and self.profiler.active
             self.steps += 1
         except Exception as exc:
             self._fail("step hook", exc)
+            return
+        if profiling:
+            self.profile_step = -1
+            self.profile_samples = s
+            self.profile_forwards = self.last_step_forwards
+            try:
+                self.profiler.end_step()
+            except Exception as exc:
+                self._profile_failed(exc)

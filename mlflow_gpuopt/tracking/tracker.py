@@ -188,7 +188,10 @@ class Tracker:
 
     # -- hot-path failure ----------------------------------------------------------------------
     def _hook_error(self, where: str, exc: BaseException) -> None:
-        self._warn("hook", "%s failed, step tracking is off for this run: %r", where, exc)
+        if where == "workload profiler":
+            self._warn("profiler", "workload profiler failed, no profile for this run: %r", exc)
+        else:
+            self._warn("hook", "%s failed, step tracking is off for this run: %r", where, exc)
 
     def _remove_hooks(self) -> None:
         handles, self._handles = self._handles, []
