@@ -6,6 +6,7 @@ line on stderr and exit code 2, and nothing is logged to MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -252,7 +253,10 @@ def _log(doc, rec, observations, run_ids, workload):
                                                    if o.gpu in {p.gpu for p in rec.scaling}])}
     html = render_html(doc, charts, title=f"GPU recommendation for {workload.name}",
                        source="Measured runs: " + ", ".join(run_ids))
-    return log_recommendation(doc, source_run_ids=run_ids, charts=charts, report_html=html)
+    # MLflow prints "View run … at: <url>" on stdout for HTTP stores; stdout is ours (--json).
+    with contextlib.redirect_stdout(sys.stderr):
+        return log_recommendation(doc, source_run_ids=run_ids, charts=charts,
+                                  report_html=html)
 
 
 def _print_human(doc, out, logged) -> None:

@@ -98,8 +98,8 @@ def render_html(doc: Mapping[str, Any], charts: Mapping[str, bytes], *,
                              f"<code>{_e(c['launch'])}</code></p>")
     parts.append("<h2>Ranked plans</h2>")
     parts.append(_table(doc["candidates"], winner["rank"] if winner else None, "candidates"))
-    parts.append(f"<p class='small'>{doc['feasible']} feasible plans of {doc['searched']} "
-                 "evaluated; greyed rows do not meet the deadline at the asked confidence. "
+    parts.append(f"<p class='small'>{doc['feasible']} feasible plans (offer × shape × pricing) from {doc['searched']} model evaluations; "
+                 "greyed rows do not meet the deadline at the asked confidence. "
                  "Hours include start-up and expected restarts; cost includes billing "
                  "increments and minimums.</p>")
     parts.append("<h2>Charts</h2><div class='charts'>")

@@ -1,0 +1,164 @@
+"""What a person sees in MLflow's UI, in a real headless Chromium against a real server.
+
+A real ``mlflow server`` (sqlite, temporary artifact root, served artifacts) on 127.0.0.1; the
+tiny example trains into it with tracking; ``recommend`` logs its recommendation there. Then
+Chromium opens (1) the recommendation run's artifact view of ``gpuopt/report.html``, (2) the
+report itself, and (3) the compare-runs page of the candidate child runs, and the DOM is
+checked for the report iframe, the table and chart, and the parallel-coordinates chart.
+Screenshots are kept under ``test-output/browser/``.
+
+Chromium: Debian's ``chromium`` (``make browser`` installs it). On CI (``CI=true``) a missing
+browser is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+OUTPUT = REPO / "test-output" / "browser"
+pytestmark = pytest.mark.slow
+
+
+def _chromium() -> str:
+    exe = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()
+                                       else None)
+    if exe is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("chromium is missing on CI: run `make browser` (apt-get install chromium)")
+        pytest.skip("chromium not installed (make browser)")
+    return exe
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root}/db.sqlite",
+         "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
+         "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    log.close()
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+        assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not become healthy in 120 s")
+    yield uri
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def recommendation(server, tmp_path_factory):
+    """Train the tiny example into the server, recommend on it; returns ids."""
+    work = tmp_path_factory.mktemp("work")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": server,
+           "PYTHONWARNINGS": "ignore", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "train_tiny_gpt.py"),
+                          "--steps", "6"], cwd=work, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import mlflow
+
+    client = mlflow.MlflowClient(server)
+    exp = client.get_experiment_by_name("gpuopt-examples")
+    source = client.search_runs([exp.experiment_id])[0].info.run_id
+    out = subprocess.run([str(BIN / "mlflow-gpuopt"), "recommend", "--run-id", source,
+                          "--tokens", "2B", "--deadline", "24h", "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    rec_id = doc["mlflow_run_id"]
+    children = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{rec_id}'")
+    assert len(children) == 5
+    report = Path(client.download_artifacts(rec_id, "gpuopt/report.html", str(work)))
+    return {"exp": exp.experiment_id, "run": rec_id, "doc": doc, "report": report,
+            "children": [c.info.run_id for c in children]}
+
+
+def _browse(url: str, name: str, tmp_path: Path, budget_ms: int = 25000) -> str:
+    """Screenshot ``url`` into test-output and return its DOM after ``budget_ms`` of
+    virtual time (enough for MLflow's React app to fetch and render)."""
+    exe = _chromium()
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / ('profile-' + name)}", "--window-size=1400,1100",
+             f"--virtual-time-budget={budget_ms}"]
+    shot = OUTPUT / f"{name}.png"
+    shot.unlink(missing_ok=True)
+    subprocess.run([exe, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000, f"no screenshot of {url}"
+    dom = subprocess.run([exe, *flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120).stdout
+    (OUTPUT / f"{name}.html").write_text(dom)
+    return dom
+
+
+def test_artifact_view_shows_the_html_report(server, recommendation, tmp_path):
+    r = recommendation
+    url = f"{server}/#/experiments/{r['exp']}/runs/{r['run']}/artifacts/gpuopt/report.html"
+    dom = _browse(url, "artifact-view", tmp_path)
+    assert "gpuopt-recommendation" in dom  # the run page rendered
+    assert "report.html" in dom
+    assert 'class="mlflow-html-iframe"' in dom  # MLflow renders the report in its HTML viewer
+
+
+def test_report_renders_table_and_charts(recommendation, tmp_path):
+    r = recommendation
+    dom = _browse(r["report"].as_uri(), "report", tmp_path, budget_ms=3000)
+    first = r["doc"]["candidates"][0]
+    assert '<table id="candidates">' in dom
+    assert dom.count("<tr") >= len(r["doc"]["candidates"]) + 1
+    assert first["instance_type"] in dom
+    assert 'id="chart-pareto"' in dom and 'id="chart-scaling"' in dom
+    assert "data:image/png;base64," in dom
+    assert "Recommended:" in dom and "torchrun --nnodes" in dom
+
+
+def test_compare_runs_page_charts_the_candidates(server, recommendation, tmp_path):
+    r = recommendation
+    runs = urllib.parse.quote(json.dumps(r["children"]))
+    exps = urllib.parse.quote(json.dumps([r["exp"]]))
+    dom = _browse(f"{server}/#/compare-runs?runs={runs}&experiments={exps}", "compare-runs",
+                  tmp_path)
+    assert f"Comparing {len(r['children'])} Runs" in dom
+    assert "js-plotly-plot" in dom  # the chart rendered
+    for name in ("instance_type", "provider", "predicted_cost_usd", "p_meets_deadline"):
+        assert name in dom
+    assert r["doc"]["candidates"][0]["instance_type"] in dom
