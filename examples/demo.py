@@ -1,4 +1,5 @@
-"""The README's demo: train the tiny GPT with tracking into MLflow, then show what was measured.
+"""The README's demo: train the tiny GPT with tracking into MLflow, show what was measured,
+then recommend cloud GPUs for a 2B-token run within 24 h (logged to MLflow).
 
     python examples/demo.py [--steps 30]
 
@@ -52,9 +53,27 @@ def show_run(run_id: str) -> dict:
     return figures
 
 
+def recommend(run_id: str) -> None:
+    """Recommend GPUs for training this model on 2B tokens within 24 h, logged to MLflow."""
+    from mlflow_gpuopt.cli import gpuopt
+
+    print()
+    print("$ mlflow gpuopt recommend --run-id", run_id, "--tokens 2B --deadline 24h --top 8")
+    gpuopt.main(["recommend", "--run-id", run_id, "--tokens", "2B", "--deadline", "24h",
+                 "--top", "8"], prog_name="mlflow gpuopt", standalone_mode=False)
+    print()
+    print("Open it in MLflow's UI:  mlflow ui --backend-store-uri sqlite:///mlflow.db")
+    print("  -> experiment 'gpuopt-examples' -> the tiny-gpt run -> its nested "
+          "'gpuopt-recommendation' run -> Artifacts -> gpuopt/report.html;")
+    print("  select its candidate child runs and press Compare for the scatter and "
+          "parallel-coordinates charts.")
+
+
 def main(argv: list[str] | None = None) -> dict:
     run_id = train_tiny_gpt.main(argv)
-    return show_run(run_id)
+    figures = show_run(run_id)
+    recommend(run_id)
+    return figures
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ def headroom(c: Candidate) -> float:
 def interconnect(c: Candidate) -> str:
     """'NVSwitch 300 GB/s per GPU + 400 Gbit/s RDMA between nodes'."""
     o = c.offer
+    if c.gpus == 1:
+        return "none needed (one GPU)"
     text = f"{_LINK_WORDS.get(o.intra_node_link, o.intra_node_link)} {o.intra_node_gb_per_s:g} GB/s"
     if c.nodes > 1:
         text += f" + {o.inter_node_gbps:g} Gbit/s{' RDMA' if o.inter_node_rdma else ''} between nodes"

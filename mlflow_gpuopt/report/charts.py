@@ -33,8 +33,8 @@ def _png(fig) -> bytes:
 def _colors(names: Sequence[str]) -> dict[str, tuple]:
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
-    return {name: cmap(i % 10) for i, name in enumerate(sorted(set(names)))}
+    cmap = colormaps["tab20"]
+    return {name: cmap(i % 20) for i, name in enumerate(sorted(set(names)))}
 
 
 def pareto_png(rec: Recommendation) -> bytes:
@@ -92,7 +92,7 @@ def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] 
         ax.plot(xs, [p.throughput_samples_per_s for p in pts], marker=".", color=colors[gpu],
                 label=f"{gpu} (predicted)")
         ax.fill_between(xs, [p.low for p in pts], [p.high for p in pts], color=colors[gpu],
-                        alpha=0.15, linewidth=0)
+                        alpha=0.07, linewidth=0)
     for o in measured:
         ax.scatter([o.gpu_count], [o.throughput_samples_per_s], marker="D", s=46,
                    color=colors.get(o.gpu, "black"), edgecolors="black", zorder=5,
