@@ -26,6 +26,7 @@ class HardwareReader:
         self._warn = warn or WarnOnce(logger, every=100)
         self.peak_gpu_memory_used_bytes: float | None = None  # NVML, whole device
         self.peak_torch_reserved_bytes: float | None = None  # this process, caching allocator
+        # (the profiler resets torch's peak counters once; it reports the peak it saw first)
         self.peak_process_rss_bytes: float | None = None
         self.first_energy_j: dict[int, float] = {}
         self.last_energy_j: dict[int, float] = {}
@@ -59,9 +60,9 @@ class HardwareReader:
         if self.torch_cuda_indices:
             from mlflow_gpuopt.devices.torch_cuda import torch_memory_sample
 
-            for i in self.torch_cuda_indices:
+            for i, cuda_index in enumerate(self.torch_cuda_indices):  # i: as in gpu_<i>
                 try:
-                    t = torch_memory_sample(i)
+                    t = torch_memory_sample(cuda_index)
                 except Exception as exc:
                     self._warn(f"torch{i}", "torch.cuda memory reading failed: %s", exc)
                     continue

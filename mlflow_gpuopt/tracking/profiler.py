@@ -162,6 +162,8 @@ class WorkloadProfiler:
         self._forward_batch: int | None = None
         self._cuda_base: float | None = None
         self._cuda_delta: float | None = None
+        self._cuda_device: Any = None
+        self.peak_reserved_before_reset_bytes: float | None = None
         self.precision: str | None = None
         self.tokens_per_sample: int | None = None
         self.flops: float | None = None
@@ -184,6 +186,8 @@ class WorkloadProfiler:
         self._saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_ctx.__enter__()
         if device_type == "cuda":
+            self._cuda_device = batch.device
+            self.peak_reserved_before_reset_bytes = float(torch.cuda.max_memory_reserved(batch.device))
             torch.cuda.reset_peak_memory_stats(batch.device)
             self._cuda_base = float(torch.cuda.memory_allocated(batch.device))
         try:
@@ -216,7 +220,7 @@ class WorkloadProfiler:
             if self._cuda_base is not None:
                 import torch
 
-                dev = torch.cuda.current_device()
+                dev = self._cuda_device
                 self._cuda_delta = float(torch.cuda.max_memory_allocated(dev)) - self._cuda_base
 
     # called at the step boundary (optimizer post-hook or manual step)

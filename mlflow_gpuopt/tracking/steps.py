@@ -69,8 +69,8 @@ class StepClock:
 
     # -- hooks (training thread) ---------------------------------------------------------------
     def on_forward_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        """Model forward pre-hook: count the batch (training forwards only)."""
-        if self.broken or not module.training:
+        """Model forward pre-hook: count the batch (forwards that record gradients only)."""
+        if self.broken:
             return None
         try:
             if not self._grad_enabled():

@@ -330,9 +330,14 @@ class Tracker:
             if peak:
                 mfu = p.flops_per_sample * steady.throughput_samples_per_s / (peak * self._device_count)
         hw = self._hw
+        peak = hw.peak_memory_bytes()
+        profiler = self._clock.profiler
+        before_reset = getattr(profiler, "peak_reserved_before_reset_bytes", None)
+        if before_reset is not None and hw.peak_torch_reserved_bytes is not None:
+            peak = max(peak or 0.0, before_reset)
         return TrackSummary(
             run_id=self.run_id, device=self._device, device_count=self._device_count,
-            total_steps=self._agg.steps, steady=steady, peak_memory_bytes=hw.peak_memory_bytes(),
+            total_steps=self._agg.steps, steady=steady, peak_memory_bytes=peak,
             mfu=mfu, flops_per_sample=p.flops_per_sample if p else None,
             params=p.params if p else None, energy_joules=hw.energy_joules,
             gpu_utilization_mean_percent=hw.util_sum / hw.util_n if hw.util_n else None)
