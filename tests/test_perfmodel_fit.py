@@ -167,3 +167,59 @@ def test_fit_result_flags_what_was_observed():
     assert res.observed_multinode and res.max_observed_dp == 16
     assert "zero2" in res.observed_strategies
     assert math.isfinite(res.comm_scale)
+
+
+# -- latency-bound work (time beyond the roofline) ----------------------------------------------
+SMALL = Workload(params=30_000_000, flops_per_sample=1.5e8, precision="fp16", micro_batch=128,
+                 optimizer="Adam", optimizer_state_bytes_per_param=8,
+                 activation_bytes_per_sample=4e4, num_layers=8, name="tiny-rnn")
+
+
+def test_time_beyond_roofline_transfers_at_the_fp32_rate_not_the_tensor_peak():
+    from mlflow_gpuopt.perfmodel import compute
+
+    roof = _truth(SMALL, V100, 1, 128, Calibration())
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, micro_batch=128, strategy="single",
+                       throughput_samples_per_s=roof / 20)]  # 20x slower than the roofline
+    pred = fit(SMALL, obs, HW)
+    same = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), V100)
+    other = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
+    assert same.throughput_samples_per_s == pytest.approx(roof / 20, rel=0.02)
+    ratio = other.throughput_samples_per_s / same.throughput_samples_per_s
+    # most of the V100 step is latency-bound and gets the FP32 ratio 20/15.7 = 1.27; the
+    # roofline and the (memory-bound, equally slow) optimizer step get the bandwidth ratio
+    # 2.2: well below the 2.56 tensor peak ratio the roofline alone would give
+    assert 20 / 15.7 < ratio < 1.7
+    fixed, per_sample = pred.result.latency_flops[("V100-SXM2-16GB", "fp16")]
+    bound = 8 * compute.KERNELS_PER_LAYER_STEP * compute.KERNEL_DISPATCH_S
+    assert fixed == pytest.approx(bound * 15.7e12)  # half the excess exceeds the dispatch cap
+    assert per_sample > 0
+
+
+def test_split_reproduces_a_fit_with_two_micro_batches_at_every_batch():
+    truth = Calibration(compute_scale=6.0, fixed_scale=3.0)
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, micro_batch=m, strategy="single",
+                       throughput_samples_per_s=_truth(SMALL, V100, 1, m, truth))
+           for m in (32, 256)]
+    pred = fit(SMALL, obs, HW)
+    assert ("V100-SXM2-16GB", "fp16") in pred.result.latency_flops
+    for m in (16, 64, 512):
+        p = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=m), V100)
+        assert p.throughput_samples_per_s == pytest.approx(_truth(SMALL, V100, 1, m, truth),
+                                                           rel=0.03)
+
+
+def test_fitted_comm_scale_spread_widens_intervals_beyond_the_measured_replicas():
+    truth = Calibration(compute_scale=1.7, comm_scale=6.0)
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=n, micro_batch=64, strategy="ddp",
+                       throughput_samples_per_s=_truth(RESNET, V100, n, 64, truth))
+           for n in (1, 2)]
+    pred = fit(RESNET, obs, HW)
+    assert pred.result.log_comm_sd > 0
+    p8 = pred.predict(ParallelConfig(gpus_per_node=8, micro_batch=64), V100)
+    share = p8.exposed_comm_s / p8.step_time_s
+    no_comm = unc.combine(pred.result.log_compute_sd[("V100-SXM2-16GB", "fp16")],
+                          unc.scale_beyond(8, 2))
+    spread = max(unc.SIGMA_COMM_FIT_FLOOR, pred.result.log_comm_sd)
+    assert p8.log_sigma == pytest.approx(unc.combine(no_comm, spread * share), rel=1e-6)
+    assert p8.log_sigma > no_comm + 0.01

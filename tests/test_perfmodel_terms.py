@@ -28,12 +28,29 @@ V100 = Hardware(gpu="V100-SXM2-16GB", memory_bytes=16e9, memory_bandwidth_bytes_
 
 
 # -- compute ----------------------------------------------------------------------------------
-def test_per_sample_prior_is_roofline_sum():
+def test_per_sample_prior_is_roofline_with_half_the_traffic_hidden_under_matmuls():
     w = Workload(params=1, flops_per_sample=1e12, precision="fp16",
                  memory_traffic_bytes_per_sample=2e9)
-    expected = (1e12 / (320e12 * compute.COMPUTE_EFFICIENCY_TENSOR)
-                + 2e9 / (2000e9 * compute.MEMORY_EFFICIENCY))
-    assert compute.per_sample_time_prior_s(w, A100, "fp16") == pytest.approx(expected)
+    # matmuls 1e12 / (320e12 * 0.6) = 5.2083 ms; traffic 2e9 / (2000e9 * 0.75) = 1.3333 ms,
+    # half of it inside the (compute-bound) matmul kernels: 5.2083 + 0.6667 ms
+    assert compute.per_sample_time_prior_s(w, A100, "fp16") == pytest.approx(
+        1e12 / 192e12 + 0.5 * 2e9 / 1500e9)
+
+
+def test_memory_bound_prior_is_the_traffic_time():
+    w = Workload(params=1, flops_per_sample=1e9, precision="fp16",
+                 memory_traffic_bytes_per_sample=3e9)
+    # matmuls 5.2 us < half the traffic (1 ms): all 2 ms of traffic is on the critical path
+    assert compute.per_sample_time_prior_s(w, A100, "fp16") == pytest.approx(3e9 / 1500e9)
+
+
+def test_latency_bound_work_scales_with_the_fp32_rate():
+    # 1.57e12 FP32-rate FLOPs per micro-step + 1e9 per sample, 10 samples: on V100 (15.7 TF)
+    # 0.1 s + 10 * 1e9 / 15.7e12; on the A100 of this file (20 TF) 20/15.7 times faster
+    v = compute.latency_time_s(1.57e12, 1e9, 10, V100)
+    a = compute.latency_time_s(1.57e12, 1e9, 10, A100)
+    assert v == pytest.approx(0.1 + 1e10 / 15.7e12)
+    assert v / a == pytest.approx(20 / 15.7)
 
 
 def test_tf32_falls_back_to_fp32_on_v100_and_uses_simt_efficiency():

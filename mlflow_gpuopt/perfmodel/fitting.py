@@ -9,6 +9,12 @@ What the data can identify is fitted, the rest stays at its prior (Pollux's guar
 - ``log κ`` when any run used more than one GPU: the communication/straggler scale;
 - ``γ`` (overlap, in [1, 10]) when two or more multi-GPU configurations differ in replicas.
 
+Then, per (GPU, precision), the fitted compute is split into what the roofline explains and
+latency-bound work beyond it (:func:`split_latency_bound`): a measurement slower than the
+roofline at library-level efficiency keeps the roofline at scale 1 and carries the rest as
+FP32-rate work, which transfers to another GPU type at its FP32 rate (SM count × clock), not
+its tensor peak. On the measured GPU the split reproduces the fit exactly.
+
 Every parameter also has a weak prior residual, so a fit never runs away with one run's
 noise. Observations on a CPU tell nothing about GPU speed: they are set aside and the
 prediction falls back to FLOPs / peak with a prior efficiency and a wide interval.
@@ -25,6 +31,14 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from mlflow_gpuopt.perfmodel import comm
+from mlflow_gpuopt.perfmodel.compute import (
+    KERNEL_DISPATCH_S,
+    KERNELS_PER_LAYER_STEP,
+    LATENCY_FIXED_SHARE,
+    fixed_time_prior_s,
+    latency_rate_flops_per_s,
+    per_sample_time_prior_s,
+)
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
 from mlflow_gpuopt.perfmodel.memory import optimizer_state_bytes_per_param
@@ -78,6 +92,12 @@ class FitResult:
     observed_multinode: bool
     cpu_only: bool  # observations existed but none on a GPU
     n_observations: int
+    #: (per micro-step, per sample) latency-bound FP32-rate FLOP-equivalents, per key.
+    latency_flops: dict[Key, tuple[float, float]] = field(default_factory=dict, hash=False)
+    #: log of the optimizer step's scale per key (the compute scale before the split).
+    log_optimizer_scale: dict[Key, float] = field(default_factory=dict, hash=False)
+    #: standard deviation of log(comm_scale) from the fit (0 when not fitted).
+    log_comm_sd: float = 0.0
 
 
 def is_cpu(name: str) -> bool:
@@ -211,8 +231,26 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     sd = {key: max(SIGMA_FLOOR, rms, float(math.sqrt(max(cov[i, i], 0.0))))
           for i, key in enumerate(keys)}
     log_r = {key: float(x[n_k + j]) for j, key in enumerate(split_keys)}
+    log_opt = dict(log_k)
+    latency: dict[Key, tuple[float, float]] = {}
+    hw_of = {o.key: o.hardware for o in prepared}
+    for key in keys:
+        m_ref = math.exp(float(np.mean([math.log(m) for m in batches[key]])))
+        new_k, new_r, flops = split_latency_bound(
+            workload, hw_of[key], key[1], m_ref, math.exp(log_k[key]),
+            math.exp(log_r.get(key, 0.0)), key in log_r)
+        log_k[key] = math.log(new_k)
+        if key in log_r:
+            log_r[key] = math.log(new_r)
+        if flops != (0.0, 0.0):
+            latency[key] = flops
+    comm_sd = 0.0
+    if fit_kappa:
+        idx = n_k + n_r
+        comm_sd = max(rms, float(math.sqrt(max(cov[idx, idx], 0.0))))
     return FitResult(
         log_compute_scale=log_k, log_compute_sd=sd, log_fixed_scale=log_r,
+        latency_flops=latency, log_optimizer_scale=log_opt, log_comm_sd=comm_sd,
         comm_scale=math.exp(x[n_k + n_r]) if fit_kappa else 1.0,
         gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
         residual_rms=rms, observed_batches=batches,
@@ -222,3 +260,38 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
                                       for o in prepared),
         observed_multinode=any(o.nodes > 1 for o in prepared),
         cpu_only=not prepared, n_observations=len(prepared) + n_cpu)
+
+
+def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
+                        micro_batch: float, compute_scale: float, fixed_scale: float,
+                        split_identified: bool) -> tuple[float, float, tuple[float, float]]:
+    """Split a fitted ``T_grad(m) = k·(r·a + b·m)`` into the roofline ``k'·(r'·a + b·m)``
+    (``k' ≤ 1``, ``r'`` as needed) and latency-bound work ``(X_fixed + X_sample·m) / P_fp32``.
+
+    Returns ``(k', r', (X_fixed, X_sample))`` in FLOP-equivalents at ``hardware``'s FP32
+    rate. A fit at or faster than the roofline (``k ≤ 1``) is kept as it is. With one
+    measured micro-batch the time beyond the roofline at that batch is split
+    ``LATENCY_FIXED_SHARE`` per micro-step (at most :func:`dispatch_bound_s`), the rest per sample; with two, ``a`` and ``b``
+    are each split at what the roofline allows. At every micro-batch (two measured) or at
+    the measured one (one measured) the result equals the fit on ``hardware``.
+    """
+    a = fixed_time_prior_s(workload.params, hardware, precision)
+    b = per_sample_time_prior_s(workload, hardware, precision)
+    fitted_a, fitted_b = compute_scale * fixed_scale * a, compute_scale * b
+    excess = fitted_a + fitted_b * micro_batch - (a + b * micro_batch)
+    if excess <= 0 or not math.isfinite(excess):
+        return compute_scale, fixed_scale, (0.0, 0.0)
+    rate = latency_rate_flops_per_s(hardware)
+    if split_identified:
+        k_new = min(fitted_b, b) / b
+        r_new = min(fitted_a, a) / (a * k_new)
+        return k_new, r_new, (max(0.0, fitted_a - a) * rate, max(0.0, fitted_b - b) * rate)
+    fixed = min(LATENCY_FIXED_SHARE * excess, dispatch_bound_s(workload))
+    return 1.0, fixed_scale, (fixed * rate, (excess - fixed) * rate / micro_batch)
+
+
+def dispatch_bound_s(workload: Workload) -> float:
+    """Most batch-independent latency one micro-step can have: its kernels dispatched one
+    after another (``KERNELS_PER_LAYER_STEP`` per layer at ``KERNEL_DISPATCH_S``)."""
+    layers = model_shape(workload).num_layers
+    return layers * KERNELS_PER_LAYER_STEP * KERNEL_DISPATCH_S

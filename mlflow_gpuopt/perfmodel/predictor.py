@@ -64,13 +64,45 @@ class Predictor:
             notes.append("no measurements: GPU speed from FLOPs / peak at a prior efficiency")
         self._notes = tuple(notes)
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
+        self._calib_cache: dict[Key, tuple[Calibration, float, bool]] = {}
 
     @property
     def assumptions(self) -> tuple[str, ...]:
         """What the model had to guess for this workload, in words."""
         return self._notes
 
-    def _compute_scale(self, key: Key, hardware: Hardware) -> tuple[float, float, float, bool]:
+    def _calibration(self, key: Key) -> tuple[Calibration, float, bool]:
+        """(calibration, sd of log compute, extrapolated) for a GPU and precision (cached:
+        the recommender asks for the same few keys thousands of times)."""
+        cached = self._calib_cache.get(key)
+        if cached is None:
+            cached = self._calib_cache[key] = self._build_calibration(key)
+        return cached
+
+    def _build_calibration(self, key: Key) -> tuple[Calibration, float, bool]:
+        res = self.result
+        logk, sd_k, logr, extrapolated = self._compute_scale(key)
+        pool = self._pool(key)
+        x_fixed = sum(res.latency_flops.get(k, (0.0, 0.0))[0] for k in pool) / len(pool)
+        x_sample = sum(res.latency_flops.get(k, (0.0, 0.0))[1] for k in pool) / len(pool)
+        opt = [res.log_optimizer_scale[k] for k in pool if k in res.log_optimizer_scale]
+        calib = Calibration(compute_scale=math.exp(logk), fixed_scale=math.exp(logr),
+                            comm_scale=res.comm_scale, gamma=res.gamma,
+                            latency_fixed_flops=x_fixed, latency_per_sample_flops=x_sample,
+                            optimizer_scale=math.exp(sum(opt) / len(opt)) if opt else None)
+        return calib, sd_k, extrapolated
+
+    def _pool(self, key: Key) -> list[Key]:
+        """The calibrated keys a prediction for ``key`` borrows from (none: priors only)."""
+        res = self.result
+        if key in res.log_compute_scale or not res.log_compute_scale:
+            return [key]
+        same_gpu = [k for k in res.log_compute_scale if k[0] == key[0]]
+        if same_gpu:
+            return same_gpu
+        return [k for k in res.log_compute_scale if k[1] == key[1]] or list(res.log_compute_scale)
+
+    def _compute_scale(self, key: Key) -> tuple[float, float, float, bool]:
         """(log k, its sd, log r, extrapolated) for a GPU and precision."""
         res = self.result
         if key in res.log_compute_scale:
@@ -105,9 +137,7 @@ class Predictor:
         layout, precision, m = self._resolve(config, hardware)
         res = self.result
         key = (hardware.gpu, precision)
-        logk, sd_k, logr, extrapolated = self._compute_scale(key, hardware)
-        calib = Calibration(compute_scale=math.exp(logk), fixed_scale=math.exp(logr),
-                            comm_scale=res.comm_scale, gamma=res.gamma)
+        calib, sd_k, extrapolated = self._calibration(key)
         terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
                            self._shape, self._opt_bytes, calib)
         throughput = terms.samples_per_step / terms.step_s
@@ -126,6 +156,8 @@ class Predictor:
             and layout.gpus_total() > 1 else 0.0,
             unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
             else 0.0,
+            unc.comm_fit_spread(res.log_comm_sd, terms.exposed_comm_s / terms.step_s,
+                                layout.dp, res.max_observed_dp),
         )
         low, high = unc.interval(throughput, sigma)
 

@@ -7,7 +7,8 @@
     T_step      = (s+p−1)·(T_stage + T_p2p) + exposed T_comm + ...     pipeline, bubble (p−1)/(s+p−1)
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
-``fixed_scale`` the batch-independent part ``a`` alone, ``comm_scale`` communication (the
+``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
+FP32 rate, ``comm_scale`` communication (the
 straggler share stays at its prior: one or two multi-GPU runs cannot tell it from bandwidth). Pure arithmetic, no allocation beyond the result: the recommender calls this
 thousands of times.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from mlflow_gpuopt.perfmodel import comm
 from mlflow_gpuopt.perfmodel.compute import (
     fixed_time_prior_s,
+    latency_time_s,
     optimizer_time_prior_s,
     per_sample_time_prior_s,
 )
@@ -36,6 +38,12 @@ class Calibration:
     fixed_scale: float = 1.0
     comm_scale: float = 1.0
     gamma: float = comm.GAMMA_PRIOR
+    #: Latency-bound work beyond the roofline, in FP32-rate FLOP-equivalents: per micro-step
+    #: and per sample (see compute.py); scales with the GPU's FP32 rate, not its tensor peak.
+    latency_fixed_flops: float = 0.0
+    latency_per_sample_flops: float = 0.0
+    #: Scale of the optimizer step; None = ``compute_scale``.
+    optimizer_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,9 +69,15 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     a = k * calib.fixed_scale * fixed_time_prior_s(params_shard, hardware, precision)
     b = k * per_sample_time_prior_s(workload, hardware, precision) / shards
     t_grad = a + b * micro_batch
+    if calib.latency_fixed_flops or calib.latency_per_sample_flops:
+        # Each stage runs its share of the kernels; tensor parallelism splits each kernel.
+        t_grad += latency_time_s(calib.latency_fixed_flops / pp,
+                                 calib.latency_per_sample_flops / shards, micro_batch, hardware)
     opt_params = params_shard / dp if layout.dp_strategy in ("zero1", "zero2", "zero3",
                                                             "fsdp") else params_shard
-    t_opt = k * optimizer_time_prior_s(opt_params, optimizer_state_bytes, hardware, precision)
+    k_opt = k if calib.optimizer_scale is None else calib.optimizer_scale
+    t_opt = k_opt * optimizer_time_prior_s(opt_params, optimizer_state_bytes, hardware,
+                                           precision)
 
     act_bytes = ELEMENT_BYTES[precision]
     kappa = calib.comm_scale

@@ -26,6 +26,10 @@ SIGMA_PER_DOUBLING_BEYOND = 0.035
 SIGMA_UNOBSERVED_STRATEGY = 0.10
 SIGMA_UNOBSERVED_MULTINODE = 0.08
 SIGMA_PER_BATCH_DOUBLING = 0.05
+#: Least spread of a fitted communication scale when carried to more replicas than measured:
+#: a fit to 2 GPUs cannot tell bandwidth from per-hop latency or how NCCL's bus bandwidth
+#: changes with ring size (nccl-tests busbw moves by about ±40% between 2 and 8 ranks).
+SIGMA_COMM_FIT_FLOOR = 0.4
 
 
 def combine(*sigmas: float) -> float:
@@ -38,6 +42,19 @@ def scale_beyond(replicas: int, max_observed_replicas: int) -> float:
     if replicas <= max_observed_replicas:
         return 0.0
     return SIGMA_PER_DOUBLING_BEYOND * math.log2(replicas / max(1, max_observed_replicas))
+
+
+def comm_fit_spread(log_comm_sd: float, exposed_share: float, replicas: int,
+                    max_observed_replicas: int) -> float:
+    """Width from the fitted communication scale: its log spread (never below
+    ``SIGMA_COMM_FIT_FLOOR`` once the prediction has more replicas than measured) times the
+    sensitivity of log step time to it, about the share of the step that is exposed
+    communication. Zero when the scale was not fitted (the prior widths cover it)."""
+    if log_comm_sd <= 0 or exposed_share <= 0:
+        return 0.0
+    sd = max(log_comm_sd, SIGMA_COMM_FIT_FLOOR) if replicas > max_observed_replicas \
+        else log_comm_sd
+    return sd * min(1.0, exposed_share)
 
 
 def batch_away(micro_batch: float, observed: frozenset[float], split_identified: bool) -> float:
