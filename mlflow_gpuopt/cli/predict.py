@@ -3,6 +3,7 @@
     mlflow gpuopt predict --run-id ID --gpu A100-80GB-SXM4 --gpus 8
     mlflow gpuopt predict --workload w.json --observations o.csv --gpu "NVIDIA H100 80GB HBM3" \
         --gpus 16 --nodes 2 --strategy zero2 --micro-batch 8 --json
+    mlflow gpuopt predict --run-id ID --gpu H100 --gpus 8 --tokens 2B     # + time to train
 """
 
 from __future__ import annotations
@@ -99,6 +100,39 @@ def _inputs(run_ids, workload_path, observations_path, catalog):
     return workload, observations
 
 
+def _target_samples(samples, epochs, dataset_size, tokens, steps, workload, samples_per_step):
+    """Samples for the ``--samples | --epochs --dataset-size | --tokens | --steps`` target,
+    or None when none was given."""
+    from mlflow_gpuopt.perfmodel import PerfModelError, samples_for_target
+    from mlflow_gpuopt.quantities import QuantityError, parse_count
+
+    if dataset_size is not None and epochs is None:
+        raise UsageError("--dataset-size goes with --epochs")
+    if all(v is None for v in (samples, epochs, tokens, steps)):
+        return None
+    try:
+        return samples_for_target(
+            samples=parse_count(samples, what="--samples") if samples is not None else None,
+            epochs=parse_count(epochs, what="--epochs") if epochs is not None else None,
+            dataset_size=(parse_count(dataset_size, what="--dataset-size")
+                          if dataset_size is not None else None),
+            tokens=parse_count(tokens, what="--tokens") if tokens is not None else None,
+            tokens_per_sample=workload.tokens_per_sample,
+            steps=parse_count(steps, what="--steps") if steps is not None else None,
+            samples_per_step=samples_per_step)
+    except (QuantityError, PerfModelError) as exc:
+        msg = (str(exc).replace("give one training target,", "give one of --samples, --epochs, "
+                                "--tokens, --steps,")
+               .replace("epochs need the dataset size", "--epochs needs --dataset-size"))
+        raise UsageError(msg) from None
+
+
+def _fmt_hours(h: float) -> str:
+    from mlflow_gpuopt.quantities import format_hours
+
+    return format_hours(h) if math.isfinite(h) else "unbounded"
+
+
 def _fmt_bytes(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
@@ -127,6 +161,19 @@ def _human(result: dict) -> str:
                  f"{_fmt_bytes(m['activations_bytes'])}, workspace "
                  f"{_fmt_bytes(m['workspace_bytes'])})")
     lines.append(f"  largest micro-batch that fits: {result['max_micro_batch']}")
+    if "time_to_train_hours" in result:
+        b = result["time_breakdown_hours"]
+        total = result["time_to_train_hours"]
+        lines.append(
+            f"  time to train {_fmt_hours(total)} for {result['target_samples']:,.0f} samples "
+            f"({result['target_steps']:,} steps; 90% interval "
+            f"{_fmt_hours(result['time_to_train_hours_low'])} - "
+            f"{_fmt_hours(result['time_to_train_hours_high'])})")
+        share = (lambda x: 100.0 * x / total) if total > 0 else (lambda x: 0.0)
+        lines.append(f"  where it goes compute {b['compute']:,.2f} h ({share(b['compute']):.0f}%), "
+                     f"exposed communication {b['exposed_comm']:,.2f} h "
+                     f"({share(b['exposed_comm']):.0f}%), pipeline bubble "
+                     f"{b['bubble']:,.2f} h ({share(b['bubble']):.0f}%)")
     basis = (f"{result['observations_used']} measurement(s)"
              + ("; extrapolated to this GPU type" if result["extrapolated"] else ""))
     lines.append(f"  based on     {basis}")
@@ -153,10 +200,18 @@ def _human(result: dict) -> str:
               help="Gradient-accumulation steps (default: the measured one).")
 @click.option("--precision", default=None, help="fp32, tf32, fp16 or bf16 (default: measured).")
 @click.option("--activation-checkpointing", is_flag=True, help="Recompute activations.")
+@click.option("--samples", default=None, help="Target: samples to train on (e.g. 1.2B).")
+@click.option("--epochs", default=None, help="Target: epochs (with --dataset-size).")
+@click.option("--dataset-size", default=None, help="Samples per epoch (with --epochs).")
+@click.option("--tokens", default=None,
+              help="Target: tokens (e.g. 2B; needs the workload's tokens_per_sample).")
+@click.option("--steps", default=None, help="Target: optimizer steps (x the global batch).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
-            grad_accum, precision, activation_checkpointing, as_json) -> None:
-    """Predict throughput, memory and step time for one configuration."""
+            grad_accum, precision, activation_checkpointing, samples, epochs, dataset_size,
+            tokens, steps, as_json) -> None:
+    """Predict throughput, memory and step time for one configuration, and with a target
+    (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.hardware import hardware_for_gpu
     from mlflow_gpuopt.perfmodel import ParallelConfig, PerfModelError, fit, normalize_precision
 
@@ -218,4 +273,20 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         "observations_used": len(observations), "run_ids": list(run_ids),
         "assumptions": list(p.assumptions),
     }
+    target = _target_samples(samples, epochs, dataset_size, tokens, steps, workload,
+                             p.samples_per_step)
+    if target is not None:
+        from mlflow_gpuopt.perfmodel import time_to_train
+
+        try:
+            t = time_to_train(p, samples=target)
+        except PerfModelError as exc:
+            raise UsageError(str(exc)) from None
+        result.update({
+            "target_samples": t.samples, "target_steps": t.steps,
+            "time_to_train_hours": t.hours, "time_to_train_hours_low": t.hours_low,
+            "time_to_train_hours_high": t.hours_high,
+            "time_breakdown_hours": {"compute": t.compute_hours,
+                                     "exposed_comm": t.exposed_comm_hours,
+                                     "bubble": t.bubble_hours}})
     click.echo(json.dumps(result, indent=None if as_json else 2) if as_json else _human(result))

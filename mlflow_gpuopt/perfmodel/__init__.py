@@ -14,6 +14,11 @@ from mlflow_gpuopt.perfmodel.layout import resolve_layout, validate_config
 from mlflow_gpuopt.perfmodel.memory import memory_per_gpu
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.predictor import Predictor, fit, validate_workload
+from mlflow_gpuopt.perfmodel.time_to_train import (
+    TrainingTime,
+    samples_for_target,
+    time_to_train,
+)
 from mlflow_gpuopt.perfmodel.types import (
     STRATEGIES,
     Hardware,
@@ -28,4 +33,5 @@ __all__ = [
     "fit", "Predictor", "Workload", "Hardware", "Observation", "ParallelConfig", "Prediction",
     "MemoryBreakdown", "PerfModelError", "memory_per_gpu", "validate_config",
     "validate_workload", "resolve_layout", "normalize_precision", "STRATEGIES",
+    "TrainingTime", "time_to_train", "samples_for_target",
 ]
