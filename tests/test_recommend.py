@@ -9,7 +9,16 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from recommend_helpers import BIG, BIG_FP16, GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for
+from recommend_helpers import (
+    BIG,
+    BIG_FP16,
+    GPUS,
+    OFFERS,
+    RESNET,
+    AnalyticPredictor,
+    hardware_for,
+    offer,
+)
 
 from mlflow_gpuopt.recommend import (
     CANDIDATE_KEYS,
@@ -110,13 +119,68 @@ def test_colab_is_one_gpu_capped_sessions_and_not_guaranteed():
               target=Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=256))
     assert rec.candidates
     for c in rec.candidates:
-        assert c.nodes == 1 and c.gpus == 1 and c.pricing == "subscription"
-        assert any("not guaranteed" in n for n in c.notes)
+        assert c.nodes == 1 and c.gpus == 1 and c.pricing == "on_demand"  # pay-as-you-go
+        assert any("does not guarantee the A100-80GB-SXM4" in n for n in c.notes)
     long = run(space=SearchSpace(providers=("colab",)),
                target=Target(2e9, deadline_hours=None, per_rank_batch=256))
     c = long.candidates[0]
     assert c.hours > 24 and c.sessions == math.ceil(c.hours / 24 - 1e-9)
-    assert any("session cap" in n for n in c.notes)
+    note = next(n for n in c.notes if "session cap" in n)
+    assert f"needs {c.sessions} sessions" in note and "counted in the time and cost" in note
+    assert c.overhead_hours > 0
+
+
+def _colab_plans(fee, cu_month, name):
+    return offer("colab", name, "A100-80GB-SXM4", 1, 1.177, link="none", link_gbs=0,
+                 net_gbps=0, max_nodes=1, pricing="compute_units", compute_units_per_hour=11.77,
+                 usd_per_compute_unit=0.1, max_session_hours=24.0, gpu_guaranteed=False,
+                 billing_minimum_s=0, subscription_usd_per_month=fee,
+                 compute_units_per_month=cu_month)
+
+
+COLAB = [_colab_plans(None, None, "colab-payg"), _colab_plans(9.99, 100, "colab-pro"),
+         _colab_plans(49.99, 500, "colab-proplus")]
+
+
+def _by_instance(rec):
+    return {c.offer.instance_type: c for c in rec.candidates}
+
+
+def test_colab_plans_differ_short_job_pays_the_whole_month():
+    rec = run(offers=COLAB, target=Target(1e6, deadline_hours=None, per_rank_batch=256))
+    plans = _by_instance(rec)
+    payg, pro, plus = plans["colab-payg"], plans.get("colab-pro"), None
+    assert payg.pricing == "on_demand" and "pay-as-you-go" in payg.cost_basis
+    # a short job: pay-as-you-go pays the CUs it burns, Pro/Pro+ the whole monthly fee
+    cu = payg.hours * 11.77
+    assert payg.cost_usd == pytest.approx(cu * 0.1, rel=0.05) and payg.cost_usd < 1
+    from mlflow_gpuopt.recommend.cost import compute_unit_cost
+
+    assert compute_unit_cost(payg.hours, COLAB[1])[0] == pytest.approx(9.99)
+    assert compute_unit_cost(payg.hours, COLAB[2])[0] == pytest.approx(49.99)
+    assert pro is not None and pro.pricing == "subscription"
+    assert pro.cost_usd == pytest.approx(9.99) and "1 month × $9.99" in pro.cost_basis
+    assert rec.candidates[0] is payg and rec.candidates[1] is pro
+    # Pro+ is the same GPU at the same speed for more money: listed only if not collapsed
+    plus = plans.get("colab-proplus")
+    assert plus is None or (plus.cost_usd == pytest.approx(49.99)
+                            and rec.candidates.index(plus) > rec.candidates.index(pro))
+
+
+def test_colab_subscription_buys_extra_units_beyond_the_month():
+    from mlflow_gpuopt.recommend.cost import HOURS_PER_MONTH, compute_unit_cost
+
+    pro, plus = COLAB[1], COLAB[2]
+    hours = 100.0  # 1177 CU: Pro 9.99 + 1077 × 0.1, Pro+ 49.99 + 677 × 0.1
+    assert compute_unit_cost(hours, pro)[0] == pytest.approx(9.99 + 1077 * 0.1)
+    usd, text = compute_unit_cost(hours, plus)
+    assert usd == pytest.approx(49.99 + 677 * 0.1)
+    assert "677 more CU" in text
+    # a job longer than a month pays the fee of every month it spans, with their CUs
+    long = HOURS_PER_MONTH * 1.5
+    cu = long * 11.77
+    assert compute_unit_cost(long, plus)[0] == pytest.approx(2 * 49.99 + (cu - 1000) * 0.1)
+    assert compute_unit_cost(long, COLAB[0])[0] == pytest.approx(cu * 0.1)
 
 
 def test_spot_is_cheaper_but_slower_and_less_certain_than_on_demand():

@@ -5,6 +5,15 @@ Wall time = compute (samples ÷ throughput) + start-up, stretched by spot preemp
 Colab's session cap (a job longer than a session restarts from a checkpoint). Cost rounds
 each node's billed time up to the provider's increment and minimum. Throughput is
 log-normal (the prediction's ``log_sigma``), which turns a deadline into a probability.
+
+Colab is billed in compute units (CU), not hours (:func:`compute_unit_cost`):
+
+* pay-as-you-go (no monthly fee in the catalog row) costs CU used × $/CU; its ``pricing``
+  is ``on_demand`` (design.md's values are on_demand | spot | subscription);
+* Pro / Pro+ (``subscription_usd_per_month`` set) cost the monthly fee for every month the
+  job spans, which includes ``compute_units_per_month`` CU; CUs beyond those are bought at
+  the row's $/CU. A short job on Pro+ therefore costs the whole $49.99. Its ``pricing`` is
+  ``subscription``.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from mlflow_gpuopt.recommend.types import Candidate, Costing, Target
 
 #: Below this the deadline is treated as impossible (avoids log of tiny numbers).
 _EPS_HOURS = 1e-9
+#: Average hours in a month (365.25 × 24 / 12): how often a subscription's fee recurs.
+HOURS_PER_MONTH = 730.5
 
 
 def normal_cdf(z: float) -> float:
@@ -32,13 +43,49 @@ def billed_hours(wall_hours: float, offer: Offer) -> float:
     return max(billed, offer.billing_minimum_s) / 3600.0
 
 
+def _usd_per_compute_unit(offer: Offer) -> float:
+    if offer.usd_per_compute_unit:
+        return offer.usd_per_compute_unit
+    cu_h = offer.compute_units_per_hour
+    return offer.price_per_hour_usd / cu_h if cu_h else 1.0
+
+
+def compute_units_used(wall_hours: float, offer: Offer) -> float:
+    """Compute units a Colab job of ``wall_hours`` burns (billed time × CU per hour)."""
+    cu_h = offer.compute_units_per_hour or offer.price_per_hour_usd / _usd_per_compute_unit(offer)
+    return billed_hours(wall_hours, offer) * cu_h
+
+
+def compute_unit_cost(wall_hours: float, offer: Offer) -> tuple[float, str]:
+    """($, how it was computed) for a Colab job of ``wall_hours`` on ``offer``.
+
+    Pay-as-you-go: CU × $/CU. Subscription: one monthly fee per month the job spans (its
+    CUs included), plus any further CUs at $/CU.
+    """
+    cu = compute_units_used(wall_hours, offer)
+    rate = _usd_per_compute_unit(offer)
+    fee = offer.subscription_usd_per_month
+    if not fee:
+        return cu * rate, f"pay-as-you-go: ~{cu:,.0f} CU × ${rate:.4g}/CU"
+    months = max(1, math.ceil(wall_hours / HOURS_PER_MONTH - 1e-9))
+    included = months * (offer.compute_units_per_month or 0.0)
+    extra = max(0.0, cu - included)
+    text = (f"subscription: {months} month{'s' if months > 1 else ''} × ${fee:,.2f} "
+            f"({included:,.0f} CU included), job uses ~{cu:,.0f} CU")
+    if extra > 0:
+        text += f", {extra:,.0f} more CU × ${rate:.4g}/CU"
+    return months * fee + extra * rate, text
+
+
 class _WallModel:
     """Maps compute hours to wall hours for one offer/pricing, and back (for deadlines)."""
 
     def __init__(self, offer: Offer, nodes: int, pricing: str, target: Target,
                  costing: Costing) -> None:
         self.startup = costing.startup_hours.get(offer.provider, costing.default_startup_hours)
-        self.lost_per_restart = self.startup + target.checkpoint_interval_hours / 2
+        # a restart pays a new start-up and loses, on average, half a checkpoint interval
+        self.lost_work = target.checkpoint_interval_hours / 2
+        self.lost_per_restart = self.startup + self.lost_work
         self.stretch = 1.0
         if pricing == "spot":
             load = nodes * costing.spot_preemptions_per_node_hour * self.lost_per_restart
@@ -51,21 +98,25 @@ class _WallModel:
             return 1
         n = 1
         for _ in range(3):  # fixed point: restarts lengthen the job, which may need another
-            wall = compute_hours + n * self.startup + (n - 1) * self.lost_per_restart
+            wall = compute_hours + n * self.startup + (n - 1) * self.lost_work
             n = max(1, math.ceil(wall / self.cap - 1e-9))
         return n
 
     def wall(self, compute_hours: float) -> float:
         n = self.sessions(compute_hours)
-        return (compute_hours * self.stretch + n * self.startup
-                + (n - 1) * self.lost_per_restart)
+        return compute_hours * self.stretch + n * self.startup + (n - 1) * self.lost_work
 
     def max_compute_for(self, deadline_hours: float) -> float:
         """Most compute hours that still finish by ``deadline_hours`` (<= 0: impossible)."""
         if not self.cap:
             return (deadline_hours - self.startup) / self.stretch
         n = max(1, math.ceil(deadline_hours / self.cap - 1e-9))
-        return deadline_hours - n * self.startup - (n - 1) * self.lost_per_restart
+        return deadline_hours - n * self.startup - (n - 1) * self.lost_work
+
+
+def money_rate(usd: float) -> str:
+    """'$32.77' or '$0.196' (three significant figures below a dollar)."""
+    return f"${usd:,.2f}" if usd >= 1 else f"${usd:.3g}"
 
 
 def price_per_hour(offer: Offer, nodes: int, pricing: str) -> float:
@@ -103,7 +154,11 @@ def evaluate(offer: Offer, nodes: int, config: ParallelConfig, prediction: Predi
     c_mean = c_med * math.exp(sigma * sigma / 2)  # E[1/X] for a log-normal X
     rate = price_per_hour(offer, nodes, pricing)
 
+    cu_billed = offer.pricing == "compute_units"
+
     def cost(wall_hours: float) -> float:
+        if cu_billed:
+            return compute_unit_cost(wall_hours, offer)[0] * nodes
         return billed_hours(wall_hours, offer) * rate
 
     if target.deadline_hours is None:
@@ -119,17 +174,25 @@ def evaluate(offer: Offer, nodes: int, config: ParallelConfig, prediction: Predi
     sessions = model.sessions(c_med)
     extra_notes = list(notes)
     if sessions > 1:
+        restart_h = (sessions - 1) * model.lost_per_restart
         extra_notes.append(
             f"needs {sessions} sessions under the {offer.max_session_hours:g} h session cap: "
-            f"resume from a checkpoint each time")
+            f"resume from a checkpoint each time (~{restart_h:.1f} h of restarts and lost "
+            f"work counted in the time and cost)")
     if pricing == "spot":
         expected = nodes * costing.spot_preemptions_per_node_hour * hours
         extra_notes.append(
             f"spot: expect ~{expected:.1f} preemptions; checkpoint every "
             f"{target.checkpoint_interval_hours * 60:.0f} min")
+    if cu_billed:
+        pricing = "subscription" if offer.subscription_usd_per_month else "on_demand"
+        cost_basis = compute_unit_cost(model.wall(c_mean), offer)[1]
+    else:
+        billed = billed_hours(model.wall(c_mean), offer)
+        cost_basis = f"{money_rate(rate)}/h × {billed:,.2f} h billed"
     return Candidate(
         offer=offer, nodes=nodes, config=config, prediction=prediction,
-        pricing="subscription" if offer.pricing == "compute_units" else pricing,
+        pricing=pricing, cost_basis=cost_basis,
         price_per_hour_usd=rate, hours=hours, hours_low=min(hours_low, hours),
         hours_high=max(hours_high, hours), cost_usd=cost(model.wall(c_mean)),
         cost_low_usd=min(cost(hours_low), cost(hours)), cost_high_usd=max(cost(hours_high),

@@ -125,6 +125,8 @@ def one_line_why(c: Candidate, best: Candidate | None, rank: int, target: Target
     if not c.meets_deadline and target.deadline_hours is not None:
         bits.append(f"P(meets {target.deadline_hours:g} h) {c.p_meets_deadline:.0%} "
                     f"< {target.confidence:.0%}")
+    if c.offer.pricing == "compute_units":
+        bits.append(c.cost_basis)
     bits.append(f"${c.usd_per_million_samples:,.3g}/M samples")
     bits.append(f"{headroom(c):.0%} memory free")
     if c.prediction.extrapolated:

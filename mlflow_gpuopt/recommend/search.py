@@ -248,7 +248,8 @@ class _Search:
              pricings: Sequence[str]) -> None:
         notes = []
         if not offer.gpu_guaranteed:
-            notes.append(f"{offer.provider}: GPU type not guaranteed, you get what is free")
+            notes.append(f"{offer.provider} does not guarantee the {offer.gpu}: it assigns "
+                         "whatever GPU is free, and a slower one stretches the time")
         for pricing in pricings:
             cand = evaluate(offer, nodes, config, pred, pricing, self.target, self.costing,
                             notes=tuple(notes))

@@ -81,7 +81,10 @@ class Candidate:
     ``hours`` is the median wall time (compute + start-up + restarts), ``hours_low`` /
     ``hours_high`` the interval from the throughput interval; ``cost_usd`` the expected cost
     (billing increments and minimums included), ``cost_low_usd`` / ``cost_high_usd`` its
-    interval. ``pricing`` is ``on_demand``, ``spot`` or ``subscription`` (Colab compute units).
+    interval. ``pricing`` is ``on_demand``, ``spot`` or ``subscription``: Colab
+    pay-as-you-go compute units are ``on_demand`` (paid per use), Colab Pro/Pro+ are
+    ``subscription`` (a monthly fee that includes compute units). ``cost_basis`` says in
+    words how ``cost_usd`` was reached (rate × billed hours, CU × $/CU, months × fee).
     """
 
     offer: Offer
@@ -103,6 +106,7 @@ class Candidate:
     sessions: int = 1  # Colab: sessions needed under the session cap
     notes: tuple[str, ...] = ()
     launch: str = ""
+    cost_basis: str = ""
 
     @property
     def gpus(self) -> int:
