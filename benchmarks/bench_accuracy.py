@@ -13,7 +13,11 @@ and a naive baseline):
       (V100 <-> A100; fp32 <-> tf32 and amp <-> amp);
   3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone.
 
-Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only).
+Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only). With ``--lomo`` it
+also reports task 2 leave-one-model-out: the global constants of the compute model
+(tensor/SIMT efficiency, traffic hidden under matmuls, fixed share of latency-bound work)
+are picked from a small grid on the other models and each model is scored with the pick
+made without it (about 20 s).
 """
 
 from __future__ import annotations
@@ -242,6 +246,39 @@ def report(title: str, results: list[Result], baseline_name: str) -> dict:
     return summary
 
 
+#: The grid the shipped constants were chosen from (compute.py); --lomo reruns the choice.
+LOMO_GRID = [(tc, simt, hidden, fixed) for tc in (0.45, 0.6, 0.75) for simt in (0.6, 0.85)
+             for hidden in (0.0, 0.5) for fixed in (0.0, 0.5)]
+
+
+def lomo_cross_gpu(rows, wl, hw) -> list[Result]:
+    """Task 2 with the compute constants chosen leave-one-model-out."""
+    from mlflow_gpuopt.perfmodel import compute, fitting
+
+    saved = (compute.COMPUTE_EFFICIENCY_TENSOR, compute.COMPUTE_EFFICIENCY_SIMT,
+             compute.MATMUL_HIDDEN_TRAFFIC_SHARE, fitting.LATENCY_FIXED_SHARE)
+    by_setting = {}
+    try:
+        for setting in LOMO_GRID:
+            (compute.COMPUTE_EFFICIENCY_TENSOR, compute.COMPUTE_EFFICIENCY_SIMT,
+             compute.MATMUL_HIDDEN_TRAFFIC_SHARE, fitting.LATENCY_FIXED_SHARE) = setting
+            by_setting[setting] = task_cross_gpu(rows, wl, hw)
+    finally:
+        (compute.COMPUTE_EFFICIENCY_TENSOR, compute.COMPUTE_EFFICIENCY_SIMT,
+         compute.MATMUL_HIDDEN_TRAFFIC_SHARE, fitting.LATENCY_FIXED_SHARE) = saved
+    models = sorted({r.model for r in by_setting[LOMO_GRID[0]]})
+    out = []
+    for held in models:
+        def score(setting):
+            errs = [r.error for r in by_setting[setting] if r.model != held]
+            return statistics.median(errs) + 0.3 * _pct(errs, 0.9) / 100
+        best = min(LOMO_GRID, key=score)
+        print(f"  without {held:28s} picks tensor {best[0]}, simt {best[1]}, "
+              f"hidden traffic {best[2]}, fixed latency share {best[3]}")
+        out += [r for r in by_setting[best] if r.model == held]
+    return out
+
+
 def main() -> int:
     rows, wl, hw = load_rows(), workloads(), hardware()
     summaries = {
@@ -261,6 +298,11 @@ def main() -> int:
             "Task 3: no GPU measurement (CPU-only case): 1-GPU rows from the profile alone",
             task_prior_only(rows, wl, hw), "none"),
     }
+    if "--lomo" in sys.argv[1:]:
+        print("\n== Task 2 leave-one-model-out: constants picked without the model scored")
+        summaries["2 across GPU types, leave-one-model-out"] = report(
+            "Task 2, leave-one-model-out constants", lomo_cross_gpu(rows, wl, hw),
+            "peak-FLOPs ratio")
     print("\nSummary (goal: median <= 10%, p90 <= 25%, coverage >= 80%)")
     for name, s in summaries.items():
         print(f"  {name:38s} n={s['n']:3d} median {s['median_pct']:5.1f}%  "
