@@ -62,7 +62,10 @@ def _global_batch(workload, observations) -> int:
 
 
 def _print_table(doc, out) -> None:
-    from mlflow_gpuopt.recommend.explain import money
+    from mlflow_gpuopt.recommend.explain import money, sig
+
+    def hours(h: float) -> str:
+        return sig(h, 2) if h < 10 else f"{h:,.0f}"
 
     head = ("#", "provider", "instance × nodes", "GPUs", "strategy", "mb × accum", "prec",
             "pricing", "hours (low–high)", "cost (low–high)", "P(deadline)")
@@ -73,8 +76,8 @@ def _print_table(doc, out) -> None:
             f'{c["gpus"]} {c["gpu"]}', c["strategy_label"],
             f'{c["micro_batch"]} × {c["grad_accum"]}', c["precision"],
             c["pricing"].replace("_", "-"),
-            f'{c["predicted_hours"]:.1f} ({c["predicted_hours_low"]:.1f}–'
-            f'{c["predicted_hours_high"]:.1f})',
+            f'{hours(c["predicted_hours"])} ({hours(c["predicted_hours_low"])}–'
+            f'{hours(c["predicted_hours_high"])})',
             f'{money(c["predicted_cost_usd"])} ({money(c["cost_low_usd"])}–'
             f'{money(c["cost_high_usd"])})',
             f'{c["p_meets_deadline"]:.0%}' + ("" if c["meets_deadline"] else " ✗"),
@@ -260,6 +263,8 @@ def _log(doc, rec, observations, run_ids, workload):
 
 
 def _print_human(doc, out, logged) -> None:
+    from mlflow_gpuopt.recommend.explain import hours_text, money
+
     t = doc["target"]
     deadline = f"{t['deadline_hours']:g} h" if t["deadline_hours"] else "no deadline"
     click.echo(f"Target: {t['description']} ({t['total_samples']:,.0f} samples), {deadline}, "
@@ -276,7 +281,7 @@ def _print_human(doc, out, logged) -> None:
         for label in ("fastest", "cheapest"):
             c = doc[label]
             click.echo(f"{label.title()}: {c['provider']} {c['instance_type']} × {c['nodes']}, "
-                       f"{c['predicted_hours']:.1f} h, ${c['predicted_cost_usd']:,.2f}; "
+                       f"{hours_text(c['predicted_hours'])}, {money(c['predicted_cost_usd'])}; "
                        f"launch: {c['launch']}", file=out)
     for note in doc["notes"]:
         click.echo(f"Note: {note}", file=out)

@@ -22,6 +22,7 @@ import math
 
 from mlflow_gpuopt.catalog.schema import Offer
 from mlflow_gpuopt.perfmodel.types import ParallelConfig, Prediction
+from mlflow_gpuopt.recommend.explain import preemption_text
 from mlflow_gpuopt.recommend.types import Candidate, Costing, Target
 
 #: Below this the deadline is treated as impossible (avoids log of tiny numbers).
@@ -182,14 +183,15 @@ def evaluate(offer: Offer, nodes: int, config: ParallelConfig, prediction: Predi
     if pricing == "spot":
         expected = nodes * costing.spot_preemptions_per_node_hour * hours
         extra_notes.append(
-            f"spot: expect ~{expected:.1f} preemptions; checkpoint every "
-            f"{target.checkpoint_interval_hours * 60:.0f} min")
+            f"spot: {preemption_text(expected)}; checkpoint every "
+            f"{target.checkpoint_interval_hours * 60:.0f} min (each preemption costs a "
+            f"restart and ~{model.lost_work * 60:.0f} min of lost work, counted)")
     if cu_billed:
         pricing = "subscription" if offer.subscription_usd_per_month else "on_demand"
         cost_basis = compute_unit_cost(model.wall(c_mean), offer)[1]
     else:
         billed = billed_hours(model.wall(c_mean), offer)
-        cost_basis = f"{money_rate(rate)}/h × {billed:,.2f} h billed"
+        cost_basis = f"{money_rate(rate)}/h × {billed:,.2f} h (expected billed time)"
     return Candidate(
         offer=offer, nodes=nodes, config=config, prediction=prediction,
         pricing=pricing, cost_basis=cost_basis,

@@ -6,6 +6,7 @@ headroom, interconnect) and where its time goes.
 from __future__ import annotations
 
 import json
+import math
 
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
 from mlflow_gpuopt.recommend.types import Candidate, Target
@@ -26,8 +27,39 @@ _LINK_WORDS = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie3": "PCIe 3",
 
 
 def money(usd: float) -> str:
-    """'$1,234' for big sums, '$5.67' for small ones."""
+    """'$1,234' for big sums, '$5.67' for small ones, '<$0.01' for crumbs."""
+    if 0 < abs(usd) < 0.005:
+        return "<$0.01"
     return f"${usd:,.0f}" if abs(usd) >= 100 else f"${usd:,.2f}"
+
+
+def sig(x: float, digits: int = 3) -> str:
+    """A number to about ``digits`` significant figures: '11,733', '15.1', '0.00667'."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def hours_text(h: float) -> str:
+    """'52 min', '3.4 h', '36 h'."""
+    if h < 1:
+        return f"{h * 60:.0f} min" if h * 60 >= 1 else "<1 min"
+    return f"{h:.1f} h" if h < 10 else f"{h:,.0f} h"
+
+
+def seconds_text(s: float) -> str:
+    """A step-sized duration: '1.36 ms', '57.5 ms', '2.31 s'."""
+    return f"{sig(s)} s" if s >= 1 else f"{sig(s * 1e3)} ms"
+
+
+def preemption_text(expected: float) -> str:
+    """What a spot plan should expect: a chance when below one, a count above."""
+    if expected < 0.95:
+        return f"P(at least one preemption) ≈ {1 - math.exp(-expected):.0%}"
+    return f"expect ~{expected:.0f} preemptions"
 
 
 def strategy_label(config: ParallelConfig) -> str:
@@ -121,18 +153,58 @@ def one_line_why(c: Candidate, best: Candidate | None, rank: int, target: Target
     elif best is not None and best is not c:
         d = c.cost_usd - best.cost_usd
         bits.append(f"{'+' if d >= 0 else '-'}{money(abs(d))} vs #1"
-                    + (f", {best.hours - c.hours:.1f} h faster" if c.hours < best.hours else ""))
+                    + (f", {hours_text(best.hours - c.hours)} faster"
+                       if c.hours < best.hours * 0.99 else ""))
     if not c.meets_deadline and target.deadline_hours is not None:
         bits.append(f"P(meets {target.deadline_hours:g} h) {c.p_meets_deadline:.0%} "
                     f"< {target.confidence:.0%}")
     if c.offer.pricing == "compute_units":
         bits.append(c.cost_basis)
-    bits.append(f"${c.usd_per_million_samples:,.3g}/M samples")
+    bits.append(f"${sig(c.usd_per_million_samples)}/M samples")
     bits.append(f"{headroom(c):.0%} memory free")
     if c.prediction.extrapolated:
         bits.append("extrapolated from other GPUs")
     bits.extend(c.notes)
     return "; ".join(bits)
+
+
+def _differences(win: Candidate, run: Candidate, e_win: float | None,
+                 e_run: float | None) -> list[str]:
+    """The dimensions on which the winner and the runner-up differ, in words."""
+    out = []
+
+    def differ(a: float, b: float, rel: float = 0.02) -> bool:
+        return abs(a - b) > rel * max(abs(a), abs(b), 1e-12)
+
+    if win.pricing != run.pricing:
+        out.append(f"{win.pricing.replace('_', '-')} vs {run.pricing.replace('_', '-')} pricing")
+    if win.cost_basis and win.offer.pricing == "compute_units" and (
+            run.offer.pricing == "compute_units"):
+        out.append(f"{win.cost_basis} vs {run.cost_basis}")
+    g_win, g_run = effective_gpu_hour_usd(win, e_win), effective_gpu_hour_usd(run, e_run)
+    if differ(g_win, g_run):
+        out.append(f"${sig(g_win)} vs ${sig(g_run)} per GPU-hour" if win.gpus == run.gpus == 1
+                   else f"${sig(g_win)} vs ${sig(g_run)} per effective GPU-hour "
+                   "(price per GPU-hour ÷ scaling efficiency)")
+    t_win = win.throughput_samples_per_s / win.gpus
+    t_run = run.throughput_samples_per_s / run.gpus
+    if differ(t_win, t_run):
+        out.append(f"per-GPU throughput {sig(t_win)} vs {sig(t_run)} samples/s")
+    if (win.gpus > 1 or run.gpus > 1) and e_win and e_run and abs(e_win - e_run) >= 0.01:
+        out.append(f"scaling efficiency {e_win:.0%} vs {e_run:.0%}")
+    h_win, h_run = headroom(win), headroom(run)
+    if abs(h_win - h_run) >= 0.05:
+        out.append(f"memory headroom {h_win:.0%} vs {h_run:.0%}")
+    i_win, i_run = interconnect(win), interconnect(run)
+    if i_win != i_run:
+        out.append(f"interconnect {i_win} vs {i_run}")
+    if differ(win.usd_per_million_samples, run.usd_per_million_samples):
+        out.append(f"${sig(win.usd_per_million_samples)} vs "
+                   f"${sig(run.usd_per_million_samples)} per million samples")
+    if differ(win.hours, run.hours, 0.05):
+        delta = run.hours - win.hours
+        out.append(f"{hours_text(abs(delta))} {'faster' if delta > 0 else 'slower'}")
+    return out
 
 
 def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
@@ -142,41 +214,40 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
                 if target.deadline_hours else "no deadline")
     lines = [
         f"Recommended: {describe(win)}.",
-        f"Predicted {win.hours:.1f} h ({win.hours_low:.1f}–{win.hours_high:.1f}), "
-        f"{money(win.cost_usd)} ({money(win.cost_low_usd)}–{money(win.cost_high_usd)}), {deadline}.",
+        f"Predicted {hours_text(win.hours)} ({hours_text(win.hours_low)}–"
+        f"{hours_text(win.hours_high)}), {money(win.cost_usd)} ({money(win.cost_low_usd)}–"
+        f"{money(win.cost_high_usd)}), {deadline}.",
     ]
+    if win.cost_basis:
+        lines.append(f"Cost: {win.cost_basis}.")
     e_win = efficiency.get(id(win))
     if runner_up is not None:
         e_run = efficiency.get(id(runner_up))
-
-        def pct(x: float | None) -> str:
-            return f"{x:.0%}" if x else "n/a"
-
         saving = runner_up.cost_usd - win.cost_usd
+        diffs = _differences(win, runner_up, e_win, e_run)
         lines.append(
             f"Why it beats the next option ({describe(runner_up)}, {money(runner_up.cost_usd)}, "
-            f"{runner_up.hours:.1f} h): saves {money(saving)}; "
-            f"${effective_gpu_hour_usd(win, e_win):.2f} vs "
-            f"${effective_gpu_hour_usd(runner_up, e_run):.2f} per effective GPU-hour "
-            f"(price per GPU-hour ÷ scaling efficiency); per-GPU throughput "
-            f"{win.throughput_samples_per_s / win.gpus:,.1f} vs "
-            f"{runner_up.throughput_samples_per_s / runner_up.gpus:,.1f} samples/s; scaling efficiency {pct(e_win)} vs "
-            f"{pct(e_run)}; memory headroom {headroom(win):.0%} vs {headroom(runner_up):.0%}; "
-            f"interconnect {interconnect(win)} vs {interconnect(runner_up)}; "
-            f"${win.usd_per_million_samples:,.3g} vs ${runner_up.usd_per_million_samples:,.3g} "
-            f"per million samples.")
+            f"{hours_text(runner_up.hours)}): "
+            + (f"saves {money(saving)}" if saving >= 0.005 else "same expected cost")
+            + ("; " + "; ".join(diffs) if diffs else "; otherwise alike")
+            + ".")
     p = win.prediction
     step = p.step_time_s if p.step_time_s > 0 else 1.0
     other = max(0.0, step - p.compute_s - p.exposed_comm_s - p.bubble_s)
-    lines.append(
-        f"Where the time goes: per optimizer step {step * 1e3:.0f} ms = compute "
-        f"{p.compute_s * 1e3:.0f} ms ({p.compute_s / step:.0%}), exposed communication "
-        f"{p.exposed_comm_s * 1e3:.0f} ms ({p.exposed_comm_s / step:.0%}), pipeline bubble "
-        f"{p.bubble_s * 1e3:.0f} ms ({p.bubble_s / step:.0%})"
-        + (f", other {other * 1e3:.0f} ms" if other > 1e-4 else "")
-        + f"; plus start-up {win.startup_hours * 60:.0f} min and restarts "
-        f"{win.overhead_hours * 60:.0f} min over the whole job.")
-    lines.append(f"Memory per GPU: {p.memory.total_bytes / 1e9:.1f} GB of "
+    parts = [f"compute {seconds_text(p.compute_s)} ({p.compute_s / step:.0%})"]
+    if win.gpus > 1 or p.exposed_comm_s > 0.005 * step:
+        parts.append(f"exposed communication {seconds_text(p.exposed_comm_s)} "
+                     f"({p.exposed_comm_s / step:.0%})")
+    if win.config.pp > 1 or p.bubble_s > 0.005 * step:
+        parts.append(f"pipeline bubble {seconds_text(p.bubble_s)} ({p.bubble_s / step:.0%})")
+    if other > 0.005 * step:
+        parts.append(f"other {seconds_text(other)} ({other / step:.0%})")
+    overhead = f"; plus start-up {hours_text(win.startup_hours)}"
+    if win.overhead_hours * 60 >= 0.5:
+        overhead += f" and restarts/lost work {hours_text(win.overhead_hours)}"
+    lines.append(f"Where the time goes: per optimizer step {seconds_text(step)} = "
+                 + ", ".join(parts) + overhead + " over the whole job.")
+    lines.append(f"Memory per GPU: {sig(p.memory.total_bytes / 1e9, 2)} GB of "
                  f"{p.memory_capacity_bytes / 1e9:.0f} GB ({headroom(win):.0%} free); "
                  f"interconnect {interconnect(win)}.")
     lines.extend(f"Note: {n}." for n in win.notes)

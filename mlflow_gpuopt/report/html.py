@@ -34,7 +34,15 @@ def _e(x: Any) -> str:
 
 
 def _money(x: float) -> str:
-    return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
+    from mlflow_gpuopt.recommend.explain import money
+
+    return money(x)
+
+
+def _hours(h: float) -> str:
+    from mlflow_gpuopt.recommend.explain import sig
+
+    return sig(h, 2) if h < 10 else f"{h:,.0f}"
 
 
 def _row(c: Mapping[str, Any], winner_rank: int | None) -> str:
@@ -45,14 +53,14 @@ def _row(c: Mapping[str, Any], winner_rank: int | None) -> str:
         (c.get("strategy_label", c["strategy"]), "l"),
         (f'{c["micro_batch"]} × {c["grad_accum"]}', ""), (c["precision"], "l"),
         (c["pricing"].replace("_", "-"), "l"),
-        (f'{c["predicted_hours"]:.2f} ({c["predicted_hours_low"]:.2f}–'
-         f'{c["predicted_hours_high"]:.2f})', ""),
+        (f'{_hours(c["predicted_hours"])} ({_hours(c["predicted_hours_low"])}–'
+         f'{_hours(c["predicted_hours_high"])})', ""),
         (f'{_money(c["predicted_cost_usd"])} ({_money(c["cost_low_usd"])}–'
          f'{_money(c["cost_high_usd"])})', ""),
         (f'{c["p_meets_deadline"]:.0%}', ""),
     ]
     tds = "".join(f'<td class="{k}">{_e(v)}</td>' for v, k in cells)
-    return f'<tr class="{cls}">{tds}</tr>'
+    return f'<tr class="{cls}" title="{_e(c.get("why", ""))}">{tds}</tr>'
 
 
 _HEAD = ["#", "provider", "instance × nodes", "GPUs", "GPU", "strategy", "micro-batch × accum",
@@ -94,7 +102,7 @@ def render_html(doc: Mapping[str, Any], charts: Mapping[str, bytes], *,
             if c:
                 parts.append(f"<p><b>{label.title()}</b>: {_e(c['provider'])} "
                              f"{_e(c['instance_type'])} × {c['nodes']}, "
-                             f"{c['predicted_hours']:.1f} h, {_money(c['predicted_cost_usd'])}"
+                             f"{_hours(c['predicted_hours'])} h, {_money(c['predicted_cost_usd'])}"
                              f"<code>{_e(c['launch'])}</code></p>")
     parts.append("<h2>Ranked plans</h2>")
     parts.append(_table(doc["candidates"], winner["rank"] if winner else None, "candidates"))
