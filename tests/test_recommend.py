@@ -161,10 +161,10 @@ def test_colab_plans_differ_short_job_pays_the_whole_month():
     assert pro is not None and pro.pricing == "subscription"
     assert pro.cost_usd == pytest.approx(9.99) and "1 month × $9.99" in pro.cost_basis
     assert rec.candidates[0] is payg and rec.candidates[1] is pro
-    # Pro+ is the same GPU at the same speed for more money: listed only if not collapsed
-    plus = plans.get("colab-proplus")
-    assert plus is None or (plus.cost_usd == pytest.approx(49.99)
-                            and rec.candidates.index(plus) > rec.candidates.index(pro))
+    # Pro+ is the same GPU at the same speed for more money than Pro: not worth a row
+    assert "colab-proplus" not in plans
+    assert rec.dropped["dominated: a cheaper plan on the same provider, GPU and pricing is "
+                       "as fast (±5%)"] == 1
 
 
 def test_colab_subscription_buys_extra_units_beyond_the_month():
@@ -265,6 +265,42 @@ def test_explanation_names_only_what_differs_and_formats_small_numbers():
         "11,733", "15.1", "0.00667", "0.500"]
     spot = next(c for c in run(space=SearchSpace(spot=True)).candidates)
     assert not any("~0.0" in n for n in spot.notes)
+
+
+@pytest.mark.parametrize("workload,samples,deadline", [
+    (BIG, 2e6, 200.0), (RESNET, 90 * 1_281_167, 24.0), (RESNET, 90 * 1_281_167, None)])
+def test_no_row_is_made_pointless_by_a_cheaper_sibling(workload, samples, deadline):
+    from mlflow_gpuopt.recommend.search import pareto_front as front_of
+
+    target = Target(samples, deadline_hours=deadline, per_rank_batch=workload.micro_batch)
+    rec = run(workload, target)
+    front = {id(c) for c in front_of(rec.candidates)}
+    for b in rec.candidates:
+        if id(b) in front:
+            continue
+        for a in rec.candidates:
+            same = (a.offer.provider, a.offer.gpu, a.pricing) == (
+                b.offer.provider, b.offer.gpu, b.pricing)
+            assert not (same and a is not b and a.cost_usd < b.cost_usd
+                        and a.hours <= 1.05 * b.hours
+                        and (a.meets_deadline or not b.meets_deadline)), (a.launch, b.launch)
+    for c in (rec.fastest, rec.cheapest, rec.winner):
+        assert c is None or c in rec.candidates
+
+
+def test_dominated_strategies_on_the_same_nodes_are_collapsed():
+    rec = run(BIG, Target(2e6, deadline_hours=None, per_rank_batch=4))
+    n = rec.dropped.get(
+        "dominated: a cheaper plan on the same provider, GPU and pricing is as fast (±5%)", 0)
+    assert n > 0
+    # per instance, node count and pricing, the strategies left each buy speed for money
+    by_shape = {}
+    for c in rec.candidates:
+        by_shape.setdefault((c.offer.instance_type, c.nodes, c.pricing), []).append(c)
+    for plans in by_shape.values():
+        plans.sort(key=lambda c: c.cost_usd)
+        for cheaper, dearer in zip(plans, plans[1:]):
+            assert dearer.hours < cheaper.hours / 1.05 or dearer in rec.pareto
 
 
 def test_json_has_the_contract_keys():

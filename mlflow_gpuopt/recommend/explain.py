@@ -169,42 +169,57 @@ def one_line_why(c: Candidate, best: Candidate | None, rank: int, target: Target
 
 
 def _differences(win: Candidate, run: Candidate, e_win: float | None,
-                 e_run: float | None) -> list[str]:
-    """The dimensions on which the winner and the runner-up differ, in words."""
-    out = []
+                 e_run: float | None) -> tuple[list[str], list[str], list[str]]:
+    """Where the winner and the runner-up differ: (in its favour, against it, neutral)."""
+    good: list[str] = []
+    bad: list[str] = []
+    neutral: list[str] = []
 
     def differ(a: float, b: float, rel: float = 0.02) -> bool:
         return abs(a - b) > rel * max(abs(a), abs(b), 1e-12)
 
+    def side(better: bool, text: str) -> None:
+        (good if better else bad).append(text)
+
     if win.pricing != run.pricing:
-        out.append(f"{win.pricing.replace('_', '-')} vs {run.pricing.replace('_', '-')} pricing")
-    if win.cost_basis and win.offer.pricing == "compute_units" and (
-            run.offer.pricing == "compute_units"):
-        out.append(f"{win.cost_basis} vs {run.cost_basis}")
+        neutral.append(f"{win.pricing.replace('_', '-')} vs {run.pricing.replace('_', '-')} "
+                       "pricing")
+    if (win.offer.pricing == "compute_units" and run.offer.pricing == "compute_units"
+            and win.cost_basis != run.cost_basis):
+        neutral.append(f"{win.cost_basis} vs {run.cost_basis}")
     g_win, g_run = effective_gpu_hour_usd(win, e_win), effective_gpu_hour_usd(run, e_run)
     if differ(g_win, g_run):
-        out.append(f"${sig(g_win)} vs ${sig(g_run)} per GPU-hour" if win.gpus == run.gpus == 1
-                   else f"${sig(g_win)} vs ${sig(g_run)} per effective GPU-hour "
-                   "(price per GPU-hour ÷ scaling efficiency)")
+        side(g_win < g_run,
+             f"${sig(g_win)} vs ${sig(g_run)} per GPU-hour" if win.gpus == run.gpus == 1
+             else f"${sig(g_win)} vs ${sig(g_run)} per effective GPU-hour "
+             "(price per GPU-hour ÷ scaling efficiency)")
     t_win = win.throughput_samples_per_s / win.gpus
     t_run = run.throughput_samples_per_s / run.gpus
     if differ(t_win, t_run):
-        out.append(f"per-GPU throughput {sig(t_win)} vs {sig(t_run)} samples/s")
+        side(t_win > t_run, f"per-GPU throughput {sig(t_win)} vs {sig(t_run)} samples/s")
     if (win.gpus > 1 or run.gpus > 1) and e_win and e_run and abs(e_win - e_run) >= 0.01:
-        out.append(f"scaling efficiency {e_win:.0%} vs {e_run:.0%}")
+        side(e_win > e_run, f"scaling efficiency {e_win:.0%} vs {e_run:.0%}")
     h_win, h_run = headroom(win), headroom(run)
     if abs(h_win - h_run) >= 0.05:
-        out.append(f"memory headroom {h_win:.0%} vs {h_run:.0%}")
-    i_win, i_run = interconnect(win), interconnect(run)
-    if i_win != i_run:
-        out.append(f"interconnect {i_win} vs {i_run}")
+        side(h_win > h_run, f"memory headroom {h_win:.0%} vs {h_run:.0%}")
     if differ(win.usd_per_million_samples, run.usd_per_million_samples):
-        out.append(f"${sig(win.usd_per_million_samples)} vs "
-                   f"${sig(run.usd_per_million_samples)} per million samples")
+        side(win.usd_per_million_samples < run.usd_per_million_samples,
+             f"${sig(win.usd_per_million_samples)} vs ${sig(run.usd_per_million_samples)} "
+             "per million samples of compute")
+    o_win, o_run = win.overhead_hours, run.overhead_hours
+    if differ(o_win, o_run, 0.1) and abs(o_win - o_run) * 60 >= 1:
+        side(o_win < o_run, f"restarts and lost work {hours_text(o_win)} vs {hours_text(o_run)}")
     if differ(win.hours, run.hours, 0.05):
         delta = run.hours - win.hours
-        out.append(f"{hours_text(abs(delta))} {'faster' if delta > 0 else 'slower'}")
-    return out
+        side(delta > 0, f"{hours_text(abs(delta))} {'faster' if delta > 0 else 'slower'}")
+    x_win, x_run = win.prediction.extrapolated, run.prediction.extrapolated
+    if x_win != x_run:
+        side(not x_win, "measured GPU type vs extrapolated" if not x_win
+             else "extrapolated vs measured GPU type")
+    i_win, i_run = interconnect(win), interconnect(run)
+    if i_win != i_run:
+        neutral.append(f"interconnect {i_win} vs {i_run}")
+    return good, bad, neutral
 
 
 def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
@@ -224,13 +239,19 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
     if runner_up is not None:
         e_run = efficiency.get(id(runner_up))
         saving = runner_up.cost_usd - win.cost_usd
-        diffs = _differences(win, runner_up, e_win, e_run)
+        good, bad, neutral = _differences(win, runner_up, e_win, e_run)
+        parts = [f"saves {money(saving)}" if saving >= 0.005 else "same expected cost"]
+        if good:
+            parts.append("for it: " + ", ".join(good))
+        if bad:
+            parts.append("against it: " + ", ".join(bad))
+        if neutral:
+            parts.append("also differs: " + ", ".join(neutral))
+        if not (good or bad or neutral):
+            parts.append("otherwise alike")
         lines.append(
             f"Why it beats the next option ({describe(runner_up)}, {money(runner_up.cost_usd)}, "
-            f"{hours_text(runner_up.hours)}): "
-            + (f"saves {money(saving)}" if saving >= 0.005 else "same expected cost")
-            + ("; " + "; ".join(diffs) if diffs else "; otherwise alike")
-            + ".")
+            f"{hours_text(runner_up.hours)}): " + "; ".join(parts) + ".")
     p = win.prediction
     step = p.step_time_s if p.step_time_s > 0 else 1.0
     other = max(0.0, step - p.compute_s - p.exposed_comm_s - p.bubble_s)

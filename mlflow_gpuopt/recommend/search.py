@@ -49,6 +49,9 @@ _DATA_PARALLEL_LADDER = ("ddp", "zero1", "zero2", "fsdp")
 #: Models at least this big also get tensor/pipeline-parallel plans.
 LARGE_MODEL_PARAMS = 1_000_000_000
 _MIN_NODE_GAIN = 1.05
+#: A plan no more than this much faster than a cheaper sibling is not worth a row.
+_SAME_SPEED = 1.05
+_DOMINATED = "dominated: a cheaper plan on the same provider, GPU and pricing is as fast (±5%)"
 _SCALING_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -271,6 +274,33 @@ def _dedupe_key(c: Candidate) -> tuple:
             cfg.micro_batch, cfg.grad_accum, cfg.precision, c.pricing)
 
 
+def collapse_dominated(ranked: Sequence[Candidate],
+                       keep: Sequence[Candidate] = ()) -> tuple[tuple[Candidate, ...], int]:
+    """Drop plans a cheaper sibling makes pointless; returns (kept in order, how many dropped).
+
+    A plan B is dropped when another plan A on the same provider, GPU type and pricing costs
+    less, is at most 5 % slower (well inside the prediction's interval), and meets the
+    deadline whenever B does: e.g. DDP where ZeRO-1 is faster on the same nodes, a bigger
+    host of the same GPU, or twice the nodes for 2 % more speed. Plans in ``keep`` (the
+    Pareto set) are never dropped, so the fastest and the cheapest always stay.
+    """
+    kept_ids = {id(c) for c in keep}
+    groups: dict[tuple, list[Candidate]] = {}
+    for c in ranked:
+        groups.setdefault((c.offer.provider, c.offer.gpu, c.pricing), []).append(c)
+    out, dropped = [], 0
+    for b in ranked:
+        if id(b) not in kept_ids and any(
+                a is not b and a.cost_usd < b.cost_usd * (1 - 1e-9)
+                and a.hours <= b.hours * _SAME_SPEED
+                and (a.meets_deadline or not b.meets_deadline)
+                for a in groups[(b.offer.provider, b.offer.gpu, b.pricing)]):
+            dropped += 1
+            continue
+        out.append(b)
+    return tuple(out), dropped
+
+
 def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
     """Plans no other plan beats on both predicted hours and expected cost, fastest first."""
     front: list[Candidate] = []
@@ -371,6 +401,9 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         if k not in best or _rank_key(c) < _rank_key(best[k]):
             best[k] = c
     ranked = tuple(sorted(best.values(), key=_rank_key))
+    ranked, n_dominated = collapse_dominated(ranked, keep=pareto_front(ranked))
+    if n_dominated:
+        search.dropped[_DOMINATED] += n_dominated
     winner = ranked[0] if ranked and ranked[0].meets_deadline else None
     fastest = min(ranked, key=lambda c: (c.hours, c.cost_usd), default=None)
     cheapest = min(ranked, key=lambda c: (c.cost_usd, c.hours), default=None)
