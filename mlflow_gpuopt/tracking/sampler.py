@@ -1,6 +1,6 @@
 """The background sampler: a named daemon thread that calls one function every ``interval_s``.
 
-It ticks once at start, then every interval (``Event.wait``, so stop is immediate); an
+It ticks every interval (the owner takes the start sample itself, synchronously) (``Event.wait``, so stop is immediate); an
 exception in a tick is warned about (rate-limited) and the next tick runs as usual.
 """
 
@@ -30,13 +30,11 @@ class Sampler:
         self._thread.start()
 
     def _run(self) -> None:
-        while True:
+        while not self._stop.wait(self._interval_s):
             try:
                 self._tick()
             except Exception as exc:  # one bad tick must not end sampling
                 self._warn("tick", "hardware sampling failed: %s", exc)
-            if self._stop.wait(self._interval_s):
-                return
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop ticking and wait (at most ``timeout_s``) for a tick in progress."""

@@ -145,6 +145,10 @@ class Tracker:
             self._handles.append(self.model.register_forward_pre_hook(self._clock.on_forward_pre,
                                                                       with_kwargs=True))
             self._handles.append(self.model.register_forward_hook(self._clock.on_forward))
+        try:
+            self._tick()  # the start sample, before the first step (so a run always has it)
+        except Exception as exc:
+            self._warn("tick", "hardware sampling failed: %s", exc)
         self._sampler = Sampler(self._tick, cfg.interval_s, warn=self._warn)
         self._sampler.start()
 
