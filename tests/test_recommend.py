@@ -303,6 +303,15 @@ def test_dominated_strategies_on_the_same_nodes_are_collapsed():
             assert dearer.hours < cheaper.hours / 1.05 or dearer in rec.pareto
 
 
+def test_scaling_curve_exists_for_a_model_too_big_for_ddp():
+    rec = run(BIG, Target(1e6, deadline_hours=None, per_rank_batch=4))
+    a100 = {p.gpus: p for p in rec.scaling if p.gpu == "A100-80GB-SXM4"}
+    assert {8, 16, 32} <= set(a100)  # sharded: 7B + Adam does not fit DDP on 80 GB
+    assert 1 not in a100  # nor one GPU at all
+    assert a100[16].throughput_samples_per_s > a100[8].throughput_samples_per_s
+    assert all(p.low <= p.throughput_samples_per_s <= p.high for p in rec.scaling)
+
+
 def test_json_has_the_contract_keys():
     doc = recommendation_dict(run(), top=5)
     assert set(doc) >= {"target", "candidates", "pareto"}

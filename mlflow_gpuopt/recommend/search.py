@@ -312,16 +312,42 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
     return tuple(front)
 
 
+def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int,
+                   batch: int, precision: str) -> Prediction | None:
+    """The first data-parallel shape that fits (DDP, then ZeRO-1/2, FSDP; activation
+    checkpointing last), with the per-GPU batch split so it fits in memory."""
+    n = per_node * nodes
+    for ac in (False, True):
+        for strategy in (("single",) if n == 1 else _DATA_PARALLEL_LADDER):
+            base = ParallelConfig(gpus_per_node=per_node, nodes=nodes, strategy=strategy,
+                                  micro_batch=1, grad_accum=batch, precision=precision,
+                                  activation_checkpointing=ac)
+            try:
+                m_max = int(predictor.max_micro_batch(base, hw))
+                if m_max < 1:
+                    continue
+                mb = _largest_divisor_at_most(batch, m_max)
+                p = predictor.predict(replace(base, micro_batch=mb, grad_accum=batch // mb), hw)
+            except (ValueError, ArithmeticError):
+                continue
+            if p.fits:
+                return p
+    return None
+
+
 def scaling_points(predictor: Predictor, workload: Workload, offers: Sequence[Offer],
                    gpus: Mapping[str, GpuSpec], hardware_for: HardwareFor,
                    max_gpus: int = 64) -> tuple[ScalingPoint, ...]:
-    """Predicted throughput vs GPU count per GPU type (DDP, the workload's micro-batch)."""
+    """Predicted throughput vs GPU count per GPU type: data parallel at the workload's
+    per-GPU batch, with the least-sharded strategy that fits (so a model too big for DDP
+    still gets a curve)."""
     best_offer: dict[str, Offer] = {}
     for o in offers:
         prev = best_offer.get(o.gpu)
         rank = (o.gpu_count, o.inter_node_gbps, o.intra_node_gb_per_s)
         if prev is None or rank > (prev.gpu_count, prev.inter_node_gbps, prev.intra_node_gb_per_s):
             best_offer[o.gpu] = o
+    batch = max(1, (workload.micro_batch or 1) * (workload.grad_accum or 1))
     points = []
     for gpu, o in sorted(best_offer.items()):
         spec = gpus.get(gpu)
@@ -340,14 +366,8 @@ def scaling_points(predictor: Predictor, workload: Workload, offers: Sequence[Of
             nodes = n // per_node
             if nodes > 1 and (o.inter_node_gbps <= 0 or nodes > o.max_nodes):
                 break
-            cfg = ParallelConfig(gpus_per_node=per_node, nodes=nodes,
-                                 strategy="single" if n == 1 else "ddp",
-                                 micro_batch=workload.micro_batch, precision=precs[-1])
-            try:
-                p = predictor.predict(cfg, hw)
-            except (ValueError, ArithmeticError):
-                continue
-            if not p.fits:
+            p = _scaling_point(predictor, hw, per_node, nodes, batch, precs[-1])
+            if p is None:
                 continue
             points.append(ScalingPoint(gpu=gpu, gpus=n,
                                        throughput_samples_per_s=p.throughput_samples_per_s,

@@ -75,8 +75,8 @@ def pareto_png(rec: Recommendation) -> bytes:
     ax.set_ylabel("expected cost (USD)")
     ax.set_title("Cost vs time of every feasible plan")
     ax.grid(True, which="both", alpha=0.25)
-    if cands:
-        ax.legend(fontsize=7, loc="best", framealpha=0.85)
+    if cands:  # outside the axes: the cheap corner is where the eye must go
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.85)
     return _png(fig)
 
 
@@ -104,8 +104,9 @@ def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] 
         seen: dict[str, object] = {}
         for h, lab in zip(handles, labels):
             seen.setdefault(lab, h)
-        ax.legend(list(seen.values()), list(seen), fontsize=7, loc="best", framealpha=0.85)
-    ax.set_xlabel("GPUs (data parallel)")
+        ax.legend(list(seen.values()), list(seen), fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), framealpha=0.85)
+    ax.set_xlabel("GPUs (data parallel: DDP, or ZeRO/FSDP where DDP does not fit)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Predicted scaling per GPU type (band: interval; diamonds: measured)")
     ax.grid(True, which="both", alpha=0.25)

@@ -47,28 +47,28 @@ def _hours(h: float) -> str:
 
 def _row(c: Mapping[str, Any], winner_rank: int | None) -> str:
     cls = "win" if c["rank"] == winner_rank else ("" if c["meets_deadline"] else "nomeet")
-    cells = [
+    cells = [  # what decides first (hardware, cost, time, odds), how to run it after
         (c["rank"], ""), (c["provider"], "l"),
-        (f'{c["instance_type"]} × {c["nodes"]}', "l"), (c["gpus"], ""), (c["gpu"], "l"),
-        (c.get("strategy_label", c["strategy"]), "l"),
-        (f'{c["micro_batch"]} × {c["grad_accum"]}', ""), (c["precision"], "l"),
-        (c["pricing"].replace("_", "-"), "l"),
-        (f'{_hours(c["predicted_hours"])} ({_hours(c["predicted_hours_low"])}–'
-         f'{_hours(c["predicted_hours_high"])})', ""),
+        (f'{c["instance_type"]} × {c["nodes"]}', "l"), (f'{c["gpus"]} × {c["gpu"]}', "l"),
         (f'{_money(c["predicted_cost_usd"])} ({_money(c["cost_low_usd"])}–'
          f'{_money(c["cost_high_usd"])})', ""),
+        (f'{_hours(c["predicted_hours"])} ({_hours(c["predicted_hours_low"])}–'
+         f'{_hours(c["predicted_hours_high"])})', ""),
         (f'{c["p_meets_deadline"]:.0%}', ""),
+        (c["pricing"].replace("_", "-"), "l"),
+        (c.get("strategy_label", c["strategy"]), "l"),
+        (f'{c["micro_batch"]} × {c["grad_accum"]}', ""), (c["precision"], "l"),
     ]
     tds = "".join(f'<td class="{k}">{_e(v)}</td>' for v, k in cells)
     return f'<tr class="{cls}" title="{_e(c.get("why", ""))}">{tds}</tr>'
 
 
-_HEAD = ["#", "provider", "instance × nodes", "GPUs", "GPU", "strategy", "micro-batch × accum",
-         "precision", "pricing", "hours (low–high)", "cost (low–high)", "P(meets deadline)"]
+_HEAD = ["#", "provider", "instance × nodes", "GPUs", "cost (low–high)", "hours (low–high)",
+         "P(meets deadline)", "pricing", "strategy", "micro-batch × accum", "precision"]
 
 
 def _table(rows: list[Mapping[str, Any]], winner_rank: int | None, table_id: str) -> str:
-    head = "".join(f'<th class="{"l" if i in (1, 2, 4, 5, 7, 8) else ""}">{_e(h)}</th>'
+    head = "".join(f'<th class="{"l" if i in (1, 2, 3, 7, 8, 10) else ""}">{_e(h)}</th>'
                    for i, h in enumerate(_HEAD))
     body = "".join(_row(c, winner_rank) for c in rows)
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
