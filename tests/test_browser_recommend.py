@@ -204,13 +204,35 @@ def test_report_renders_table_and_charts(recommendation, tmp_path):
 
 
 def test_compare_runs_page_charts_the_candidates(server, recommendation, tmp_path):
+    """The compare-runs page of the candidate child runs: the parallel-coordinates chart
+    carries one line per candidate, with their instance types and predicted hours."""
+    from cdp import Browser
+
     r = recommendation
     runs = urllib.parse.quote(json.dumps(r["children"]))
     exps = urllib.parse.quote(json.dumps([r["exp"]]))
-    dom = _browse(f"{server}/#/compare-runs?runs={runs}&experiments={exps}", "compare-runs",
-                  tmp_path)
-    assert f"Comparing {len(r['children'])} Runs" in dom
-    assert "js-plotly-plot" in dom  # the chart rendered
-    for name in ("instance_type", "provider", "predicted_cost_usd", "p_meets_deadline"):
-        assert name in dom
-    assert r["doc"]["candidates"][0]["instance_type"] in dom
+    url = f"{server}/#/compare-runs?runs={runs}&experiments={exps}"
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with Browser(_chromium(), tmp_path / "profile-compare", width=1500, height=1300) as browser:
+        page = browser.open(url)
+        dims = page.wait_for(
+            "(() => { const d = document.querySelector('.js-plotly-plot');"
+            " return d && d.data && d.data[0] && d.data[0].dimensions"
+            " && d.data[0].dimensions.map(x => ({label: x.label, n: x.values.length,"
+            " ticks: x.ticktext || null})); })()", timeout_s=90)
+        page.evaluate("(b => b && b.click())(document.querySelector("
+                      "'[data-component-id=\"mlflow.assistant.chat_panel.close\"]'))")
+        browser.pump(1.0)
+        page.screenshot(OUTPUT / "compare-runs.png")
+        dom = page.html()
+        (OUTPUT / "compare-runs.html").write_text(dom)
+    n = len(r["children"])
+    assert f"Comparing {n} Runs" in dom
+    assert all(d["n"] == n for d in dims), dims  # one line per candidate on every axis
+    labels = {d["label"] for d in dims}
+    assert "instance_type" in labels and labels & {"predicted_hours", "predicted_cost_usd"}
+    instance_ticks = next(d["ticks"] for d in dims if d["label"] == "instance_type")
+    shown = {c["instance_type"][:10] for c in r["doc"]["candidates"][:n]}  # MLflow cuts at 10
+    assert shown == set(instance_ticks or []), (shown, instance_ticks)
+    for name in ("provider", "predicted_cost_usd", "p_meets_deadline"):
+        assert name in dom  # params and metrics tables

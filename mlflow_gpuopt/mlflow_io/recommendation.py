@@ -47,7 +47,8 @@ def _table(doc: Mapping[str, Any]) -> dict[str, list]:
     cols = ("rank", "provider", "instance_type", "nodes", "gpus", "gpu", "strategy_label",
             "micro_batch", "grad_accum", "precision", "pricing", "predicted_hours",
             "predicted_hours_low", "predicted_hours_high", "predicted_cost_usd",
-            "cost_low_usd", "cost_high_usd", "p_meets_deadline", "meets_deadline", "why")
+            "cost_low_usd", "cost_high_usd", "p_meets_deadline", "meets_deadline",
+            "cost_basis", "why")
     return {c: [row.get(c) for row in doc["candidates"]] for c in cols}
 
 
@@ -70,7 +71,7 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
     best = doc.get("winner") or doc.get("cheapest")
     name = "gpuopt-recommendation"
     if best:
-        name += f" {best['provider']}-{best['instance_type']}x{best['nodes']}"
+        name += f" {best['provider']} {best['instance_type']} ×{best['nodes']}"
     run = client.create_run(exp_id, run_name=name, tags={
         "mlflow.parentRunId": source_run_ids[0],
         "gpuopt.kind": "recommendation",
@@ -123,8 +124,8 @@ def _log_bytes(client, run_id: str, data: bytes, artifact_path: str) -> None:
 
 def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any], Metric, Param,
                RunTag) -> str:
-    name = (f"#{cand['rank']} {cand['provider']} {cand['instance_type']}x{cand['nodes']} "
-            f"{cand.get('strategy_label', cand['strategy'])} {cand['pricing']}")
+    name = (f"#{cand['rank']} {cand['provider']} {cand['instance_type']} ×{cand['nodes']} "
+            f"{cand.get('strategy_label', cand['strategy'])} {cand['pricing'].replace('_', '-')}")
     child = client.create_run(exp_id, run_name=name, tags={
         "mlflow.parentRunId": parent_id, "gpuopt.kind": "candidate"})
     cid = child.info.run_id
