@@ -266,7 +266,8 @@ def _print_human(doc, out, logged) -> None:
     from mlflow_gpuopt.recommend.explain import hours_text, money
 
     t = doc["target"]
-    deadline = f"{t['deadline_hours']:g} h" if t["deadline_hours"] else "no deadline"
+    deadline = (f"deadline {hours_text(t['deadline_hours'])}" if t["deadline_hours"]
+                else "no deadline")
     click.echo(f"Target: {t['description']} ({t['total_samples']:,.0f} samples), {deadline}, "
                f"confidence {t['confidence']:.0%}", file=out)
     if not doc["candidates"]:

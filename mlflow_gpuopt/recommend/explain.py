@@ -47,7 +47,8 @@ def hours_text(h: float) -> str:
     """'52 min', '3.4 h', '36 h'."""
     if h < 1:
         return f"{h * 60:.0f} min" if h * 60 >= 1 else "<1 min"
-    return f"{h:.1f} h" if h < 10 else f"{h:,.0f} h"
+    text = f"{h:.1f}".removesuffix(".0") if h < 10 else f"{h:,.0f}"
+    return f"{text} h"
 
 
 def seconds_text(s: float) -> str:
@@ -156,7 +157,7 @@ def one_line_why(c: Candidate, best: Candidate | None, rank: int, target: Target
                     + (f", {hours_text(best.hours - c.hours)} faster"
                        if c.hours < best.hours * 0.99 else ""))
     if not c.meets_deadline and target.deadline_hours is not None:
-        bits.append(f"P(meets {target.deadline_hours:g} h) {c.p_meets_deadline:.0%} "
+        bits.append(f"P(meets {hours_text(target.deadline_hours)}) {c.p_meets_deadline:.0%} "
                     f"< {target.confidence:.0%}")
     if c.offer.pricing == "compute_units":
         bits.append(c.cost_basis)
@@ -225,7 +226,8 @@ def _differences(win: Candidate, run: Candidate, e_win: float | None,
 def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
                    efficiency: dict[int, float | None]) -> tuple[str, ...]:
     """Lines explaining the winner; ``efficiency`` maps id(candidate) -> scaling efficiency."""
-    deadline = (f"P(done within {target.deadline_hours:g} h) = {win.p_meets_deadline:.0%}"
+    deadline = (f"P(done within {hours_text(target.deadline_hours)}) = "
+                f"{win.p_meets_deadline:.0%}"
                 if target.deadline_hours else "no deadline")
     lines = [
         f"Recommended: {describe(win)}.",

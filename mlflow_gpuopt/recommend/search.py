@@ -27,6 +27,7 @@ from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, 
 from mlflow_gpuopt.recommend.cost import evaluate
 from mlflow_gpuopt.recommend.explain import (
     explain_winner,
+    hours_text,
     launch_line,
     money,
     one_line_why,
@@ -436,10 +437,11 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
                      + "; ".join(f"{r}: {n}" for r, n in search.dropped.most_common()) + ")")
     elif winner is None:
         notes.append(
-            f"no plan meets the {target.deadline_hours:g} h deadline with "
-            f"{target.confidence:.0%} confidence; fastest: {fastest.hours:.1f} h for "
+            f"no plan meets the {hours_text(target.deadline_hours)} deadline with "
+            f"{target.confidence:.0%} confidence; fastest: {hours_text(fastest.hours)} for "
             f"{money(fastest.cost_usd)} ({fastest.offer.provider} {fastest.offer.instance_type} "
-            f"× {fastest.nodes}); cheapest: {money(cheapest.cost_usd)} in {cheapest.hours:.1f} h "
+            f"× {fastest.nodes}); cheapest: {money(cheapest.cost_usd)} in "
+            f"{hours_text(cheapest.hours)} "
             f"({cheapest.offer.provider} {cheapest.offer.instance_type} × {cheapest.nodes})")
     if winner is not None:
         runner_up = next((c for c in ranked[1:] if (c.offer.instance_type, c.nodes,

@@ -10,6 +10,7 @@ import io
 from collections.abc import Sequence
 
 from mlflow_gpuopt.perfmodel.types import Observation
+from mlflow_gpuopt.recommend.explain import hours_text
 from mlflow_gpuopt.recommend.types import Recommendation, ScalingPoint
 
 _DPI = 110
@@ -58,7 +59,7 @@ def pareto_png(rec: Recommendation) -> bytes:
                    facecolors="none", edgecolors="black", linewidths=0.9)
     if rec.target.deadline_hours:
         ax.axvline(rec.target.deadline_hours, color="crimson", linestyle="--", linewidth=1,
-                   label=f"deadline {rec.target.deadline_hours:g} h")
+                   label=f"deadline {hours_text(rec.target.deadline_hours)}")
     if rec.winner is not None:
         w = rec.winner
         ax.scatter([w.hours], [w.cost_usd], marker="*", s=260, color="gold",

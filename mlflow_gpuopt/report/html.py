@@ -78,7 +78,9 @@ def render_html(doc: Mapping[str, Any], charts: Mapping[str, bytes], *,
                 title: str = "GPU recommendation", source: str = "") -> str:
     """The report for ``doc`` (``recommend.recommendation_dict``) with PNG ``charts``."""
     t = doc["target"]
-    deadline = f'{t["deadline_hours"]:g} h' if t.get("deadline_hours") else "none"
+    from mlflow_gpuopt.recommend.explain import hours_text
+
+    deadline = hours_text(t["deadline_hours"]) if t.get("deadline_hours") else "none"
     winner = doc.get("winner")
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
