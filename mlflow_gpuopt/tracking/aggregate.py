@@ -29,7 +29,7 @@ class SteadyState:
 
 
 class StepAggregator:
-    """Consumes ``(t, samples, tokens, forwards, cuda_event)`` records in step order.
+    """Consumes ``(t, samples, tokens, forwards, cuda_event, comm)`` records in step order.
 
     Step ``i``'s time is the gap between boundaries ``i-1`` and ``i`` (step 0 starts at
     tracking start). With CUDA events, times are GPU-side and a record waits until its event
@@ -47,6 +47,11 @@ class StepAggregator:
         self.steady_samples = 0
         self.steady_tokens = 0
         self.samples_known = True
+        # communication (distributed jobs): cumulative meter totals of the last step seen, and
+        # the steady-state sums (collectives, comm_time_s, comm_bytes, exposed_s)
+        self._prev_comm: tuple = (0, 0.0, 0, 0.0)
+        self.steady_comm: list = [0, 0.0, 0, 0.0]
+        self.total_comm: tuple = (0, 0.0, 0, 0.0)
         self._prev_t = start_time_s
         self._prev_event = start_event
         self._waiting: deque = deque()
@@ -59,10 +64,12 @@ class StepAggregator:
             except IndexError:
                 break
         first = self.steps
-        duration = 0.0
+        duration = longest = 0.0
         samples = tokens = 0
+        comm_start = self._prev_comm
         while self._waiting:
-            t, s, k, _fwd, ev = self._waiting[0]
+            rec = self._waiting[0]
+            t, s, k, _fwd, ev = rec[:5]
             if ev is not None:
                 if not final and not ev.query():
                     break
@@ -75,13 +82,29 @@ class StepAggregator:
             self._waiting.popleft()
             self._prev_t = t
             self._add(dt, s, k)
+            comm = rec[5] if len(rec) > 5 else None
+            if comm is not None:
+                self._add_comm(comm)
             duration += dt
+            longest = max(longest, dt)
             samples += s
             tokens += k
         if self.steps == first:
             return None
+        c = self._prev_comm
         return StepWindow(first_step=first + 1, last_step=self.steps, steps=self.steps - first,
-                          duration_s=duration, samples=samples, tokens=tokens)
+                          duration_s=duration, samples=samples, tokens=tokens,
+                          step_time_max_s=longest, collectives=c[0] - comm_start[0],
+                          comm_time_s=c[1] - comm_start[1], comm_bytes=c[2] - comm_start[2],
+                          exposed_comm_s=c[3] - comm_start[3])
+
+    def _add_comm(self, comm: tuple) -> None:
+        """One step's communication: the difference of cumulative meter totals."""
+        prev = self._prev_comm
+        self._prev_comm = self.total_comm = comm
+        if self.steps > self.warmup_steps:
+            for i in range(4):
+                self.steady_comm[i] += comm[i] - prev[i]
 
     def _add(self, dt: float, samples: int, tokens: int) -> None:
         self.steps += 1

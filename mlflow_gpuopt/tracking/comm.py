@@ -3,7 +3,7 @@
 DDP: a communication hook that wraps the default all-reduce and timestamps each bucket's
 launch and completion. FSDP2 (``fully_shard``): timing wrappers installed through its public
 ``set_custom_all_gather`` / ``set_custom_reduce_scatter``. Both feed a :class:`CommMeter`,
-which the tracker drains once per optimizer step.
+whose cumulative totals the step clock stamps on each optimizer step's record.
 
 Exposed communication is estimated as the tail after the last collective was launched: DDP
 launches a bucket's all-reduce as soon as its gradients are ready, so the last launch marks
@@ -34,24 +34,30 @@ class CommTotals:
 
 
 class CommMeter:
-    """Thread-safe accumulator; collectives complete on communication threads."""
+    """Thread-safe accumulator; collectives complete on communication threads.
+
+    Totals are cumulative since construction. The training thread closes each step with
+    :meth:`end_step` (one lock, one tuple: the step hook stays cheap), which adds that step's
+    exposed tail to the cumulative exposed time and returns the cumulative totals; per-step
+    figures are differences of successive totals, computed off the training thread.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._reset()
-
-    def _reset(self) -> None:
         self._count = 0
         self._time_s = 0.0
         self._bytes = 0
-        self._last_launch = 0.0
-        self._last_end = 0.0
+        self._exposed_s = 0.0
+        self._last_launch = 0.0  # this step's latest launch (0 = none yet)
+        self._last_end = 0.0  # this step's latest completion
+        self._taken = (0, 0.0, 0, 0.0)
 
     def launched(self) -> float:
         """Note a launch; returns its timestamp for :meth:`completed`."""
         now = time.perf_counter()
         with self._lock:
-            self._last_launch = max(self._last_launch, now)
+            if now > self._last_launch:
+                self._last_launch = now
         return now
 
     def completed(self, launched_at: float, nbytes: int) -> None:
@@ -60,15 +66,28 @@ class CommMeter:
             self._count += 1
             self._time_s += now - launched_at
             self._bytes += int(nbytes)
-            self._last_end = max(self._last_end, now)
+            if now > self._last_end:
+                self._last_end = now
+
+    def end_step(self) -> tuple[int, float, int, float]:
+        """Close a step: ``(collectives, comm_time_s, comm_bytes, exposed_s)``, cumulative."""
+        with self._lock:
+            if self._last_launch and self._last_end > self._last_launch:
+                self._exposed_s += self._last_end - self._last_launch
+            self._last_launch = self._last_end = 0.0
+            return (self._count, self._time_s, self._bytes, self._exposed_s)
+
+    def totals(self) -> tuple[int, float, int, float]:
+        """Cumulative ``(collectives, comm_time_s, comm_bytes, exposed_s)`` of closed steps
+        plus whatever completed since (without closing the step)."""
+        with self._lock:
+            return (self._count, self._time_s, self._bytes, self._exposed_s)
 
     def take(self) -> CommTotals:
-        """Totals since the previous call, and start a new interval."""
-        with self._lock:
-            exposed = max(0.0, self._last_end - self._last_launch) if self._count else 0.0
-            totals = CommTotals(self._count, self._time_s, self._bytes, exposed)
-            self._reset()
-        return totals
+        """Totals since the previous ``take()`` (closes the current step)."""
+        now = self.end_step()
+        prev, self._taken = self._taken, now
+        return CommTotals(now[0] - prev[0], now[1] - prev[1], now[2] - prev[2], now[3] - prev[3])
 
 
 def _nbytes(tensor) -> int:

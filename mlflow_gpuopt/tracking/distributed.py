@@ -1,9 +1,10 @@
-"""Which process of a (possibly distributed) job this is, and how per-rank figures combine.
+"""Which process of a (possibly distributed) job this is, and the per-step window record.
 
-Single process today: ``DistributedContext.from_env()`` reads torchrun's ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``. :func:`combine_window` is the one
-place where per-step records of all ranks would be aggregated before logging; for one
-process it returns its input.
+``DistributedContext.from_env()`` reads torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node's rank) and ``GROUP_WORLD_SIZE`` (nodes), and
+prefers ``torch.distributed``'s rank and world size when a process group is initialised.
+A single process's window is logged as it is (:func:`combine_window`); the ranks of a
+distributed job are combined on rank 0 from gathered reports (:mod:`.rank_rows`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ class DistributedContext:
     local_rank: int = 0
     local_world_size: int = 1  # processes on this node
     strategy: str = "single"  # single|ddp|fsdp|zero1|zero2|zero3|pp|tp
+    node_rank: int = 0  # torchrun's GROUP_RANK
+    node_count: int | None = None  # torchrun's GROUP_WORLD_SIZE, when the launcher says it
 
     @property
     def nodes(self) -> int:
+        if self.node_count:
+            return self.node_count
         return max(1, -(-self.world_size // max(1, self.local_world_size)))
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
 
     @property
     def is_logging_rank(self) -> bool:
@@ -44,10 +53,32 @@ class DistributedContext:
                 return default
 
         world = max(1, _int("WORLD_SIZE", 1))
+        rank = _int("RANK", 0)
+        if env is os.environ:  # the live process: an initialised process group wins
+            rank, world = _torch_rank(rank, world)
         local_world = max(1, _int("LOCAL_WORLD_SIZE", world))
-        return cls(rank=_int("RANK", 0), world_size=world, local_rank=_int("LOCAL_RANK", 0),
+        nodes = _int("GROUP_WORLD_SIZE", 0)
+        return cls(rank=rank, world_size=world, local_rank=_int("LOCAL_RANK", 0),
                    local_world_size=local_world,
-                   strategy=strategy or ("single" if world == 1 else "ddp"))
+                   strategy=strategy or ("single" if world == 1 else "ddp"),
+                   node_rank=max(0, _int("GROUP_RANK", 0)), node_count=nodes if nodes > 0 else None)
+
+
+def _torch_rank(rank: int, world: int) -> tuple[int, int]:
+    """``torch.distributed``'s rank and world size if a group is initialised (and torch is
+    already imported: this never imports it)."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return rank, world
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - fall back to the launcher's environment
+        pass
+    return rank, world
 
 
 @dataclass(frozen=True)
@@ -60,6 +91,11 @@ class StepWindow:
     duration_s: float  # sum of the step times in the window
     samples: int  # samples processed in the window (0 = unknown)
     tokens: int
+    step_time_max_s: float = 0.0  # the window's slowest step
+    collectives: int = 0  # communication of the window's steps (distributed jobs)
+    comm_time_s: float = 0.0  # sum of collective launch -> completion times
+    comm_bytes: int = 0  # payload bytes this rank sent into collectives
+    exposed_comm_s: float = 0.0  # communication the steps waited on (not hidden by compute)
 
 
 def combine_window(ctx: DistributedContext, window: StepWindow) -> StepWindow:

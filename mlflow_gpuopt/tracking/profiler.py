@@ -133,6 +133,16 @@ def optimizer_state_bytes_per_param(optimizer: Any) -> float | None:
     return state_bytes / n_params if n_params else None
 
 
+def _storage_ptr(t: Any) -> int | None:
+    """Address of a tensor's storage; ``None`` for storage it cannot show (FSDP2's freed
+    unsharded parameters, DTensors, tensor subclasses)."""
+    try:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return local.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - not measurable: leave it out
+        return None
+
+
 def first_tensor(args: tuple, kwargs: dict | None) -> Any:
     """The batch tensor of a forward call: first tensor positional arg, else first tensor kwarg."""
     import torch
@@ -182,7 +192,7 @@ class WorkloadProfiler:
             self._forward_batch = int(batch.shape[0])
             if batch.dim() == 2 and not batch.is_floating_point():
                 self.tokens_per_sample = int(batch.shape[1])  # token ids (batch, sequence)
-        self._param_storages = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        self._param_storages = {ptr for ptr in map(_storage_ptr, self.model.parameters()) if ptr}
         self._saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_ctx.__enter__()
         if device_type == "cuda":

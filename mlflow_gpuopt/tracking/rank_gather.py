@@ -26,15 +26,15 @@ class RankGatherer:
 
     Args:
         width: floats per rank (the caller's layout; a done flag is appended).
-        collect: called on this rank's gatherer thread each round; returns ``width`` floats
-            (the interval's deltas).
+        collect: called on this rank's gatherer thread each round with ``final`` (this rank
+            has stopped: the last report); returns ``width`` floats.
         on_round: rank 0 only; receives one row per rank (``width`` floats each).
         interval_s: seconds between rounds.
         timeout_s: a rank that stops answering for this long ends the gathering with a
             warning instead of hanging the job.
     """
 
-    def __init__(self, width: int, collect: Callable[[], Sequence[float]],
+    def __init__(self, width: int, collect: Callable[[bool], Sequence[float]],
                  on_round: Callable[[list[list[float]]], None] | None,
                  interval_s: float = 1.0, timeout_s: float = 120.0) -> None:
         import torch.distributed as dist
@@ -58,7 +58,7 @@ class RankGatherer:
         import torch
         import torch.distributed as dist
 
-        values = list(self._collect())
+        values = list(self._collect(done))
         if len(values) != self._width:
             raise ValueError(f"collect() gave {len(values)} values, expected {self._width}")
         local = torch.tensor([*values, 1.0 if done else 0.0], dtype=torch.float64)

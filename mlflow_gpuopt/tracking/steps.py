@@ -1,7 +1,8 @@
 """The step clock: the only tracking code on the training thread's hot path.
 
-Each training step appends one tuple ``(perf_counter_s, samples, tokens, forwards, cuda_event)``
-to a bounded deque; everything else (step times, quantiles, throughput) is computed by the
+Each training step appends one tuple ``(perf_counter_s, samples, tokens, forwards, cuda_event,
+comm)`` to a bounded deque (``comm``: the :class:`~.comm.CommMeter`'s cumulative totals in a
+distributed job, else ``None``); everything else (step times, quantiles, throughput) is computed by the
 sampler thread from that deque. A step is an optimizer step (global post-hook) or a manual
 ``mark()`` — once ``mark()`` is called, it is the only step clock. Any exception in a hook
 switches the clock off (one warning) and training goes on with a hook that returns at once.
@@ -24,8 +25,10 @@ class StepClock:
 
     def __init__(self, optimizer: Any = None, profiler: WorkloadProfiler | None = None,
                  profile_step: int = 1, cuda_events: bool = False, maxlen: int = 1_000_000,
-                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
+                 on_error: Callable[[str, BaseException], None] | None = None,
+                 comm_meter: Any = None) -> None:
         self.records: deque = deque(maxlen=maxlen)
+        self._comm_step = comm_meter.end_step if comm_meter is not None else None
         self.optimizer = optimizer
         self.profiler = profiler
         self.profile_step = profile_step if profiler is not None else -1
@@ -134,7 +137,8 @@ class StepClock:
                 ev.record()
             s = samples or self.pending_samples
             k = tokens or self.pending_tokens
-            self.records.append((t, s, k, self.pending_forwards, ev))
+            comm = self._comm_step() if self._comm_step is not None else None
+            self.records.append((t, s, k, self.pending_forwards, ev, comm))
             self.last_step_samples = s
             self.last_step_forwards = self.pending_forwards
             self.pending_samples = self.pending_tokens = self.pending_forwards = 0

@@ -3,6 +3,9 @@
 The façade only wires parts together: a :class:`StepClock` on the training thread (hooks),
 a :class:`Sampler` thread that turns step records and device readings into metrics, a
 :class:`WorkloadProfiler` run once on a real step, and :class:`RunWriter` for MLflow.
+Under torchrun (``WORLD_SIZE`` > 1) a :class:`~.job.JobTracking` times the model's
+collectives and its gatherer thread brings every rank's figures to rank 0 — the only rank
+that opens a run or touches MLflow — which logs the job as one run.
 Nothing in here may break training: every failure becomes one warning.
 """
 
@@ -60,9 +63,15 @@ class Tracker:
         self._hw: Any = None
         self._device = "cpu"
         self._device_count = 0
+        self._dist = DistributedContext()
+        self._gpu_ids: list[int] = []  # node-local indices of the sampled GPUs
+        self._job: Any = None  # JobTracking in a distributed job
+        self._job_params: dict[str, Any] | None = None
+        self._first_step_handle: Any = None
         self._profile_params_logged = False
         self._started = False
         self._stopped = False
+        self._stopped_logging = False  # set at close: a late gatherer round logs nothing
 
     # -- public --------------------------------------------------------------------------------
     def start(self) -> Tracker:
@@ -84,6 +93,8 @@ class Tracker:
         clock = self._clock
         if clock is not None:
             clock.mark(samples, tokens)
+            if self._first_step_handle is not None:
+                self._start_gatherer()
 
     def stop(self, failed: bool = False) -> TrackSummary | None:
         """Stop, log the summary and profile, flush, end the run if it was started here.
@@ -124,21 +135,27 @@ class Tracker:
         self._device_count = len(gpus)
         self._device = gpus.name(0) if len(gpus) else "cpu"
         self._hw = HardwareReader(gpus, get_host(), cuda_indices, warn=self._warn)
-        if self._dist.is_logging_rank:
+        if self._dist.is_distributed:
+            from mlflow_gpuopt.tracking.job import JobTracking
+
+            self._job = JobTracking(self._dist, self.model, cfg.strategy, self._gpu_ids,
+                                    cfg.interval_s)
+        if self._dist.is_logging_rank:  # other ranks never touch MLflow
             self._open_run()
-        self._log_params({
-            "gpuopt.device": self._device,
-            "gpuopt.device_count": self._device_count,
-            "gpuopt.nodes": self._dist.nodes,
-            "gpuopt.world_size": self._dist.world_size,
-            "gpuopt.strategy": self._dist.strategy,
-            "gpuopt.gpu_backend": gpus.backend,
-        })
+        params: dict[str, Any] = {"gpuopt.device": self._device, "gpuopt.gpu_backend": gpus.backend}
+        if self._job is None:  # a job's layout is logged once the ranks have reported
+            params.update({"gpuopt.device_count": self._device_count,
+                           "gpuopt.nodes": self._dist.nodes,
+                           "gpuopt.world_size": self._dist.world_size,
+                           "gpuopt.strategy": self._dist.strategy})
+        self._log_params(params)
         profiler = (WorkloadProfiler(self.model, self.optimizer, cfg.name)
-                    if cfg.profile and self.model is not None else None)
+                    if cfg.profile and self.model is not None and self._dist.is_logging_rank
+                    else None)
         self._clock = StepClock(self.optimizer, profiler, cfg.profile_step,
                                 cuda_events=bool(cuda_indices), maxlen=cfg.max_step_records,
-                                on_error=self._hook_error)
+                                on_error=self._hook_error,
+                                comm_meter=self._job.meter if self._job is not None else None)
         self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps, self._clock.start_event)
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
         if self.model is not None:
@@ -150,7 +167,81 @@ class Tracker:
         except Exception as exc:
             self._warn("tick", "hardware sampling failed: %s", exc)
         self._sampler = Sampler(self._tick, cfg.interval_s, warn=self._warn)
-        self._sampler.start()
+        if self._job is None:
+            self._sampler.start()
+            return
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self._start_gatherer()
+        else:  # the gatherer's group is made at the first step, which every rank reaches
+            self._first_step_handle = register_optimizer_step_post_hook(self._on_first_step)
+            self._handles.append(self._first_step_handle)
+
+    # -- distributed job -----------------------------------------------------------------------
+    def _on_first_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if self.optimizer is not None and optimizer is not self.optimizer:
+            return
+        if self._clock is not None and self._clock.manual:
+            return
+        self._start_gatherer()
+
+    def _start_gatherer(self) -> None:
+        """Create the rank gatherer (a collective: every rank, main thread, same point);
+        without a process group, fall back to this rank's own sampler."""
+        handle, self._first_step_handle = self._first_step_handle, None
+        if handle is not None:
+            try:
+                handle.remove()
+            except Exception as exc:
+                self._warn("unhook", "could not remove a hook: %s", exc)
+        job = self._job
+        if job is None or not job.pending:
+            return
+        try:
+            started = job.start_gatherer(self._collect_row, self._on_round)
+        except Exception as exc:
+            self._warn("gather", "cannot gather other ranks' figures: %s", exc)
+            started = False
+        if not started:
+            self._warn("gather", "no torch.distributed process group: rank %d logs only "
+                       "its own figures", self._dist.rank)
+            self._sampler.start()
+
+    def _collect_row(self, final: bool) -> list[float]:
+        """This rank's report for one gathering round (gatherer thread; never raises)."""
+        from mlflow_gpuopt.tracking.rank_rows import RankReport, encode
+
+        try:
+            self._tick(final=final)
+        except Exception as exc:
+            self._warn("tick", "hardware sampling failed: %s", exc)
+        try:
+            return self._job.row(self._agg, self._hw, self._peak_memory())
+        except Exception as exc:
+            self._warn("row", "could not build this rank's report: %s", exc)
+            d = self._dist
+            return encode(RankReport(d.rank, d.node_rank, d.local_rank,
+                                     steps_total=self._agg.steps if self._agg else 0))
+
+    def _on_round(self, rows: list[list[float]]) -> None:
+        """Rank 0: one round of every rank's reports becomes the job's metrics."""
+        job = self._job
+        metrics = job.combiner.add_round(rows)
+        if self._job_params is None:
+            self._log_job_params()
+        if self._writer is not None and metrics and not self._stopped_logging:
+            self._writer.log_metrics(metrics, step=job.combiner.step)
+
+    def _log_job_params(self) -> None:
+        try:
+            self._job_params = self._job.params()
+        except Exception as exc:
+            self._warn("layout", "could not read the job layout: %s", exc)
+            d = self._dist
+            self._job_params = {"gpuopt.strategy": self._job.strategy,
+                                "gpuopt.world_size": d.world_size, "gpuopt.nodes": d.nodes}
+        self._log_params(self._job_params)
 
     def _select_gpus(self) -> tuple[Any, list[int]]:
         """The GPUs this process uses, and those of them torch.cuda holds the model on."""
@@ -175,8 +266,10 @@ class Tracker:
         elif self._dist.world_size > 1:
             indices = [self._dist.local_rank]
         else:
+            self._gpu_ids = list(range(len(gpus)))
             return gpus, []
-        return gpus.select([i for i in indices if i < len(gpus)]), model_cuda
+        self._gpu_ids = [i for i in indices if i < len(gpus)]
+        return gpus.select(self._gpu_ids), model_cuda
 
     def _open_run(self) -> None:
         from mlflow_gpuopt.tracking.runs import bind_run
@@ -216,6 +309,12 @@ class Tracker:
             except Exception as exc:
                 self._warn("steps", "step timing failed: %s", exc)
                 window = None
+            hw = self._hw.read()
+            job = self._job
+            if job is not None:
+                job.add(window, hw)  # the gatherer reports it; rank 0 logs the job's view
+                if job.gatherer is not None:
+                    window = None
             if window is not None:
                 window = combine_window(self._dist, window)
                 metrics["gpuopt/step_time_s"] = window.duration_s / window.steps
@@ -223,9 +322,9 @@ class Tracker:
                     metrics["gpuopt/throughput_samples_per_s"] = window.samples / window.duration_s
                 if window.duration_s > 0 and window.tokens > 0:
                     metrics["gpuopt/throughput_tokens_per_s"] = window.tokens / window.duration_s
-            metrics.update(self._hw.read())
+            metrics.update(hw)
             self._maybe_log_profile_params()
-            if self._writer is not None and metrics:
+            if self._writer is not None and metrics and not self._stopped_logging:
                 self._writer.log_metrics(metrics, step=self._agg.steps)
         finally:
             self._lock.release()
@@ -291,7 +390,18 @@ class Tracker:
             clock.profiler.abort()  # the profiled step never finished
         if self._sampler is not None:
             self._sampler.stop()
+        job = self._job
+        if job is not None and job.gatherer is not None:
+            # the last round carries every rank's final figures (waits for all ranks to stop)
+            if not job.stop(timeout_s=max(30.0, 3 * self.config.interval_s)):
+                self._warn("gather", "not every rank reported at the end; the run's job "
+                           "figures may miss the last interval")
         self._tick(final=True)  # the end sample, and every step not yet read
+        if not self._dist.is_logging_rank:
+            self.summary = self._summarize()  # this rank's own view; nothing is logged
+            return
+        if job is not None and self._job_params is None:
+            self._log_job_params()
         if not self._profile_params_logged:
             self._profile_params_logged = True
             if self.model is not None and clock.profiler is not None:
@@ -304,7 +414,12 @@ class Tracker:
             self._log_profile_params(self.profile)
         self.summary = self._summarize()
         if self._writer is not None:
-            self._writer.log_metrics(self.summary.metrics(), step=self._agg.steps)
+            metrics = self.summary.metrics()
+            step = self._agg.steps
+            if job is not None and job.gathered:
+                metrics.update(job.combiner.summary())
+                step = max(step, job.combiner.step)
+            self._writer.log_metrics(metrics, step=step)
             if self.profile is not None:
                 self._writer.log_dict(self.profile.to_json(self._hardware()), PROFILE_ARTIFACT)
         if self.config.print_summary:
@@ -320,33 +435,72 @@ class Tracker:
             hw = {}
         hw.update({"device": self._device, "device_count": self._device_count,
                    "world_size": self._dist.world_size, "nodes": self._dist.nodes})
+        if self._job_params:  # a distributed job: its layout as the ranks reported it
+            hw.update({k.split(".", 1)[1]: v for k, v in self._job_params.items()})
         return hw
 
-    def _summarize(self) -> TrackSummary:
-        from mlflow_gpuopt.tracking.peaks import peak_flops_per_s
-
-        steady = self._agg.steady_state()
-        p = self.profile
-        mfu = None
-        if (p is not None and p.flops_per_sample and steady.throughput_samples_per_s
-                and self._device_count):
-            peak = peak_flops_per_s(self._device, p.precision)
-            if peak:
-                mfu = p.flops_per_sample * steady.throughput_samples_per_s / (peak * self._device_count)
+    def _peak_memory(self) -> float | None:
+        """This process's peak memory (see :meth:`HardwareReader.peak_memory_bytes`)."""
         hw = self._hw
         peak = hw.peak_memory_bytes()
-        profiler = self._clock.profiler
+        profiler = self._clock.profiler if self._clock is not None else None
         before_reset = getattr(profiler, "peak_reserved_before_reset_bytes", None)
         if before_reset is not None and hw.peak_torch_reserved_bytes is not None:
             peak = max(peak or 0.0, before_reset)
+        return peak
+
+    def _summarize(self) -> TrackSummary:
+        """This process's summary; on rank 0 of a job whose ranks reported, the job's."""
+        from mlflow_gpuopt.tracking.peaks import peak_flops_per_s
+
+        steady = self._agg.steady_state()
+        hw = self._hw
+        peak = self._peak_memory()
+        device_count = self._device_count
+        energy = hw.energy_joules
+        util = hw.util_sum / hw.util_n if hw.util_n else None
+        job = self._job
+        if job is not None and job.gathered and self._dist.is_logging_rank:
+            steady, peak, energy, util, device_count = self._job_summary(steady, peak, energy, util)
+        p = self.profile
+        mfu = None
+        if (p is not None and p.flops_per_sample and steady.throughput_samples_per_s
+                and device_count):
+            peak_flops = peak_flops_per_s(self._device, p.precision)
+            if peak_flops:
+                mfu = p.flops_per_sample * steady.throughput_samples_per_s / (peak_flops * device_count)
         return TrackSummary(
-            run_id=self.run_id, device=self._device, device_count=self._device_count,
+            run_id=self.run_id, device=self._device, device_count=device_count,
             total_steps=self._agg.steps, steady=steady, peak_memory_bytes=peak,
             mfu=mfu, flops_per_sample=p.flops_per_sample if p else None,
-            params=p.params if p else None, energy_joules=hw.energy_joules,
-            gpu_utilization_mean_percent=hw.util_sum / hw.util_n if hw.util_n else None)
+            params=p.params if p else None, energy_joules=energy,
+            gpu_utilization_mean_percent=util)
+
+    def _job_summary(self, steady: Any, peak: Any, energy: Any, util: Any) -> tuple:
+        """The job's steady state from every rank's last report (rank 0)."""
+        from dataclasses import replace
+
+        job = self._job
+        m = job.combiner.summary()
+        layout = job.combiner.layout()
+
+        def g(name: str, default: Any) -> Any:
+            return m.get("gpuopt/summary/" + name, default)
+
+        steady = replace(
+            steady,
+            throughput_samples_per_s=g("throughput_samples_per_s", None),
+            throughput_tokens_per_s=g("throughput_tokens_per_s", None),
+            throughput_steps_per_s=g("throughput_steps_per_s", steady.throughput_steps_per_s),
+            step_time_mean_s=g("step_time_mean_s", steady.step_time_mean_s),
+            step_time_p50_s=g("step_time_p50_s", steady.step_time_p50_s),
+            step_time_p90_s=g("step_time_p90_s", steady.step_time_p90_s))
+        return (steady, g("peak_memory_bytes", peak), g("energy_joules", energy),
+                g("gpu_utilization_percent", util),
+                layout.device_count if layout is not None else self._device_count)
 
     def _close(self, failed: bool) -> None:
+        self._stopped_logging = True
         if self._writer is not None:
             try:
                 self._writer.close(timeout_s=self.config.flush_timeout_s)  # warns itself

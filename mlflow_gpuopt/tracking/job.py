@@ -1,0 +1,245 @@
+"""The distributed half of tracking: what every rank of a torchrun job runs beside training.
+
+:class:`JobTracking` owns the communication meter attached to the model (:mod:`.comm`), the
+:class:`~.rank_gather.RankGatherer` that brings every rank's :class:`~.rank_rows.RankReport`
+to rank 0 once per interval, and — on rank 0 only — the :class:`~.rank_rows.JobCombiner`
+whose metrics the tracker logs. Nothing here runs on the training thread except the one-off
+gatherer creation (a collective, at ``track()`` start or at the first step).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from mlflow_gpuopt.tracking.distributed import DistributedContext, StepWindow
+from mlflow_gpuopt.tracking.rank_rows import WIDTH, GpuReading, JobCombiner, RankReport, encode
+
+logger = logging.getLogger(__name__)
+
+_GPU_METRICS = ("utilization_percent", "memory_used_bytes", "power_watts")
+
+
+class JobTracking:
+    """Per-rank state of a distributed job's tracking.
+
+    Args:
+        ctx: this process's place in the job.
+        model: the model given to ``track()``; DDP / FSDP2 models get communication timing.
+        strategy: ``TrackConfig.strategy`` (wins over what is detected), or ``None``.
+        gpu_ids: node-local indices of the GPUs this rank samples (``gpu_<i>`` in the run).
+        interval_s: seconds between gathering rounds.
+    """
+
+    def __init__(self, ctx: DistributedContext, model: Any, strategy: str | None,
+                 gpu_ids: list[int], interval_s: float) -> None:
+        from mlflow_gpuopt.tracking.comm import CommMeter, instrument
+
+        self.ctx = ctx
+        self.meter = CommMeter()
+        detected = instrument(model, self.meter) if model is not None else "single"
+        self.strategy = strategy or (detected if detected != "single" else ctx.strategy)
+        self.gpu_ids = list(gpu_ids)
+        self.interval_s = interval_s
+        self.combiner = JobCombiner() if ctx.is_logging_rank else None
+        self.gatherer: Any = None
+        self.pending = True  # the gatherer is still to be created
+        self.failed = False
+        # interval accumulation on this rank (several ticks may fall in one round)
+        self._window: dict[str, float] = {}
+        self._hw: dict[str, float] = {}
+        self._cpu_t = (time.perf_counter(), time.process_time())
+
+    # -- the gatherer --------------------------------------------------------------------------
+    def start_gatherer(self, collect: Callable[[bool], list[float]],
+                       on_round: Callable[[list[list[float]]], None]) -> bool:
+        """Create and start the gatherer (collective: every rank at the same point, main
+        thread). Returns False when no process group is initialised."""
+        import torch.distributed as dist
+
+        self.pending = False
+        if not (dist.is_available() and dist.is_initialized()):
+            return False
+        from mlflow_gpuopt.tracking.rank_gather import RankGatherer
+
+        self.gatherer = RankGatherer(WIDTH, collect, on_round if self.combiner else None,
+                                     interval_s=self.interval_s,
+                                     timeout_s=max(120.0, 10 * self.interval_s))
+        self.gatherer.start()
+        return True
+
+    def stop(self, timeout_s: float) -> bool:
+        """Last round and join; False if peers did not answer in time (or no gatherer)."""
+        if self.gatherer is None:
+            return False
+        ok = self.gatherer.stop(timeout_s)
+        self.failed = self.failed or not ok
+        return ok
+
+    @property
+    def gathered(self) -> bool:
+        """At least one round reached rank 0."""
+        return self.combiner is not None and self.combiner.rounds > 0
+
+    # -- this rank's report --------------------------------------------------------------------
+    def add(self, window: StepWindow | None, hw: dict[str, float]) -> None:
+        """One tick's step window and hardware reading, added to the current interval."""
+        if window is not None:
+            w = self._window
+            for name in ("steps", "samples", "tokens", "collectives", "comm_bytes"):
+                w[name] = w.get(name, 0) + getattr(window, name)
+            w["step_time_sum_s"] = w.get("step_time_sum_s", 0.0) + window.duration_s
+            w["comm_time_s"] = w.get("comm_time_s", 0.0) + window.comm_time_s
+            w["exposed_comm_s"] = w.get("exposed_comm_s", 0.0) + window.exposed_comm_s
+            w["step_time_max_s"] = max(w.get("step_time_max_s", 0.0), window.step_time_max_s)
+        if hw:
+            self._hw = hw
+
+    def report(self, agg: Any, hw_reader: Any, peak_memory_bytes: float | None) -> RankReport:
+        """This rank's report for the round; resets the interval."""
+        steady = agg.steady_state()
+        if agg.hist.count:  # communication over the steady steps
+            comm_steps, comm_time = agg.hist.count, agg.steady_time_s
+            comm = agg.steady_comm
+        else:  # too short for a steady state: all steps
+            comm_steps = agg.steps
+            comm_time = sum(agg.warmup_times)
+            comm = agg.total_comm
+        now = (time.perf_counter(), time.process_time())
+        wall = now[0] - self._cpu_t[0]
+        cpu = 100.0 * (now[1] - self._cpu_t[1]) / wall if wall > 0 else float("nan")
+        self._cpu_t = now
+        w, self._window = self._window, {}
+        hw = self._hw
+        nan = float("nan")
+
+        def _opt(v: Any) -> float:
+            return float(v) if v is not None else nan
+
+        gpus = []
+        for j, gpu_id in enumerate(self.gpu_ids):
+            vals = [hw.get(f"gpuopt/gpu_{j}_{name}", nan) for name in _GPU_METRICS]
+            gpus.append(GpuReading(gpu_id, *vals))
+        return RankReport(
+            rank=self.ctx.rank, node_rank=self.ctx.node_rank, local_rank=self.ctx.local_rank,
+            steps_total=agg.steps, steps=int(w.get("steps", 0)), samples=int(w.get("samples", 0)),
+            tokens=int(w.get("tokens", 0)), step_time_sum_s=w.get("step_time_sum_s", 0.0),
+            step_time_max_s=w.get("step_time_max_s", 0.0),
+            collectives=int(w.get("collectives", 0)), comm_time_s=w.get("comm_time_s", 0.0),
+            comm_bytes=float(w.get("comm_bytes", 0)), exposed_comm_s=w.get("exposed_comm_s", 0.0),
+            steady_steps=steady.steps,
+            steady_throughput_samples_per_s=_opt(steady.throughput_samples_per_s),
+            steady_throughput_tokens_per_s=_opt(steady.throughput_tokens_per_s),
+            steady_throughput_steps_per_s=_opt(steady.throughput_steps_per_s),
+            steady_step_time_mean_s=_opt(steady.step_time_mean_s),
+            steady_step_time_p50_s=_opt(steady.step_time_p50_s),
+            steady_step_time_p90_s=_opt(steady.step_time_p90_s),
+            comm_steps=int(comm_steps), comm_step_time_s=float(comm_time),
+            comm_collectives=int(comm[0]), comm_time_total_s=float(comm[1]),
+            comm_bytes_total=float(comm[2]), comm_exposed_total_s=float(comm[3]),
+            process_cpu_percent=cpu, process_rss_bytes=hw.get("gpuopt/process_rss_bytes", nan),
+            cpu_utilization_percent=hw.get("gpuopt/cpu_utilization_percent", nan),
+            host_memory_used_bytes=hw.get("gpuopt/host_memory_used_bytes", nan),
+            peak_memory_bytes=_opt(peak_memory_bytes),
+            energy_joules=_opt(hw_reader.energy_joules if hw_reader is not None else None),
+            gpus=tuple(gpus))
+
+    def row(self, agg: Any, hw_reader: Any, peak_memory_bytes: float | None) -> list[float]:
+        return encode(self.report(agg, hw_reader, peak_memory_bytes))
+
+    # -- layout params (rank 0) ----------------------------------------------------------------
+    def params(self) -> dict[str, Any]:
+        """``gpuopt.*`` layout params from the gathered reports (the launcher's environment
+        when no round has come back)."""
+        layout = self.combiner.layout() if self.combiner is not None else None
+        if layout is not None:
+            world, nodes = layout.world_size, layout.nodes
+            per_node, count = layout.gpus_per_node, layout.device_count
+        else:
+            world, nodes = self.ctx.world_size, self.ctx.nodes
+            per_node = len(self.gpu_ids) * self.ctx.local_world_size
+            count = per_node * nodes
+        return {"gpuopt.strategy": self.strategy, "gpuopt.world_size": world,
+                "gpuopt.nodes": nodes, "gpuopt.gpus_per_node": per_node,
+                "gpuopt.device_count": count, "gpuopt.backend": backend(),
+                "gpuopt.interconnect": interconnect(self.gpu_ids, per_node, nodes)}
+
+
+def backend() -> str:
+    """The default process group's backend (``nccl``, ``gloo``, …) or ``none``."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return str(dist.get_backend())
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("gpuopt: no process group backend: %s", exc)
+    return "none"
+
+
+def _loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def interconnect(gpu_ids: list[int], gpus_per_node: int, nodes: int) -> str:
+    """What links the ranks, as far as this process can see it.
+
+    Inside a node: ``nvlink`` when NVML reports an active NVLink on this rank's GPU, else
+    ``pcie`` (several GPUs), or ``loopback`` (CPU ranks on one host). Between nodes:
+    ``+network`` for GPU nodes (NCCL picks the fabric; not inspected), ``gloo-tcp`` for CPU
+    nodes, with ``(loopback)`` when the rendezvous address is this host.
+    """
+    if gpus_per_node <= 0:  # CPU ranks
+        if nodes <= 1:
+            return "loopback"
+        return "gloo-tcp (loopback)" if _loopback(os.environ.get("MASTER_ADDR")) else "gloo-tcp"
+    intra = "single-gpu" if gpus_per_node == 1 else ("nvlink" if _nvlink_active(gpu_ids) else "pcie")
+    return intra if nodes <= 1 else f"{intra}+network"
+
+
+def _nvlink_active(gpu_ids: list[int]) -> bool:
+    """Does NVML report an active NVLink on any of ``gpu_ids`` (NVML's physical indices)?"""
+    try:
+        import pynvml
+    except Exception:  # noqa: BLE001 - no NVML: nothing seen
+        return False
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001
+        return False
+    try:
+        links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        for gpu in gpu_ids or [0]:
+            index = gpu
+            if visible:
+                try:
+                    index = int(visible.split(",")[gpu])
+                except (ValueError, IndexError):
+                    continue  # UUIDs / MIG: not mapped here
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except Exception:  # noqa: BLE001
+                continue
+            for link in range(links):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                        return True
+                except Exception:  # noqa: BLE001 - link absent / not supported
+                    continue
+        return False
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
