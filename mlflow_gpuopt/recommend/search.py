@@ -302,15 +302,44 @@ def collapse_dominated(ranked: Sequence[Candidate],
     return tuple(out), dropped
 
 
+def fastest_plan(cands: Sequence[Candidate]) -> Candidate | None:
+    """The cheapest plan within 5 % of the shortest predicted time.
+
+    Predictions carry tens of percent of uncertainty, so a plan 1 % faster for ten times the
+    money is not "the fastest option" a person wants to see; the cheapest of the plans the
+    model cannot tell apart on time is.
+    """
+    if not cands:
+        return None
+    quickest = min(c.hours for c in cands)
+    return min((c for c in cands if c.hours <= quickest * _SAME_SPEED),
+               key=lambda c: (c.cost_usd, c.hours))
+
+
 def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
-    """Plans no other plan beats on both predicted hours and expected cost, fastest first."""
-    front: list[Candidate] = []
+    """The cost-vs-time frontier, fastest first, thinned so each step buys real speed.
+
+    A plan is on it when no other plan is both faster and cheaper; walking from the
+    cheapest, a plan is kept only when it is more than 5 % faster than the last one kept
+    (smaller steps are inside the prediction's interval), and :func:`fastest_plan` always
+    ends it. Every plan on it is on the strict frontier.
+    """
+    strict: list[Candidate] = []
     best_cost = math.inf
     for c in sorted(cands, key=lambda c: (c.hours, c.cost_usd)):
         if c.cost_usd < best_cost - 1e-9:
-            front.append(c)
+            strict.append(c)
             best_cost = c.cost_usd
-    return tuple(front)
+    if not strict:
+        return ()
+    kept = [strict[-1]]  # the cheapest
+    for c in reversed(strict[:-1]):
+        if c.hours * _SAME_SPEED < kept[-1].hours:
+            kept.append(c)
+    fastest = fastest_plan(cands)
+    if fastest is not None and all(fastest is not c for c in kept):
+        kept.append(fastest)
+    return tuple(sorted(kept, key=lambda c: (c.hours, c.cost_usd)))
 
 
 def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int,
@@ -422,11 +451,12 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         if k not in best or _rank_key(c) < _rank_key(best[k]):
             best[k] = c
     ranked = tuple(sorted(best.values(), key=_rank_key))
-    ranked, n_dominated = collapse_dominated(ranked, keep=pareto_front(ranked))
+    front = pareto_front(ranked)
+    ranked, n_dominated = collapse_dominated(ranked, keep=front)
     if n_dominated:
         search.dropped[_DOMINATED] += n_dominated
     winner = ranked[0] if ranked and ranked[0].meets_deadline else None
-    fastest = min(ranked, key=lambda c: (c.hours, c.cost_usd), default=None)
+    fastest = fastest_plan(ranked)
     cheapest = min(ranked, key=lambda c: (c.cost_usd, c.hours), default=None)
     whys = {i: one_line_why(c, ranked[0], i + 1, target)
             for i, c in enumerate(ranked[:200])}
@@ -459,7 +489,7 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
     notes.append(f"searched {search.searched} plans over {len(chosen)} offers in "
                  f"{time.perf_counter() - started:.2f} s")
     return Recommendation(
-        target=target, candidates=ranked, pareto=pareto_front(ranked), winner=winner,
+        target=target, candidates=ranked, pareto=front, winner=winner,
         fastest=fastest, cheapest=cheapest, explanation=explanation, whys=whys,
         dropped=dict(search.dropped), searched=search.searched, notes=tuple(notes),
         scaling=scaling,
