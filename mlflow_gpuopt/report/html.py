@@ -108,7 +108,12 @@ def render_html(doc: Mapping[str, Any], charts: Mapping[str, bytes], *,
                              f"<code>{_e(c['launch'])}</code></p>")
     parts.append("<h2>Ranked plans</h2>")
     parts.append(_table(doc["candidates"], winner["rank"] if winner else None, "candidates"))
-    parts.append(f"<p class='small'>{doc['feasible']} feasible plans (offer × shape × pricing) from {doc['searched']} model evaluations; "
+    hidden = sum(v for k, v in (doc.get("dropped") or {}).items()
+                 if k.startswith("dominated: a cheaper plan"))
+    parts.append(f"<p class='small'>{len(doc['candidates'])} of {doc['feasible']} ranked plans "
+                 f"shown (offer × shape × pricing, from {doc['searched']} model evaluations"
+                 + (f"; {hidden} more hidden: a cheaper plan on the same provider, GPU and "
+                    "pricing is as fast" if hidden else "") + "); "
                  "greyed rows do not meet the deadline at the asked confidence. "
                  "Hours include start-up and expected restarts; cost includes billing "
                  "increments and minimums.</p>")
