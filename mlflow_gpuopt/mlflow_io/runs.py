@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 PROFILE_ARTIFACT = "gpuopt/profile.json"
 THROUGHPUT_METRIC = "gpuopt/summary/throughput_samples_per_s"
+EXPOSED_COMM_METRIC = "gpuopt/summary/exposed_comm_fraction"  # distributed runs only
 HOW_TO_TRACK = "run it under gpuopt.track() (e.g. `python examples/train_tiny_gpt.py`)"
 #: Runs whose FLOPs per sample differ by more than this are not the same workload.
 FLOPS_TOLERANCE = 0.15
@@ -115,7 +116,15 @@ def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
         nodes=nodes if count % nodes == 0 else 1,
         micro_batch=_int(params, "gpuopt.micro_batch") or workload.micro_batch,
         strategy=strategy, precision=params.get("gpuopt.precision") or workload.precision,
-        grad_accum=_int(params, "gpuopt.grad_accum", 1) or 1)
+        grad_accum=_int(params, "gpuopt.grad_accum", 1) or 1,
+        exposed_comm_fraction=_fraction(metrics.get(EXPOSED_COMM_METRIC)))
+
+
+def _fraction(value: float | None) -> float | None:
+    """A measured fraction in [0, 1], or None when absent or not a number."""
+    if value is None or not math.isfinite(value):
+        return None
+    return min(1.0, max(0.0, float(value)))
 
 
 def _same_workload(a: Workload, b: Workload) -> str | None:

@@ -52,6 +52,7 @@ class JobTracking:
         self._window: dict[str, float] = {}
         self._hw: dict[str, float] = {}
         self._cpu_t = (time.perf_counter(), time.process_time())
+        self._cpu_pct = float("nan")  # this process's CPU %, all threads, last interval
 
     # -- the gatherer --------------------------------------------------------------------------
     def start_gatherer(self, collect: Callable[[bool], list[float]],
@@ -110,8 +111,10 @@ class JobTracking:
             comm = agg.total_comm
         now = (time.perf_counter(), time.process_time())
         wall = now[0] - self._cpu_t[0]
-        cpu = 100.0 * (now[1] - self._cpu_t[1]) / wall if wall > 0 else float("nan")
-        self._cpu_t = now
+        if wall >= 0.5 * self.interval_s:  # shorter (the last rounds): keep the last figure
+            self._cpu_pct = 100.0 * (now[1] - self._cpu_t[1]) / wall
+            self._cpu_t = now
+        cpu = self._cpu_pct
         w, self._window = self._window, {}
         hw = self._hw
         nan = float("nan")

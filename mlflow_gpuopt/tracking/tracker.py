@@ -68,6 +68,7 @@ class Tracker:
         self._job: Any = None  # JobTracking in a distributed job
         self._job_params: dict[str, Any] | None = None
         self._first_step_handle: Any = None
+        self._last_hw_s = float("-inf")  # perf_counter of the last hardware reading
         self._profile_params_logged = False
         self._started = False
         self._stopped = False
@@ -309,8 +310,8 @@ class Tracker:
             except Exception as exc:
                 self._warn("steps", "step timing failed: %s", exc)
                 window = None
-            hw = self._hw.read()
             job = self._job
+            hw = self._read_hw(job)
             if job is not None:
                 job.add(window, hw)  # the gatherer reports it; rank 0 logs the job's view
                 if job.gatherer is not None:
@@ -328,6 +329,17 @@ class Tracker:
                 self._writer.log_metrics(metrics, step=self._agg.steps)
         finally:
             self._lock.release()
+
+    def _read_hw(self, job: Any) -> dict[str, float]:
+        """A hardware reading; in a job, at most one per half interval (the last rounds come
+        back to back, and a CPU % over a few milliseconds means nothing)."""
+        import time
+
+        now = time.perf_counter()
+        if job is not None and now - self._last_hw_s < 0.5 * self.config.interval_s:
+            return {}
+        self._last_hw_s = now
+        return self._hw.read()
 
     def _maybe_log_profile_params(self) -> None:
         if self._profile_params_logged:
