@@ -22,3 +22,28 @@ def tracking_uri(tmp_path, monkeypatch):
     while mlflow.active_run() is not None:
         mlflow.end_run()
     mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture(autouse=True)
+def _forget_mlflow_experiment():
+    """Each test starts with no active experiment.
+
+    ``mlflow.set_experiment`` remembers an experiment id process-wide (and in the
+    ``MLFLOW_EXPERIMENT_ID`` environment variable); the next test's fresh store has no such
+    id, so ``start_run`` would fail there.
+    """
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
+    yield
+    import sys
+
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None:
+        while fluent.active_run() is not None:
+            fluent.end_run()
+        fluent._active_experiment_id = None
