@@ -87,6 +87,7 @@ def test_other_gpu_is_extrapolated_with_a_wider_interval():
     same = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), V100)
     other = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
     assert other.extrapolated and not same.extrapolated
+    assert (same.basis, other.basis) == ("measured", "transferred")
     assert other.log_sigma > same.log_sigma + 0.2
     # A100 is faster than V100 for the same workload, by less than the peak ratio
     assert 1.2 < other.throughput_samples_per_s / 1200.0 < 312 / 125 * 1.05
@@ -107,6 +108,7 @@ def test_cpu_only_observation_falls_back_to_prior_with_a_wide_interval():
     pred = fit(RESNET, obs, {})
     p = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
     assert pred.result.cpu_only
+    assert p.basis == "prior"
     assert p.log_sigma >= unc.SIGMA_PRIOR_ONLY
     assert any("CPU" in a for a in p.assumptions)
     # prior = FLOPs/peak at prior efficiency + memory: between 10% and 100% of peak FLOPs rate

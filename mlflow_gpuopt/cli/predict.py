@@ -264,7 +264,7 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         "step_time_s": p.step_time_s, "memory_per_gpu_bytes": m.total_bytes, "fits": p.fits,
         "memory_capacity_bytes": p.memory_capacity_bytes, "max_micro_batch": p.max_micro_batch,
         "tokens_per_s": p.tokens_per_s, "samples_per_step": p.samples_per_step,
-        "log_sigma": p.log_sigma, "extrapolated": p.extrapolated,
+        "log_sigma": p.log_sigma, "extrapolated": p.extrapolated, "basis": p.basis,
         "memory": {"weights_bytes": m.weights_bytes, "gradients_bytes": m.gradients_bytes,
                    "optimizer_bytes": m.optimizer_bytes, "activations_bytes": m.activations_bytes,
                    "workspace_bytes": m.workspace_bytes},

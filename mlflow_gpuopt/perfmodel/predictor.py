@@ -179,7 +179,9 @@ class Predictor:
             bubble_s=terms.bubble_s, memory=memory, memory_capacity_bytes=hardware.memory_bytes,
             fits=memory.total_bytes <= hardware.memory_bytes, max_micro_batch=max_m,
             samples_per_step=int(round(terms.samples_per_step)), extrapolated=extrapolated,
-            tokens_per_s=throughput * tokens if tokens else None, assumptions=notes)
+            tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
+            basis=("prior" if not self.result.log_compute_scale
+                   else "transferred" if extrapolated else "measured"))
 
     def _shape_notes(self, layout: Layout, checkpointing: bool) -> tuple[str, ...]:
         """The shape estimates this configuration's terms actually used."""

@@ -129,3 +129,7 @@ class Prediction:
     extrapolated: bool  # True when no observation was on this GPU type
     tokens_per_s: float | None = None  # throughput × tokens_per_sample, where known
     assumptions: tuple[str, ...] = ()  # what the model had to guess, in words
+    #: Where the compute speed comes from: "measured" (a run on this GPU type),
+    #: "transferred" (runs on other GPU types, carried over by the roofline) or "prior"
+    #: (no GPU run at all: FLOPs / peak at a prior efficiency).
+    basis: str = "measured"

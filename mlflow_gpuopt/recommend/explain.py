@@ -274,7 +274,11 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
                  f"{p.memory_capacity_bytes / 1e9:.0f} GB ({headroom(win):.0%} free); "
                  f"interconnect {interconnect(win)}.")
     lines.extend(f"Note: {n}." for n in win.notes)
-    if p.extrapolated:
+    if p.basis == "prior":
+        lines.append("Note: no run was measured on a GPU; speed is FLOPs per sample over the "
+                     "GPU's peak at a prior efficiency (wide interval). One short tracked run "
+                     "on any GPU narrows it.")
+    elif p.extrapolated:
         lines.append("Note: no run was measured on this GPU type; the prediction is "
                      "transferred from the measured GPUs (wider interval).")
     lines.append(f"Launch: {win.launch}")

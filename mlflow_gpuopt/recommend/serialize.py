@@ -54,6 +54,7 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
         "memory_capacity_bytes": c.prediction.memory_capacity_bytes,
         "startup_hours": round(c.startup_hours, 6), "overhead_hours": round(c.overhead_hours, 6),
         "sessions": c.sessions, "extrapolated": c.prediction.extrapolated,
+        "prediction_basis": c.prediction.basis,
         "notes": list(c.notes), "cost_basis": c.cost_basis,
     }
 
