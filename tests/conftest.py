@@ -25,25 +25,29 @@ def tracking_uri(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _forget_mlflow_experiment():
-    """Each test starts with no active experiment.
+def _isolate_mlflow_globals():
+    """Each test leaves MLflow's process-wide state as it found it.
 
-    ``mlflow.set_experiment`` remembers an experiment id process-wide (and in the
-    ``MLFLOW_EXPERIMENT_ID`` environment variable); the next test's fresh store has no such
-    id, so ``start_run`` would fail there.
+    ``mlflow.set_experiment`` and ``mlflow.set_tracking_uri`` remember an experiment id and a
+    URI process-wide (and in ``MLFLOW_EXPERIMENT_ID`` / ``MLFLOW_TRACKING_URI``); a later
+    test's fresh store has no such experiment, and a stale URI would win over the
+    environment a test sets.
     """
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
+    names = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TRACKING_URI")
+    saved_env = {k: os.environ.get(k) for k in names}
     yield
     import sys
-
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is not None:
         while fluent.active_run() is not None:
             fluent.end_run()
         fluent._active_experiment_id = None
+    uri_state = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    if uri_state is not None:
+        uri_state._tracking_uri = None  # fall back to MLFLOW_TRACKING_URI, restored below
+    for key, value in saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

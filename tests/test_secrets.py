@@ -67,16 +67,17 @@ _TRAINING = textwrap.dedent("""
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad(); loss.backward(); opt.step()
     print("run", tracker.run_id, flush=True)
-    # the writer's warning paths, with the server gone: errors quote the URI
+    # the writer's warning paths, with the server gone (killed before anything is logged, so
+    # every write fails): errors quote the URI
+    open(sys.argv[2], "w").write("ready")
+    while open(sys.argv[2]).read() != "killed":
+        time.sleep(0.05)
     w = RunWriter(tracker.run_id, uri, flush_interval_s=0.05, request_timeout_s=1.0)
     w.log_params({"gpuopt.api_key": "leaky-param-value-123", "note": "%s"})
     for i in range(50):
         w.log_metrics({"x": float(i)}, step=i)
     w.set_tags({"gpuopt.tracking_uri": uri})
     w.log_dict({"uri": uri, "env": "%s"}, "gpuopt/leak.json")
-    open(sys.argv[2], "w").write("ready")
-    while open(sys.argv[2]).read() != "killed":
-        time.sleep(0.05)
     time.sleep(0.5)
     print(w.close(timeout_s=1.0), flush=True)
 """)
