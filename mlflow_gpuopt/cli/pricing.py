@@ -110,12 +110,18 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, as_jso
               help="Seconds per HTTP request.")
 @click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 10),
               help="Retries on 429/5xx and connection errors.")
-def refresh(provider: str, base_url: str | None, timeout_s: float, retries: int) -> None:
+@click.option("--lock-timeout", "lock_timeout_s", default=None, type=float,
+              help="Seconds to wait for another refresh of the same provider to finish "
+                   "[default: $GPUOPT_REFRESH_LOCK_TIMEOUT_S or 300].")
+def refresh(provider: str, base_url: str | None, timeout_s: float, retries: int,
+            lock_timeout_s: float | None) -> None:
     """Re-read one provider's prices into the user cache (atomically; on failure nothing changes).
 
     Keys: GCP from GPUOPT_GCP_API_KEY; Lambda from LAMBDA_API_KEY or a key file
     (GPUOPT_LAMBDA_API_KEY_FILE, ~/.lambda_cloud/lambda_keys). AWS and Azure need none.
-    Exit status 2 on any failure (missing key, network, HTTP error, bad payload).
+    Two refreshes of one provider at once run one after the other (a lock file in the cache).
+    Exit status 2 on any failure (missing key, network, HTTP error, bad payload, lock wait
+    ran out).
     """
     from mlflow_gpuopt.catalog.errors import RefreshError
     from mlflow_gpuopt.catalog.refreshers import refresh as do_refresh
@@ -123,9 +129,12 @@ def refresh(provider: str, base_url: str | None, timeout_s: float, retries: int)
 
     if not timeout_s > 0:
         raise UsageError("--timeout must be positive")
+    if lock_timeout_s is not None and not lock_timeout_s >= 0:
+        raise UsageError("--lock-timeout must be >= 0")
     try:
         result = do_refresh(provider.lower(), base_url=base_url,
-                            client=HttpClient(timeout_s=timeout_s, retries=retries))
+                            client=HttpClient(timeout_s=timeout_s, retries=retries),
+                            lock_timeout_s=lock_timeout_s)
     except RefreshError as exc:
         raise UsageError(f"refresh of {provider.lower()} failed, nothing changed: {exc}") from None
     click.echo(f"refreshed {result.refreshed} {result.provider} offers"

@@ -5,6 +5,10 @@ HTTP ``fetch*``. :func:`refresh` prices the offers already in the catalog (their
 come from it), validates every row with the loader's own validator, and only then replaces
 ``<cache>/catalog-v<N>/<provider>.csv`` atomically. On any failure it raises
 :class:`RefreshError` and leaves the previous file byte-for-byte as it was.
+
+Read, fetch, validate and replace run under an inter-process lock per provider
+(``<cache>/catalog-v<N>/.<provider>.lock``), so two refreshes at once run one after the other
+instead of both pricing the same old catalog; the wait is bounded.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow_gpuopt.catalog.errors import CatalogError, RefreshError
+from mlflow_gpuopt.catalog.lock import exclusive_lock
 from mlflow_gpuopt.catalog.refreshers import aws, azure, gcp, lambda_cloud
 from mlflow_gpuopt.catalog.refreshers._http import HttpClient
 from mlflow_gpuopt.catalog.rows import offers_to_csv, parse_offers_csv
@@ -32,6 +37,24 @@ logger = logging.getLogger(__name__)
 
 #: Providers that have a refresher (Colab has no price API).
 REFRESHABLE = ("aws", "gcp", "lambda", "azure")
+LOCK_TIMEOUT_ENV = "GPUOPT_REFRESH_LOCK_TIMEOUT_S"
+#: Default longest wait (s) for another refresh of the same provider to finish.
+DEFAULT_LOCK_TIMEOUT_S = 300.0
+
+
+def lock_timeout_setting(lock_timeout_s: float | None = None) -> float:
+    """The lock wait in seconds: the argument, else the environment, else 300."""
+    if lock_timeout_s is None:
+        raw = os.environ.get(LOCK_TIMEOUT_ENV)
+        if not raw:
+            return DEFAULT_LOCK_TIMEOUT_S
+        try:
+            lock_timeout_s = float(raw)
+        except ValueError:
+            raise RefreshError(f"{LOCK_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
+    if not lock_timeout_s >= 0:
+        raise RefreshError(f"lock timeout must be >= 0 seconds, got {lock_timeout_s!r}")
+    return float(lock_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,7 @@ def refresh(
     api_key: str | None = None,
     client: HttpClient | None = None,
     today: _dt.date | None = None,
+    lock_timeout_s: float | None = None,
 ) -> RefreshResult:
     """Fetch, parse, validate and atomically write one provider's prices.
 
@@ -71,15 +95,32 @@ def refresh(
         api_key: key for GCP/Lambda (default: from the environment / key file).
         client: HTTP client (timeouts, retries); a default one is made otherwise.
         today: the date recorded as ``as_of`` (default: today).
+        lock_timeout_s: longest wait (s) for another refresh of this provider to finish
+            (default ``$GPUOPT_REFRESH_LOCK_TIMEOUT_S`` or 300).
 
     Raises:
-        RefreshError: nothing was written; the message is one line, keys redacted.
+        RefreshError: nothing was written; the message is one line, keys redacted
+            (:class:`~mlflow_gpuopt.catalog.lock.LockTimeoutError` if the lock wait ran out).
     """
     provider = provider.lower()
     if provider not in REFRESHABLE:
         raise RefreshError(
             f"cannot refresh {provider!r}; refreshable providers: {', '.join(REFRESHABLE)}"
         )
+    wait_s = lock_timeout_setting(lock_timeout_s)
+    lock_path = catalog_cache_dir(cache_dir) / f".{provider}.lock"
+    with exclusive_lock(lock_path, timeout_s=wait_s, what=f"{provider} price refresh"):
+        return _refresh_locked(provider, cache_dir, base_url, api_key, client, today)
+
+
+def _refresh_locked(
+    provider: str,
+    cache_dir: str | os.PathLike | None,
+    base_url: str | None,
+    api_key: str | None,
+    client: HttpClient | None,
+    today: _dt.date | None,
+) -> RefreshResult:
     as_of = (today or _dt.date.today()).isoformat()
     templates = _templates(provider, cache_dir)
     key = api_key
