@@ -1,7 +1,7 @@
 """An inter-process lock file, so two refreshes of one provider never run at once.
 
-``fcntl.flock`` (POSIX) or ``msvcrt.locking`` (Windows) on ``<cache>/catalog-v<N>/.<name>.lock``:
-the OS drops the lock when the holder exits, even on a crash, so a stale lock file never
+``fcntl.flock`` (POSIX) or ``msvcrt.locking`` (Windows) on a lock file (refreshes use
+``<cache>/.refresh-<provider>.lock``): the OS drops the lock when the holder exits, even on a crash, so a stale lock file never
 blocks anyone. Waiting is bounded; the holder's pid is written into the file so the error can
 name it.
 """

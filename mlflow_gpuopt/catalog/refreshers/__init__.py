@@ -7,7 +7,7 @@ come from it), validates every row with the loader's own validator, and only the
 :class:`RefreshError` and leaves the previous file byte-for-byte as it was.
 
 Read, fetch, validate and replace run under an inter-process lock per provider
-(``<cache>/catalog-v<N>/.<provider>.lock``), so two refreshes at once run one after the other
+(``<cache>/.refresh-<provider>.lock``, beside the catalog folder so it holds only catalogs), so two refreshes at once run one after the other
 instead of both pricing the same old catalog; the wait is bounded.
 """
 
@@ -108,7 +108,7 @@ def refresh(
             f"cannot refresh {provider!r}; refreshable providers: {', '.join(REFRESHABLE)}"
         )
     wait_s = lock_timeout_setting(lock_timeout_s)
-    lock_path = catalog_cache_dir(cache_dir) / f".{provider}.lock"
+    lock_path = catalog_cache_dir(cache_dir).parent / f".refresh-{provider}.lock"
     with exclusive_lock(lock_path, timeout_s=wait_s, what=f"{provider} price refresh"):
         return _refresh_locked(provider, cache_dir, base_url, api_key, client, today)
 
