@@ -134,7 +134,10 @@ class HttpClient:
         chunks: list[bytes] = []
         received = 0
         show = self.progress and expected is not None and expected >= _PROGRESS_MIN_BYTES
-        bar = click.progressbar(length=expected, label=what, file=sys.stderr) if show else None
+        # The label is the caller's short description, never the URL (whose query string may
+        # carry a key); redacted all the same in case a caller put a secret into it.
+        label = redact(what, self.secrets)
+        bar = click.progressbar(length=expected, label=label, file=sys.stderr) if show else None
         try:
             for chunk in resp.iter_content(chunk_size=1 << 16):
                 chunks.append(chunk)
