@@ -2,7 +2,8 @@
 
 ``GET {base}/offers/v1.0/aws/AmazonEC2/current/{region}/index.json`` (no auth). Products and
 terms are separate sections; we keep Linux, shared tenancy, no pre-installed software, used
-capacity, hourly on-demand rates of the instance types already in the catalog. Spot needs AWS
+capacity, "Compute Instance" products (not Capacity Blocks), hourly on-demand rates of the
+instance types already in the catalog; a product with no OnDemand term is skipped. Spot needs AWS
 credentials (``DescribeSpotPriceHistory``), so spot prices are kept from the previous catalog.
 """
 
@@ -61,7 +62,11 @@ def parse_offer_file(
         if (attrs.get("operatingSystem") != "Linux" or attrs.get("tenancy") != "Shared"
                 or attrs.get("preInstalledSw", "NA") != "NA"
                 or attrs.get("capacitystatus", "Used") != "Used"
-                or attrs.get("regionCode", region) != region):
+                or attrs.get("regionCode", region) != region
+                or attrs.get("marketoption", "OnDemand") != "OnDemand"  # e.g. CapacityBlock
+                or product.get("productFamily", "Compute Instance") != "Compute Instance"):
+            continue
+        if sku not in on_demand:  # sold only reserved/savings-plan: no on-demand price
             continue
         gpus = attrs.get("gpu")
         if gpus is not None and int(number(gpus, f"{where} {itype} gpu")) != wanted[itype].gpu_count:

@@ -43,15 +43,25 @@ def skus_url(base_url: str) -> str:
     return f"{base_url.rstrip('/')}/v1/services/{SERVICE}/skus"
 
 
-def _unit_price(sku: dict, where: str) -> float:
+#: Usage units we price by: per hour (cores, GPUs) and per GiB-hour (RAM).
+_HOURLY_UNITS = ("h", "GiBy.h")
+
+
+def _unit_price(sku: dict, where: str) -> float | None:
+    """$ per usage unit from ``pricingInfo[0].pricingExpression.tieredRates[0].unitPrice``
+    (``units`` + ``nanos``/1e9); ``None`` where it is not an hourly USD rate."""
     info = get(sku, "pricingInfo", list, where)
     if not info:
         raise RefreshError(f"{where}: empty pricingInfo")
     expr = get(info[0], "pricingExpression", dict, where)
+    if expr.get("usageUnit", "h") not in _HOURLY_UNITS:
+        return None
     rates = get(expr, "tieredRates", list, where)
     if not rates:
         raise RefreshError(f"{where}: no tieredRates")
     price = get(rates[0], "unitPrice", dict, where)
+    if price.get("currencyCode", "USD") != "USD":
+        return None
     units = number(price.get("units", "0"), where + " units")
     nanos = number(price.get("nanos", 0), where + " nanos")
     return units + nanos / 1e9
@@ -93,6 +103,8 @@ def parse_skus(
             if part is None:
                 continue
             price = _unit_price(sku, where)
+            if price is None:
+                continue
             if price < 0:
                 raise RefreshError(f"{where}: negative unit price {price:g}")
             regions = get(sku, "serviceRegions", list, where)
