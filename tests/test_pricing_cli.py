@@ -48,6 +48,43 @@ def test_show_filters_by_provider_and_any_gpu_spelling():
     assert {o["gpu"] for o in offers} == {"H100-SXM5-80GB"}
 
 
+def test_show_region_filter_keeps_that_region_and_region_independent_offers():
+    every = json.loads(run("show", "--json").stdout)
+    result = run("show", "--json", "--region", "US-WEST-2")
+    assert result.exit_code == 0, result.output
+    offers = json.loads(result.stdout)
+    assert {o["region"] for o in offers} == {"us-west-2", "global"}
+    assert {o["provider"] for o in offers if o["region"] == "us-west-2"} == {"aws"}
+    expected = [o for o in every if o["region"] in ("us-west-2", "global")]
+    assert len(offers) == len(expected) < len(every)
+
+
+def test_show_spot_filter_keeps_only_offers_with_a_spot_price():
+    every = json.loads(run("show", "--json").stdout)
+    offers = json.loads(run("show", "--json", "--spot", "--provider", "aws").stdout)
+    with_spot = [o for o in every if o["provider"] == "aws" and o["spot_price_per_hour_usd"]]
+    assert offers and len(offers) == len(with_spot)
+    assert all(o["spot_price_per_hour_usd"] is not None for o in offers)
+    assert any(o["spot_price_per_hour_usd"] is None for o in every)  # the filter did something
+    table = run("show", "--spot", "--region", "us-east-1", "--provider", "aws")
+    assert table.exit_code == 0 and "p4d.24xlarge" in table.stdout
+
+
+def test_show_json_carries_billing_network_and_estimate_fields():
+    offers = json.loads(run("show", "--json").stdout)
+    for o in offers:
+        assert isinstance(o["billing_increment_s"], int) and o["billing_increment_s"] >= 1
+        assert isinstance(o["billing_minimum_s"], int) and o["billing_minimum_s"] >= 0
+        assert isinstance(o["inter_node_rdma"], bool) and isinstance(o["is_estimate"], bool)
+        assert isinstance(o["max_nodes"], int) and o["max_nodes"] >= 1
+        assert o["pricing"] in ("on_demand", "compute_units")
+        assert o["is_estimate"] == o["source"].lower().startswith("estimated")
+    p4d = next(o for o in offers if o["instance_type"] == "p4d.24xlarge")
+    assert p4d["inter_node_rdma"] is True and p4d["max_nodes"] > 1
+    colab = [o for o in offers if o["provider"] == "colab"]
+    assert colab and all(o["pricing"] == "compute_units" and o["max_nodes"] == 1 for o in colab)
+
+
 def test_show_table_is_readable():
     result = run("show", "--provider", "gcp", "--gpu", "nvidia-tesla-a100")
     assert result.exit_code == 0
@@ -60,7 +97,8 @@ def test_show_table_is_readable():
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["show", "--provider", "oracle"], "unknown provider 'oracle'"),
-     (["show", "--gpu", "Voodoo 5"], "unknown GPU 'Voodoo 5'")],
+     (["show", "--gpu", "Voodoo 5"], "unknown GPU 'Voodoo 5'"),
+     (["show", "--region", "mars-north-1"], "unknown region 'mars-north-1'; known: ")],
 )
 def test_bad_input_is_one_line_exit_2(args, message):
     result = run(*args)

@@ -23,7 +23,11 @@ def offer_to_json(offer) -> dict:
     out = {k: data[k] for k in JSON_KEYS}
     out["price_per_gpu_hour_usd"] = round(offer.price_per_gpu_hour_usd, 6)
     out["total_gpu_memory_gb"] = offer.total_gpu_memory_gb
-    out["estimated"] = offer.is_estimate
+    out["is_estimate"] = offer.is_estimate
+    out["estimated"] = offer.is_estimate  # older spelling, kept for existing readers
+    for k in ("billing_increment_s", "billing_minimum_s", "inter_node_rdma", "max_nodes",
+              "pricing"):
+        out[k] = data[k]
     for k, v in data.items():
         if k not in out:
             out[k] = list(v) if isinstance(v, tuple) else v
@@ -74,18 +78,29 @@ def pricing() -> None:
               help="aws, gcp, lambda, azure or colab (repeatable).")
 @click.option("--gpu", default=None, help="Any GPU name (NVML, provider or catalog spelling).")
 @click.option("--region", default=None, help="Keep one region (plus region-independent offers).")
+@click.option("--spot", is_flag=True, help="Keep only offers that sell spot/preemptible capacity.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of offers.")
-def show(providers: tuple[str, ...], gpu: str | None, region: str | None, as_json: bool) -> None:
-    """List offers: instance, GPUs, GPU memory, link, $/h, $/GPU-h, spot and as-of date."""
+def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: bool,
+         as_json: bool) -> None:
+    """List offers: instance, GPUs, GPU memory, link, $/h, $/GPU-h, spot and as-of date.
+
+    ``--region`` keeps one region (case-insensitive) plus region-independent offers (Lambda,
+    Colab); an unknown region is an error listing the known ones. ``--spot`` keeps offers with
+    a spot price.
+    """
     from mlflow_gpuopt.catalog import CatalogError, UnknownGpuError, load_catalog
 
     try:
         cat = load_catalog()
-        offers = cat.query(provider=list(providers) or None, gpu=gpu, region=region)
+        offers = cat.query(provider=list(providers) or None, gpu=gpu, region=region,
+                           spot=True if spot else None)
     except (CatalogError, UnknownGpuError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # unknown provider
         raise UsageError(str(exc)) from None
+    known_regions = sorted({o.region for o in cat.offers})
+    if region is not None and region.lower() not in {r.lower() for r in known_regions}:
+        raise UsageError(f"unknown region {region!r}; known: {', '.join(known_regions)}")
     for line in cat.warnings:
         click.echo(f"Warning: {line}", err=True)
     offers.sort(key=lambda o: (o.provider, o.gpu, o.gpu_count, o.instance_type, o.region))
