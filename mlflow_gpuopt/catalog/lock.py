@@ -1,9 +1,9 @@
 """An inter-process lock file, so two refreshes of one provider never run at once.
 
 ``fcntl.flock`` (POSIX) or ``msvcrt.locking`` (Windows) on a lock file (refreshes use
-``<cache>/.refresh-<provider>.lock``): the OS drops the lock when the holder exits, even on a crash, so a stale lock file never
-blocks anyone. Waiting is bounded; the holder's pid is written into the file so the error can
-name it.
+``<cache>/.refresh-<provider>.lock``): the OS drops the lock when the holder exits, even on a
+crash, so a stale lock file never blocks anyone. Waiting is bounded; the holder's pid is
+written into the file so the error can name it.
 """
 
 from __future__ import annotations

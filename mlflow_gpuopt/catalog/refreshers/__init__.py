@@ -7,8 +7,9 @@ come from it), validates every row with the loader's own validator, and only the
 :class:`RefreshError` and leaves the previous file byte-for-byte as it was.
 
 Read, fetch, validate and replace run under an inter-process lock per provider
-(``<cache>/.refresh-<provider>.lock``, beside the catalog folder so it holds only catalogs), so two refreshes at once run one after the other
-instead of both pricing the same old catalog; the wait is bounded.
+(``<cache>/.refresh-<provider>.lock``, beside the catalog folder so that holds only catalogs),
+so two refreshes at once run one after the other instead of both pricing the same old
+catalog; the wait is bounded.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def lock_timeout_setting(lock_timeout_s: float | None = None) -> float:
         try:
             lock_timeout_s = float(raw)
         except ValueError:
-            raise RefreshError(f"{LOCK_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
+            raise RefreshError(
+                f"{LOCK_TIMEOUT_ENV} must be a number of seconds, got {raw!r}"
+            ) from None
     if not lock_timeout_s >= 0:
         raise RefreshError(f"lock timeout must be >= 0 seconds, got {lock_timeout_s!r}")
     return float(lock_timeout_s)
