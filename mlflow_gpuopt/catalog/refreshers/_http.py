@@ -83,6 +83,7 @@ class HttpClient:
         """The body of a successful GET, or :class:`RefreshError` after the retries."""
         shown = public_url(url)
         last = ""
+        last_retry_after: str | None = None  # the previous attempt's Retry-After header
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self._wait(attempt, last_retry_after))
