@@ -15,6 +15,7 @@ time; the group itself is imported only when ``mlflow.cli`` loads.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import logging
 import sys
@@ -95,10 +96,8 @@ _finder: _CliFinder | None = None
 def _uninstall_finder() -> None:
     global _finder
     if _finder is not None:
-        try:
+        with contextlib.suppress(ValueError):
             sys.meta_path.remove(_finder)
-        except ValueError:
-            pass
         _finder = None
 
 

@@ -73,7 +73,7 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
         def __str__(self) -> str:
             return f"NVML error {self.value}"
 
-    class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's own name
+    class NVMLError_NotSupported(NVMLError):  # noqa: N801, N818 - pynvml's own name
         def __init__(self) -> None:
             super().__init__(m.NVML_ERROR_NOT_SUPPORTED)
 
@@ -111,61 +111,61 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
         return wrapper
 
     @api
-    def nvmlInit():
+    def nvmlInit():  # noqa: N802 - pynvml's name
         m.init_count += 1
         m.refs += 1
         m.initialized = True
 
     @api
-    def nvmlShutdown():
+    def nvmlShutdown():  # noqa: N802 - pynvml's name
         if m.refs == 0:
             raise NVMLError(m.NVML_ERROR_UNINITIALIZED)
         m.refs -= 1
         m.initialized = m.refs > 0
 
     @api
-    def nvmlDeviceGetCount():
+    def nvmlDeviceGetCount():  # noqa: N802 - pynvml's name
         return len(gpus)
 
     @api
-    def nvmlDeviceGetHandleByIndex(i):
+    def nvmlDeviceGetHandleByIndex(i):  # noqa: N802 - pynvml's name
         if not 0 <= i < len(gpus):
             raise NVMLError(2)
         return gpus[i]
 
     @api
-    def nvmlDeviceGetHandleByUUID(uuid):
+    def nvmlDeviceGetHandleByUUID(uuid):  # noqa: N802 - pynvml's name
         for g in gpus:
             if g.uuid.startswith(uuid):
                 return g
         raise NVMLError(6)
 
     @api
-    def nvmlDeviceGetName(h):
+    def nvmlDeviceGetName(h):  # noqa: N802 - pynvml's name
         return h.name
 
     @api
-    def nvmlDeviceGetUUID(h):
+    def nvmlDeviceGetUUID(h):  # noqa: N802 - pynvml's name
         return h.uuid
 
     @api
-    def nvmlDeviceGetUtilizationRates(h):
+    def nvmlDeviceGetUtilizationRates(h):  # noqa: N802 - pynvml's name
         return _Utilization(h.utilization_percent, 40)
 
     @api
-    def nvmlDeviceGetMemoryInfo(h):
+    def nvmlDeviceGetMemoryInfo(h):  # noqa: N802 - pynvml's name
         return _Memory(h.memory_total_bytes, h.memory_used_bytes)
 
     @api
-    def nvmlDeviceGetPowerUsage(h):
+    def nvmlDeviceGetPowerUsage(h):  # noqa: N802 - pynvml's name
         return h.power_mw
 
     @api
-    def nvmlDeviceGetClockInfo(h, clock_type):
+    def nvmlDeviceGetClockInfo(h, clock_type):  # noqa: N802 - pynvml's name
         return h.sm_clock_mhz
 
     @api
-    def nvmlDeviceGetTotalEnergyConsumption(h):
+    def nvmlDeviceGetTotalEnergyConsumption(h):  # noqa: N802 - pynvml's name
         if not h.supports_energy:
             raise NVMLError_NotSupported()
         return h.energy_mj

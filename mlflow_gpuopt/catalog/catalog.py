@@ -74,7 +74,10 @@ class Catalog:
         """
         out = list(self.offers)
         if provider is not None:
-            wanted = {provider.lower()} if isinstance(provider, str) else {p.lower() for p in provider}
+            if isinstance(provider, str):
+                wanted = {provider.lower()}
+            else:
+                wanted = {p.lower() for p in provider}
             unknown = sorted(wanted - set(PROVIDERS))
             if unknown:
                 raise ValueError(

@@ -155,7 +155,7 @@ def _reader(text: str, file: str, columns: Sequence[str]) -> Iterable[tuple[int,
                 raise CatalogError(
                     f"has {len(cells)} cells, the header has {len(header)}", file=file, row=line
                 )
-            yield line, dict(zip(header, cells))
+            yield line, dict(zip(header, cells, strict=True))
     except csv.Error as exc:
         raise CatalogError(f"unreadable CSV: {exc}", file=file, row=reader.line_num) from None
 
@@ -229,7 +229,8 @@ def _parse_offer(r: _Row, gpus: Mapping[str, GpuSpec], provider: str | None) -> 
     price = r.float_("price_per_hour_usd", positive=True)
     if price / count > MAX_USD_PER_GPU_HOUR:
         raise r.fail("price_per_hour_usd",
-                     f"{price / count:g} $/GPU-h is above the {MAX_USD_PER_GPU_HOUR:g} sanity limit")
+                     f"{price / count:g} $/GPU-h is above the {MAX_USD_PER_GPU_HOUR:g} "
+                     "sanity limit")
     spot = r.float_("spot_price_per_hour_usd", required=False, positive=True)
     if spot is not None and spot > price * 1.000001:
         raise r.fail("spot_price_per_hour_usd", f"spot {spot:g} is above on-demand {price:g}")

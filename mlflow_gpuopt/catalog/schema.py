@@ -54,7 +54,8 @@ class GpuSpec:
             return self.bf16_tflops or self.fp32_tflops
         if p == "fp8":
             return self.fp8_tflops or self.bf16_tflops or self.fp16_tflops
-        raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+        raise ValueError(
+            f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def compare(experiment, run_ids, dataset_size, as_json):
             _fmt(r["usd_per_epoch"], ",.2f") if size else "", r["priced_as"]))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for i, row in enumerate(table):
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip(),
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(),
                    file=sys.stdout)
         if i == 0:
             click.echo("  ".join("-" * w for w in widths))

@@ -183,11 +183,13 @@ def _human(result: dict) -> str:
 
 
 @click.command("predict")
-@click.option("--run-id", "run_ids", multiple=True, help="Run tracked with gpuopt.track() (repeatable).")
+@click.option("--run-id", "run_ids", multiple=True,
+              help="Run tracked with gpuopt.track() (repeatable).")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
               help="workload.json (params, flops_per_sample, precision, ...).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
-              help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision.")
+              help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
+                   "precision.")
 @click.option("--gpu", required=True, help="GPU to predict on (NVML or catalog name).")
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total GPUs.")
 @click.option("--nodes", type=click.IntRange(min=1), default=None,

@@ -53,7 +53,8 @@ def render_table(offers) -> str:
         rows.append((
             o.provider, o.instance_type, o.region, f"{o.gpu_count}x {o.gpu}",
             f"{o.gpu_count}x{o.gpu_memory_gb:g}GB", _link(o),
-            f"{o.inter_node_gbps:g}{' RDMA' if o.inter_node_rdma else ''}" if o.max_nodes > 1 else "-",
+            (f"{o.inter_node_gbps:g}{' RDMA' if o.inter_node_rdma else ''}"
+             if o.max_nodes > 1 else "-"),
             _money(o.price_per_hour_usd), _money(o.price_per_gpu_hour_usd),
             _money(o.spot_price_per_hour_usd), o.as_of,
             "est." if o.is_estimate else ("CU" if o.pricing == "compute_units" else ""),
@@ -63,7 +64,7 @@ def render_table(offers) -> str:
     lines = []
     for r in rows:
         cells = [c.rjust(w) if i in numeric and r is not head else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(r, widths))]
+                 for i, (c, w) in enumerate(zip(r, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 

@@ -88,7 +88,7 @@ def _print_table(doc, out) -> None:
 
     def fmt(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
     click.echo(fmt(head), file=out)
     click.echo("  ".join("-" * w for w in widths), file=out)

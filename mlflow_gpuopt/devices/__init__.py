@@ -1,4 +1,5 @@
-"""Devices: one GPU interface (:class:`GPUs`) with NVML, torch.cuda and empty backends, and the host.
+"""Devices: one GPU interface (:class:`GPUs`) with NVML, torch.cuda and empty backends, and the
+host.
 
 ``get_gpus()`` tries the backends in a fixed order — NVML, then torch.cuda — and degrades to
 :class:`EmptyGPUs` when none starts. It never raises.

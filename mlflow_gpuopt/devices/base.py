@@ -36,7 +36,7 @@ class GPUs(abc.ABC):
         """The subset of these GPUs at ``indices`` (process-visible indices)."""
         return _Subset(self, indices)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: a no-op unless a library is held
         """Release the vendor library; safe to call twice."""
 
 

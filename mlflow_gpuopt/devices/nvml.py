@@ -74,13 +74,18 @@ class NvmlGPUs(GPUs):
         self._closed = False
         try:
             count = int(self._call(self._pynvml.nvmlDeviceGetCount, init=True))
-            env = os.environ.get("CUDA_VISIBLE_DEVICES") if visible_devices is None else visible_devices
+            if visible_devices is None:
+                env = os.environ.get("CUDA_VISIBLE_DEVICES")
+            else:
+                env = visible_devices
             self._handles = []
             for entry in parse_visible_devices(env, count):
                 if isinstance(entry, int):
-                    self._handles.append(self._call(self._pynvml.nvmlDeviceGetHandleByIndex, entry, init=True))
+                    self._handles.append(self._call(self._pynvml.nvmlDeviceGetHandleByIndex,
+                                                    entry, init=True))
                 elif entry.startswith("GPU-"):
-                    self._handles.append(self._call(self._pynvml.nvmlDeviceGetHandleByUUID, entry, init=True))
+                    self._handles.append(self._call(self._pynvml.nvmlDeviceGetHandleByUUID,
+                                                    entry, init=True))
                 else:  # MIG instances: not measured through NVML device queries
                     logger.info("gpuopt: skipping MIG device %s", entry)
             if not self._handles:

@@ -122,8 +122,8 @@ def _log_bytes(client, run_id: str, data: bytes, artifact_path: str) -> None:
         client.log_artifact(run_id, local, artifact_path=directory or None)
 
 
-def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any], Metric, Param,
-               RunTag) -> str:
+def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any],
+               metric_cls, param_cls, run_tag_cls) -> str:
     name = (f"#{cand['rank']} {cand['provider']} {cand['instance_type']} ×{cand['nodes']} "
             f"{cand.get('strategy_label', cand['strategy'])} {cand['pricing'].replace('_', '-')}")
     child = client.create_run(exp_id, run_name=name, tags={
@@ -133,11 +133,11 @@ def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any], Met
     try:
         client.log_batch(
             cid,
-            metrics=[Metric(k, float(cand[k]), now, 0) for k in CHILD_METRICS
+            metrics=[metric_cls(k, float(cand[k]), now, 0) for k in CHILD_METRICS
                      if isinstance(cand.get(k), (int, float))],
-            params=[Param(k, _param_value(cand[k])) for k in CHILD_PARAMS
+            params=[param_cls(k, _param_value(cand[k])) for k in CHILD_PARAMS
                     if cand.get(k) is not None],
-            tags=[RunTag("gpuopt.why", _param_value(cand.get("why", "")))],
+            tags=[run_tag_cls("gpuopt.why", _param_value(cand.get("why", "")))],
         )
     finally:
         client.set_terminated(cid)

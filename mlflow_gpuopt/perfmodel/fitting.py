@@ -271,9 +271,10 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     Returns ``(k', r', (X_fixed, X_sample))`` in FLOP-equivalents at ``hardware``'s FP32
     rate. A fit at or faster than the roofline (``k ≤ 1``) is kept as it is. With one
     measured micro-batch the time beyond the roofline at that batch is split
-    ``LATENCY_FIXED_SHARE`` per micro-step (at most :func:`dispatch_bound_s`), the rest per sample; with two, ``a`` and ``b``
-    are each split at what the roofline allows. At every micro-batch (two measured) or at
-    the measured one (one measured) the result equals the fit on ``hardware``.
+    ``LATENCY_FIXED_SHARE`` per micro-step (at most :func:`dispatch_bound_s`), the rest per
+    sample; with two, ``a`` and ``b`` are each split at what the roofline allows. At every
+    micro-batch (two measured) or at the measured one (one measured) the result equals the fit
+    on ``hardware``.
     """
     a = fixed_time_prior_s(workload.params, hardware, precision)
     b = per_sample_time_prior_s(workload, hardware, precision)

@@ -4,13 +4,15 @@
 Model states for Ψ parameters, N data-parallel ranks, K optimizer-state bytes per parameter
 (8 for Adam's m and v), L parameters in the largest layer:
 
-| strategy | mixed precision (fp16/bf16)                    | fp32/tf32                    |
+| strategy   | mixed precision (fp16/bf16)                        | fp32/tf32                   |
 |---|---|---|
-| single/ddp | 2Ψ + 2Ψ + (4+K)Ψ  (16 B/param for Adam)      | 4Ψ + 4Ψ + KΨ                 |
-| zero1    | 2Ψ + 2Ψ + (4+K)Ψ/N                              | 4Ψ + 4Ψ + KΨ/N               |
-| zero2    | 2Ψ + (2Ψ + 4Ψ/N) + (4+K)Ψ/N  = 4Ψ + 16Ψ/N (DeepSpeed ``estimate_zero2_model_states_mem_needs``) | 4Ψ + 4Ψ/N + KΨ/N |
-| zero3/fsdp | (2Ψ/N + 2L) + (4Ψ/N + 2L) + (4+K)Ψ/N = 4L + 18Ψ/N (DeepSpeed ``estimate_zero3…``) | (4Ψ/N + 4L) + (4Ψ/N + 4L) + KΨ/N |
+| single/ddp | 2Ψ + 2Ψ + (4+K)Ψ  (16 B/param for Adam)            | 4Ψ + 4Ψ + KΨ                |
+| zero1      | 2Ψ + 2Ψ + (4+K)Ψ/N                                 | 4Ψ + 4Ψ + KΨ/N              |
+| zero2      | 2Ψ + (2Ψ + 4Ψ/N) + (4+K)Ψ/N = 4Ψ + 16Ψ/N (a)       | 4Ψ + 4Ψ/N + KΨ/N            |
+| zero3/fsdp | (2Ψ/N + 2L) + (4Ψ/N + 2L) + (4+K)Ψ/N               | (4Ψ/N + 4L) + (4Ψ/N + 4L)   |
+|            | = 4L + 18Ψ/N (b)                                   | + KΨ/N                      |
 
+(a) DeepSpeed ``estimate_zero2_model_states_mem_needs``; (b) DeepSpeed ``estimate_zero3…``.
 (The ``4`` inside ``4+K`` is the fp32 master copy; the ``4Ψ/N`` in ZeRO-2/3 gradients is the
 fp32 gradient partition DeepSpeed keeps next to the 16-bit buffers.) Tensor and pipeline
 parallel divide Ψ and L by ``tp·pp`` first.

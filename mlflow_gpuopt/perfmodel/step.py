@@ -1,16 +1,18 @@
 """One optimizer step put together: compute, communication, overlap, accumulation, bubble.
 
-    T_grad      = a + b·m                                  per micro-step, per GPU (compute.py)
-    T_sync      = (T_grad^γ + T_comm^γ)^(1/γ)              Pollux overlap (comm.py)
-    T_step      = (s−1)·T_grad + T_sync + T_opt + T_straggle           DDP / ZeRO-1/2
-    T_step      = s·(T_grad ⊕ T_gather) + T_opt + T_straggle           ZeRO-3 / FSDP (gathers every micro-step)
-    T_step      = (s+p−1)·(T_stage + T_p2p) + exposed T_comm + ...     pipeline, bubble (p−1)/(s+p−1)
+    T_grad  = a + b·m                                     per micro-step, per GPU (compute.py)
+    T_sync  = (T_grad^γ + T_comm^γ)^(1/γ)                 Pollux overlap (comm.py)
+    T_step  = (s−1)·T_grad + T_sync + T_opt + T_straggle          DDP / ZeRO-1/2
+    T_step  = s·(T_grad ⊕ T_gather) + T_opt + T_straggle          ZeRO-3 / FSDP
+                                                                  (gathers every micro-step)
+    T_step  = (s+p−1)·(T_stage + T_p2p) + exposed T_comm + ...    pipeline,
+                                                                  bubble (p−1)/(s+p−1)
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
 ``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
-FP32 rate, ``comm_scale`` communication (the
-straggler share stays at its prior: one or two multi-GPU runs cannot tell it from bandwidth). Pure arithmetic, no allocation beyond the result: the recommender calls this
-thousands of times.
+FP32 rate, ``comm_scale`` communication (the straggler share stays at its prior: one or two
+multi-GPU runs cannot tell it from bandwidth). Pure arithmetic, no allocation beyond the
+result: the recommender calls this thousands of times.
 """
 
 from __future__ import annotations

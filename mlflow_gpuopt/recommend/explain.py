@@ -116,8 +116,9 @@ def launch_line(candidate: Candidate) -> str:
 
 def describe(c: Candidate) -> str:
     """'2 × p4d.24xlarge (16 × A100-40GB-SXM4) on aws us-east-1, DDP, bf16, on-demand'."""
+    strategy = _STRATEGY_WORDS.get(c.config.strategy, c.config.strategy)
     return (f"{c.nodes} × {c.offer.instance_type} ({c.gpus} × {c.offer.gpu}) on "
-            f"{c.offer.provider} {c.offer.region}, {_STRATEGY_WORDS.get(c.config.strategy, c.config.strategy)}"
+            f"{c.offer.provider} {c.offer.region}, {strategy}"
             f" [{strategy_label(c.config)}], micro-batch {c.config.micro_batch} × "
             f"{c.config.grad_accum}, {c.config.precision}, {c.pricing.replace('_', '-')}")
 
@@ -135,7 +136,8 @@ def interconnect(c: Candidate) -> str:
         return "none needed (one GPU)"
     text = f"{_LINK_WORDS.get(o.intra_node_link, o.intra_node_link)} {o.intra_node_gb_per_s:g} GB/s"
     if c.nodes > 1:
-        text += f" + {o.inter_node_gbps:g} Gbit/s{' RDMA' if o.inter_node_rdma else ''} between nodes"
+        rdma = " RDMA" if o.inter_node_rdma else ""
+        text += f" + {o.inter_node_gbps:g} Gbit/s{rdma} between nodes"
     return text
 
 

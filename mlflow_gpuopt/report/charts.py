@@ -103,7 +103,7 @@ def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] 
         ax.set_yscale("log")
         handles, labels = ax.get_legend_handles_labels()
         seen: dict[str, object] = {}
-        for h, lab in zip(handles, labels):
+        for h, lab in zip(handles, labels, strict=True):
             seen.setdefault(lab, h)
         ax.legend(list(seen.values()), list(seen), fontsize=7, loc="upper left",
                   bbox_to_anchor=(1.01, 1.0), framealpha=0.85)

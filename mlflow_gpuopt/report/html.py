@@ -14,7 +14,8 @@ from typing import Any
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:16px;
 color:#1f2328;font-size:14px;line-height:1.45}
-h1{font-size:20px;margin:0 0 6px}h2{font-size:16px;margin:22px 0 8px;border-bottom:1px solid #d0d7de}
+h1{font-size:20px;margin:0 0 6px}
+h2{font-size:16px;margin:22px 0 8px;border-bottom:1px solid #d0d7de}
 .target{color:#57606a;margin-bottom:10px}
 .verdict{padding:10px 12px;border-radius:6px;margin:10px 0}
 .ok{background:#dafbe1;border:1px solid #4ac26b}.miss{background:#fff8c5;border:1px solid #d4a72c}

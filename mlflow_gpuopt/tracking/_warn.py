@@ -21,7 +21,8 @@ class WarnOnce:
             self._counts[key] = n
         if n == 1 or (self._every and n % self._every == 0):
             suffix = f" (x{n})" if n > 1 else ""
-            self._logger.warning("gpuopt: " + message + suffix, *args)
+            # the caller's message is a %-template: prefix/suffix it, its args stay lazy
+            self._logger.warning("gpuopt: " + message + suffix, *args)  # noqa: G003
 
     def count(self, key: str) -> int:
         return self._counts.get(key, 0)

@@ -75,7 +75,10 @@ class StepAggregator:
                     break
                 if final:
                     ev.synchronize()
-                dt = self._prev_event.elapsed_time(ev) / 1000.0 if self._prev_event is not None else t - self._prev_t
+                if self._prev_event is not None:
+                    dt = self._prev_event.elapsed_time(ev) / 1000.0
+                else:
+                    dt = t - self._prev_t
                 self._prev_event = ev
             else:
                 dt = t - self._prev_t
@@ -136,8 +139,12 @@ class StepAggregator:
             p90 = srt[int(0.9 * (len(srt) - 1))]
             n, time_s = len(times), sum(times)
             mean = time_s / n
-            samples, tokens, skipped = sum(self.warmup_samples[drop:]), sum(self.warmup_tokens[drop:]), drop
-        rate = (lambda x: x / time_s if time_s > 0 and x > 0 else None)
+            samples, tokens = sum(self.warmup_samples[drop:]), sum(self.warmup_tokens[drop:])
+            skipped = drop
+
+        def rate(x):
+            return x / time_s if time_s > 0 and x > 0 else None
+
         return SteadyState(
             steps=n, warmup_steps=skipped, step_time_p50_s=p50, step_time_p90_s=p90,
             step_time_mean_s=mean,

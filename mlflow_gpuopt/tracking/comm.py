@@ -156,7 +156,8 @@ def instrument(model, meter: CommMeter) -> str:
         try:
             model.register_comm_hook(None, _ddp_hook(meter))
         except Exception as exc:  # noqa: BLE001 - e.g. a hook the user registered already
-            logger.warning("gpuopt: cannot time DDP all-reduce (%s); communication not measured", exc)
+            logger.warning("gpuopt: cannot time DDP all-reduce (%s); communication not measured",
+                           exc)
         return "ddp"
     try:
         from torch.distributed.fsdp import FSDPModule

@@ -9,6 +9,7 @@ gatherer creation (a collective, at ``track()`` start or at the first step).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -206,7 +207,8 @@ def interconnect(gpu_ids: list[int], gpus_per_node: int, nodes: int) -> str:
         if nodes <= 1:
             return "loopback"
         return "gloo-tcp (loopback)" if _loopback(os.environ.get("MASTER_ADDR")) else "gloo-tcp"
-    intra = "single-gpu" if gpus_per_node == 1 else ("nvlink" if _nvlink_active(gpu_ids) else "pcie")
+    intra = ("single-gpu" if gpus_per_node == 1
+             else ("nvlink" if _nvlink_active(gpu_ids) else "pcie"))
     return intra if nodes <= 1 else f"{intra}+network"
 
 
@@ -242,7 +244,5 @@ def _nvlink_active(gpu_ids: list[int]) -> bool:
                     continue
         return False
     finally:
-        try:
+        with contextlib.suppress(Exception):  # noqa: BLE001
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass

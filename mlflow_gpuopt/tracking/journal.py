@@ -45,7 +45,8 @@ class JournalError(Exception):
 
 
 def journal_dir(directory: str | os.PathLike | None = None) -> Path:
-    """Where journals go: ``directory``, else ``$GPUOPT_JOURNAL_DIR``, else ``./.gpuopt-journal``."""
+    """Where journals go: ``directory``, else ``$GPUOPT_JOURNAL_DIR``, else
+    ``./.gpuopt-journal``."""
     if directory is not None:
         return Path(directory)
     return Path(os.environ.get(JOURNAL_DIR_ENV) or _DEFAULT_DIR)

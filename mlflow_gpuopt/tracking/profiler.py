@@ -197,7 +197,8 @@ class WorkloadProfiler:
         self._saved_ctx.__enter__()
         if device_type == "cuda":
             self._cuda_device = batch.device
-            self.peak_reserved_before_reset_bytes = float(torch.cuda.max_memory_reserved(batch.device))
+            self.peak_reserved_before_reset_bytes = float(
+                torch.cuda.max_memory_reserved(batch.device))
             torch.cuda.reset_peak_memory_stats(batch.device)
             self._cuda_base = float(torch.cuda.memory_allocated(batch.device))
         try:

@@ -105,7 +105,8 @@ def decode(row: list[float]) -> RankReport:
     if len(row) != WIDTH:
         raise ValueError(f"a rank row has {len(row)} values, expected {WIDTH}")
     values = {}
-    for name, v in zip(_SCALARS, row):
+    # the row is longer than _SCALARS: the per-GPU fields follow the scalars
+    for name, v in zip(_SCALARS, row, strict=False):
         values[name] = int(v) if name in _INTS and math.isfinite(v) else v
     n = len(_SCALARS)
     count = int(row[n]) if math.isfinite(row[n]) else 0

@@ -1,7 +1,8 @@
 """The background sampler: a named daemon thread that calls one function every ``interval_s``.
 
-It ticks every interval (the owner takes the start sample itself, synchronously) (``Event.wait``, so stop is immediate); an
-exception in a tick is warned about (rate-limited) and the next tick runs as usual.
+It ticks every interval (the owner takes the start sample itself, synchronously)
+(``Event.wait``, so stop is immediate); an exception in a tick is warned about (rate-limited)
+and the next tick runs as usual.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Each training step appends one tuple ``(perf_counter_s, samples, tokens, forwards, cuda_event,
 comm)`` to a bounded deque (``comm``: the :class:`~.comm.CommMeter`'s cumulative totals in a
-distributed job, else ``None``); everything else (step times, quantiles, throughput) is computed by the
-sampler thread from that deque. A step is an optimizer step (global post-hook) or a manual
-``mark()`` — once ``mark()`` is called, it is the only step clock. Any exception in a hook
-switches the clock off (one warning) and training goes on with a hook that returns at once.
+distributed job, else ``None``); everything else (step times, quantiles, throughput) is
+computed by the sampler thread from that deque. A step is an optimizer step (global
+post-hook) or a manual ``mark()`` — once ``mark()`` is called, it is the only step clock. Any
+exception in a hook switches the clock off (one warning) and training goes on with a hook that
+returns at once.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class StepClock:
         try:
             if not self._grad_enabled():
                 return None
-            x = args[0] if args and isinstance(args[0], self._tensor) else first_tensor(args, kwargs)
+            if args and isinstance(args[0], self._tensor):
+                x = args[0]
+            else:
+                x = first_tensor(args, kwargs)
             if x is not None and x.dim() >= 1:
                 n = x.shape[0]
                 self.pending_samples += n

@@ -55,7 +55,8 @@ class TrackSummary:
         elif s.throughput_steps_per_s is not None:
             parts.append(f"{s.throughput_steps_per_s:.2f} steps/s")
         if s.step_time_p50_s is not None:
-            parts.append(f"step p50 {s.step_time_p50_s * 1e3:.2f} ms, p90 {s.step_time_p90_s * 1e3:.2f} ms")
+            parts.append(f"step p50 {s.step_time_p50_s * 1e3:.2f} ms, "
+                         f"p90 {s.step_time_p90_s * 1e3:.2f} ms")
         if self.peak_memory_bytes is not None:
             parts.append(f"peak memory {self.peak_memory_bytes / 2**30:.2f} GiB")
         if self.mfu is not None:

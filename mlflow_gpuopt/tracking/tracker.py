@@ -157,7 +157,8 @@ class Tracker:
                                 cuda_events=bool(cuda_indices), maxlen=cfg.max_step_records,
                                 on_error=self._hook_error,
                                 comm_meter=self._job.meter if self._job is not None else None)
-        self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps, self._clock.start_event)
+        self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps,
+                                   self._clock.start_event)
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
         if self.model is not None:
             self._handles.append(self.model.register_forward_pre_hook(self._clock.on_forward_pre,
@@ -349,8 +350,8 @@ class Tracker:
             return
         self._profile_params_logged = True
         try:
-            self.profile = profiler.result(self._clock.profile_samples, self._clock.profile_forwards,
-                                           self._overrides())
+            self.profile = profiler.result(self._clock.profile_samples,
+                                           self._clock.profile_forwards, self._overrides())
         except Exception as exc:
             self._warn("profile", "workload profile failed: %s", exc)
             return
@@ -364,7 +365,8 @@ class Tracker:
     def _log_profile_params(self, p: WorkloadProfile | None) -> None:
         c = self.config
         params: dict[str, Any] = {
-            "gpuopt.precision": (p.precision if p else None) or c.precision or self._fallback_precision(),
+            "gpuopt.precision": (p.precision if p else None) or c.precision
+            or self._fallback_precision(),
             "gpuopt.micro_batch": (p.micro_batch if p else None) or c.micro_batch
             or c.samples_per_step or (self._clock.last_step_samples if self._clock else None),
             "gpuopt.grad_accum": (p.grad_accum if p else None) or c.grad_accum or 1,
@@ -403,11 +405,11 @@ class Tracker:
         if self._sampler is not None:
             self._sampler.stop()
         job = self._job
-        if job is not None and job.gatherer is not None:
-            # the last round carries every rank's final figures (waits for all ranks to stop)
-            if not job.stop(timeout_s=max(30.0, 3 * self.config.interval_s)):
-                self._warn("gather", "not every rank reported at the end; the run's job "
-                           "figures may miss the last interval")
+        # the last round carries every rank's final figures (waits for all ranks to stop)
+        if (job is not None and job.gatherer is not None
+                and not job.stop(timeout_s=max(30.0, 3 * self.config.interval_s))):
+            self._warn("gather", "not every rank reported at the end; the run's job "
+                       "figures may miss the last interval")
         self._tick(final=True)  # the end sample, and every step not yet read
         if not self._dist.is_logging_rank:
             self.summary = self._summarize()  # this rank's own view; nothing is logged
@@ -480,7 +482,8 @@ class Tracker:
                 and device_count):
             peak_flops = peak_flops_per_s(self._device, p.precision)
             if peak_flops:
-                mfu = p.flops_per_sample * steady.throughput_samples_per_s / (peak_flops * device_count)
+                mfu = (p.flops_per_sample * steady.throughput_samples_per_s
+                       / (peak_flops * device_count))
         return TrackSummary(
             run_id=self.run_id, device=self._device, device_count=device_count,
             total_steps=self._agg.steps, steady=steady, peak_memory_bytes=peak,

@@ -33,6 +33,7 @@ disk writes; that is counted and warned about.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -369,7 +370,8 @@ class RunWriter:
                     self._warn_once("journal-io", "gpuopt: cannot write tracking journal: %s", exc)
             if self._outage_since is not None:
                 logger.info("gpuopt: MLflow is reachable again after %.1f s; delivering the "
-                            "tracking records kept meanwhile", time.monotonic() - self._outage_since)
+                            "tracking records kept meanwhile",
+                            time.monotonic() - self._outage_since)
                 self._outage_since = None
             self._cond.notify_all()
         del sent
@@ -423,10 +425,8 @@ class RunWriter:
             return self._report
         deadline = time.monotonic() + max(0.0, timeout_s)
         self._stop.set()
-        try:
+        with contextlib.suppress(queue.Full):  # the pump is busy with a full queue anyway
             self._queue.put_nowait(_STOP)
-        except queue.Full:
-            pass  # the pump is busy with a full queue anyway
         # The pump only does local work: give it at least a moment even at timeout 0.
         self._pump.join(max(deadline - time.monotonic(), 1.0))
         with self._cond:

@@ -108,6 +108,7 @@ def repriced(
     if regions_with_capacity is not KEEP:
         changes["regions_with_capacity"] = regions_with_capacity
     out = dataclasses.replace(template, **changes)
-    if out.spot_price_per_hour_usd is not None and out.spot_price_per_hour_usd > out.price_per_hour_usd:
+    if (out.spot_price_per_hour_usd is not None
+            and out.spot_price_per_hour_usd > out.price_per_hour_usd):
         out = dataclasses.replace(out, spot_price_per_hour_usd=None)
     return out

@@ -3,6 +3,7 @@ secrets redacted from every message, a progress bar for long downloads on a term
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -121,10 +122,8 @@ class HttpClient:
     def _wait(self, attempt: int, retry_after: str | None) -> float:
         wait = self.backoff_s * 2 ** (attempt - 1)
         if retry_after:
-            try:
+            with contextlib.suppress(ValueError):
                 wait = max(wait, float(retry_after))
-            except ValueError:
-                pass
         return min(wait, self.max_backoff_s)
 
     def _read(self, resp: requests.Response, what: str, shown: str) -> bytes:

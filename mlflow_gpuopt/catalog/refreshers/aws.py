@@ -69,7 +69,8 @@ def parse_offer_file(
         if sku not in on_demand:  # sold only reserved/savings-plan: no on-demand price
             continue
         gpus = attrs.get("gpu")
-        if gpus is not None and int(number(gpus, f"{where} {itype} gpu")) != wanted[itype].gpu_count:
+        if (gpus is not None
+                and int(number(gpus, f"{where} {itype} gpu")) != wanted[itype].gpu_count):
             raise RefreshError(
                 f"{where}: {itype} has {gpus} GPUs, the catalog says {wanted[itype].gpu_count}"
             )

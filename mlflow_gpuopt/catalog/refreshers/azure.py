@@ -58,7 +58,8 @@ def parse_items(
             price = number(get(item, "retailPrice", (int, float), where), where + " retailPrice")
             target = spot if "Spot" in names else od
             if key in target and target[key] != price:
-                raise RefreshError(f"{where}: several different prices ({target[key]:g}, {price:g})")
+                raise RefreshError(
+                    f"{where}: several different prices ({target[key]:g}, {price:g})")
             target[key] = price
     source = f"Azure Retail Prices API (Linux, consumption), read {as_of}"
     fresh, kept = [], []
@@ -67,13 +68,14 @@ def parse_items(
             kept.append(t)
             continue
         fresh.append(repriced(t, price=od[key], as_of=as_of, source=source,
-                              spot=spot[key] if key in spot else KEEP))
+                              spot=spot.get(key, KEEP)))
     if templates and not fresh:
         raise RefreshError("Azure retail prices: none of our VM sizes is priced")
     return fresh, kept
 
 
-def fetch_pages(client: HttpClient, templates: Sequence[Offer], base_url: str | None = None) -> list[Any]:
+def fetch_pages(client: HttpClient, templates: Sequence[Offer],
+                base_url: str | None = None) -> list[Any]:
     """Every page for every region the catalog has Azure offers in."""
     base = base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
     host = urlsplit(base).netloc
