@@ -269,7 +269,7 @@ def lomo_cross_gpu(rows, wl, hw) -> list[Result]:
     models = sorted({r.model for r in by_setting[LOMO_GRID[0]]})
     out = []
     for held in models:
-        def score(setting):
+        def score(setting, held=held):  # used at once by min(), bound for clarity
             errs = [r.error for r in by_setting[setting] if r.model != held]
             return statistics.median(errs) + 0.3 * _pct(errs, 0.9) / 100
         best = min(LOMO_GRID, key=score)

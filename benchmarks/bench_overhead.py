@@ -7,10 +7,11 @@ process (so drift and neighbours hit both alike), at two sizes: ~10 ms and ~1 ms
 CPU thread; the figure is the median over rounds of (tracked block median / adjacent plain
 block median). Blocks last ``--block-s`` seconds each, so the one-off start of a run (creating
 it, the first writes — on a 1-core machine they compete with training) is a fixed cost
-spread over a realistic stretch of steps rather than the bulk of a tiny block. Each step is timed from outside with ``perf_counter``; the figure is the ratio of
-median step times (goals: ≤ 1.01 at 10 ms, ≤ 1.03 at 1 ms). Then the step hook alone: the
-optimizer post-hook and the model forward pre-hook, called directly in a tight loop (goal:
-≤ 5 µs per step). Tracking logs into a throw-away sqlite store.
+spread over a realistic stretch of steps rather than the bulk of a tiny block. Each step is
+timed from outside with ``perf_counter``; the figure is the ratio of median step times
+(goals: ≤ 1.01 at 10 ms, ≤ 1.03 at 1 ms). Then the step hook alone: the optimizer post-hook
+and the model forward pre-hook, called directly in a tight loop (goal: ≤ 5 µs per step).
+Tracking logs into a throw-away sqlite store.
 
 Then the long run (``--long-steps 1000000 --long-rate 10000``, ~100 s; ``--long-steps 0``
 skips it): a trivial step (``opt.step()`` on one parameter, hook + tracker only) paced at

@@ -31,7 +31,8 @@ def show_run(run_id: str) -> dict:
         "throughput_samples_per_s": m.get("gpuopt/summary/throughput_samples_per_s"),
         "step_time_p50_s": m.get("gpuopt/summary/step_time_p50_s"),
         "step_time_p90_s": m.get("gpuopt/summary/step_time_p90_s"),
-        "flops_per_sample": float(p["gpuopt.flops_per_sample"]) if "gpuopt.flops_per_sample" in p else None,
+        "flops_per_sample": (float(p["gpuopt.flops_per_sample"])
+                             if "gpuopt.flops_per_sample" in p else None),
         "params": int(p["gpuopt.params"]) if "gpuopt.params" in p else None,
         "peak_memory_bytes": m.get("gpuopt/summary/peak_memory_bytes"),
     }
@@ -46,10 +47,12 @@ def show_run(run_id: str) -> dict:
     print(f"  device            {figures['device']}  precision {figures['precision']}")
     print(f"  throughput        {fmt(figures['throughput_samples_per_s'], '.1f')} samples/s")
     p50, p90 = figures["step_time_p50_s"], figures["step_time_p90_s"]
-    print(f"  step time         p50 {fmt(p50 and p50 * 1e3, '.2f')} ms, p90 {fmt(p90 and p90 * 1e3, '.2f')} ms")
+    print(f"  step time         p50 {fmt(p50 and p50 * 1e3, '.2f')} ms, "
+          f"p90 {fmt(p90 and p90 * 1e3, '.2f')} ms")
     print(f"  FLOPs/sample      {fmt(figures['flops_per_sample'], '.3e')} (forward + backward)")
     print(f"  parameters        {fmt(figures['params'], ',')}")
-    print(f"  peak memory       {fmt(figures['peak_memory_bytes'] and figures['peak_memory_bytes'] / 2**20, '.0f')} MiB")
+    peak = figures["peak_memory_bytes"]
+    print(f"  peak memory       {fmt(peak and peak / 2**20, '.0f')} MiB")
     return figures
 
 

@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812 - PyTorch's conventional alias
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402, N817 - usual name
 
 import _dist_common as dc  # noqa: E402
 from _common import base_parser, setup_mlflow  # noqa: E402

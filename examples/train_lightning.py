@@ -15,14 +15,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812 - PyTorch's conventional alias
 
 from _common import base_parser, setup_mlflow  # noqa: E402
 from train_resnet import ResNetConfig, SmallResNet, synthetic_batch  # noqa: E402
 
 
 def make_module(cfg: ResNetConfig):
-    import lightning as L
+    import lightning as L  # noqa: N812 - Lightning's documented alias
 
     class LitResNet(L.LightningModule):
         def __init__(self) -> None:
@@ -46,14 +46,14 @@ def make_module(cfg: ResNetConfig):
 
 def make_loader(cfg: ResNetConfig, steps: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
-    xs, ys = zip(*(synthetic_batch(cfg, gen) for _ in range(steps)))
+    xs, ys = zip(*(synthetic_batch(cfg, gen) for _ in range(steps)), strict=True)
     ds = torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
     return torch.utils.data.DataLoader(ds, batch_size=cfg.batch_size, shuffle=False)
 
 
 def main(argv: list[str] | None = None) -> str | None:
     """Train and track; returns the MLflow run id."""
-    import lightning as L
+    import lightning as L  # noqa: N812 - Lightning's documented alias
     import mlflow
 
     import mlflow_gpuopt as gpuopt

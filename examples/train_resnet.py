@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812 - PyTorch's conventional alias
 
 from _common import base_parser, setup_mlflow  # noqa: E402
 
@@ -77,7 +77,8 @@ def synthetic_batch(cfg: ResNetConfig, gen: torch.Generator) -> tuple[torch.Tens
     angle = y.float() * (3.14159 / cfg.num_classes)
     coords = torch.arange(s).float()
     yy, xx = torch.meshgrid(coords, coords, indexing="ij")
-    phase = (xx[None] * torch.cos(angle)[:, None, None] + yy[None] * torch.sin(angle)[:, None, None])
+    phase = (xx[None] * torch.cos(angle)[:, None, None]
+             + yy[None] * torch.sin(angle)[:, None, None])
     pattern = torch.sin(phase * 0.8)
     colour = torch.stack([(y % 3 == c).float() for c in range(3)], dim=1)[:, :, None, None]
     x = pattern[:, None] * (0.5 + colour) + 0.3 * torch.randn(n, 3, s, s, generator=gen)
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> str | None:
 
     import mlflow_gpuopt as gpuopt
 
-    args = base_parser("Small ResNet on synthetic images, tracked by gpuopt", steps=30).parse_args(argv)
+    parser = base_parser("Small ResNet on synthetic images, tracked by gpuopt", steps=30)
+    args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     setup_mlflow()
     cfg = ResNetConfig()
@@ -100,7 +102,8 @@ def main(argv: list[str] | None = None) -> str | None:
     gen = torch.Generator().manual_seed(args.seed)
     with mlflow.start_run(run_name="small-resnet") as run:
         mlflow.log_params({"model": "SmallResNet", "batch_size": cfg.batch_size})
-        with gpuopt.track(model=model, optimizer=opt, interval_s=args.interval, name="small-resnet"):
+        with gpuopt.track(model=model, optimizer=opt, interval_s=args.interval,
+                          name="small-resnet"):
             for step in range(args.steps):
                 x, y = (z.to(device) for z in synthetic_batch(cfg, gen))
                 loss = F.cross_entropy(model(x), y)

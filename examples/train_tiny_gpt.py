@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812 - PyTorch's conventional alias
 
 from _common import base_parser, setup_mlflow  # noqa: E402
 
@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> str | None:
                 opt.step()
                 if step % 10 == 0 or step == args.steps - 1:
                     mlflow.log_metric("loss", loss.item(), step=step)
-                    print(f"step {step:4d}  loss {loss.item():.3f}  (uniform {math.log(len(chars)):.3f})")
+                    print(f"step {step:4d}  loss {loss.item():.3f}  "
+                          f"(uniform {math.log(len(chars)):.3f})")
         return run.info.run_id
 
 

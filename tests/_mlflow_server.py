@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -79,10 +80,8 @@ class MlflowServer:
         """SIGKILL the server and its workers (a crash, not a shutdown)."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=10)
         self.proc = None
         deadline = time.monotonic() + 10

@@ -101,7 +101,8 @@ def test_colab_offers_are_compute_units_with_limits(cat):
     for o in colab:
         assert o.pricing == "compute_units" and o.max_nodes == 1 and o.gpu_count == 1
         assert not o.gpu_guaranteed and o.max_session_hours
-        assert o.price_per_hour_usd == pytest.approx(o.compute_units_per_hour * o.usd_per_compute_unit, rel=1e-4)
+        assert o.price_per_hour_usd == pytest.approx(
+            o.compute_units_per_hour * o.usd_per_compute_unit, rel=1e-4)
     a100 = _find(cat, "colab", "colab-proplus-A100")
     assert a100.subscription_usd_per_month == 49.99 and a100.compute_units_per_month == 500
     assert a100.compute_units_per_hour == 13.08

@@ -138,7 +138,7 @@ def test_two_nodes_on_loopback_one_run(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(procs, outs):
+    for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-3000:]
     run = only_run(tmp_path)
     p, m = check_job(run, "ddp")

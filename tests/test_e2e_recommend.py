@@ -62,12 +62,13 @@ def test_recommend_json_and_mlflow_artifacts(store):
     assert doc["target"]["total_samples"] == pytest.approx(2e9 / 64)  # 64-token samples
     cands = doc["candidates"]
     assert 1 <= len(cands) <= 10
-    keys = ("rank provider instance_type gpu nodes gpus strategy micro_batch grad_accum "
-            "precision pricing throughput_samples_per_s predicted_hours predicted_hours_low "
-            "predicted_hours_high predicted_cost_usd cost_low_usd cost_high_usd "
-            "p_meets_deadline meets_deadline why launch").split()
+    keys = {"rank", "provider", "instance_type", "gpu", "nodes", "gpus", "strategy",
+            "micro_batch", "grad_accum", "precision", "pricing", "throughput_samples_per_s",
+            "predicted_hours", "predicted_hours_low", "predicted_hours_high",
+            "predicted_cost_usd", "cost_low_usd", "cost_high_usd", "p_meets_deadline",
+            "meets_deadline", "why", "launch"}
     for c in cands:
-        assert set(keys) <= set(c)
+        assert keys <= set(c)
         assert c["launch"].startswith("torchrun --nnodes ")
     meeting = [c for c in cands if c["meets_deadline"]]
     assert meeting and meeting == cands[:len(meeting)]

@@ -29,9 +29,8 @@ def test_every_run_gets_hardware_tags_on_cpu(tracking_uri, monkeypatch):
 
 def test_gpu_model_and_count_from_nvml(tracking_uri, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    with fake_nvml([FakeGPU("NVIDIA H100 80GB HBM3")] * 4):
-        with mlflow.start_run() as run:
-            pass
+    with fake_nvml([FakeGPU("NVIDIA H100 80GB HBM3")] * 4), mlflow.start_run() as run:
+        pass
     tags = mlflow.get_run(run.info.run_id).data.tags
     assert tags["gpuopt.hw.gpu"] == "NVIDIA H100 80GB HBM3"
     assert tags["gpuopt.hw.gpu_count"] == "2"

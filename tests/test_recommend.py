@@ -118,7 +118,7 @@ def test_pareto_front_is_not_dominated_and_contains_fastest_and_cheapest():
     # each step toward speed buys more than 5 %: the plan 4 % faster than the fastest
     # kept one, for three times its cost, is left off (and is not "the fastest option")
     assert front[0] is rec.fastest
-    for slower, faster in zip(front[1:], front[:-1]):
+    for slower, faster in zip(front[1:], front[:-1], strict=True):
         assert faster.hours * 1.05 < slower.hours
     quickest = min(rec.candidates, key=lambda c: c.hours)
     assert quickest not in front and quickest.cost_usd > 2 * rec.fastest.cost_usd
@@ -160,7 +160,7 @@ def _by_instance(rec):
 def test_colab_plans_differ_short_job_pays_the_whole_month():
     rec = run(offers=COLAB, target=Target(1e6, deadline_hours=None, per_rank_batch=256))
     plans = _by_instance(rec)
-    payg, pro, plus = plans["colab-payg"], plans.get("colab-pro"), None
+    payg, pro = plans["colab-payg"], plans.get("colab-pro")
     assert payg.pricing == "on_demand" and "pay-as-you-go" in payg.cost_basis
     # a short job: pay-as-you-go pays the CUs it burns, Pro/Pro+ the whole monthly fee
     cu = payg.hours * 11.77
@@ -310,7 +310,7 @@ def test_dominated_strategies_on_the_same_nodes_are_collapsed():
         by_shape.setdefault((c.offer.instance_type, c.nodes, c.pricing), []).append(c)
     for plans in by_shape.values():
         plans.sort(key=lambda c: c.cost_usd)
-        for cheaper, dearer in zip(plans, plans[1:]):
+        for cheaper, dearer in zip(plans, plans[1:], strict=False):
             assert dearer.hours < cheaper.hours / 1.05 or dearer in rec.pareto
 
 

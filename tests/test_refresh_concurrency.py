@@ -88,10 +88,11 @@ def test_lock_is_exclusive_in_one_process_too_and_released_after(tmp_path):
     path = tmp_path / "x.lock"
     with exclusive_lock(path, timeout_s=0, what="test"):
         assert path.read_text().strip().isdigit()
-        with pytest.raises(LockTimeoutError, match=r"another test is running \(pid \d+ holds"):
-            # a second open file description on the same file conflicts under flock
-            with exclusive_lock(path, timeout_s=0.1, what="test"):
-                pass
+        # a second open file description on the same file conflicts under flock
+        with (pytest.raises(LockTimeoutError,
+                            match=r"another test is running \(pid \d+ holds"),
+              exclusive_lock(path, timeout_s=0.1, what="test")):
+            pass
     with exclusive_lock(path, timeout_s=0, what="test"):
         pass
     assert issubclass(LockTimeoutError, RefreshError)

@@ -18,7 +18,8 @@ from mlflow_gpuopt.catalog.store import load_gpus
 FIXTURES = Path(__file__).parent / "fixtures" / "pricing"
 CAT = load_catalog(use_user_cache=False, reload=True)
 GPUS = load_gpus()
-TEMPLATES = {p: [o for o in CAT.offers if o.provider == p] for p in ("aws", "gcp", "lambda", "azure")}
+TEMPLATES = {p: [o for o in CAT.offers if o.provider == p]
+             for p in ("aws", "gcp", "lambda", "azure")}
 
 json_leaf = st.one_of(
     st.none(), st.booleans(), st.integers(-10**12, 10**12),
@@ -78,7 +79,8 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 @SETTINGS
 @given(payload=json_value)
 def test_random_payloads(payload):
-    _outcome(lambda: aws.parse_offer_file(payload, "us-east-1", TEMPLATES["aws"], "2026-01-01"), "aws")
+    _outcome(lambda: aws.parse_offer_file(payload, "us-east-1", TEMPLATES["aws"], "2026-01-01"),
+             "aws")
     _outcome(lambda: gcp.parse_skus([payload], TEMPLATES["gcp"], "2026-01-01"), "gcp")
     _outcome(lambda: lambda_cloud.parse_instance_types(payload, TEMPLATES["lambda"], "2026-01-01"),
              "lambda")
@@ -90,7 +92,8 @@ def test_random_payloads(payload):
 def test_mutated_aws(data):
     base = _fixture("aws_ec2_us-east-1.json")
     payload = _mutate(base, data)
-    _outcome(lambda: aws.parse_offer_file(payload, "us-east-1", TEMPLATES["aws"], "2026-01-01"), "aws")
+    _outcome(lambda: aws.parse_offer_file(payload, "us-east-1", TEMPLATES["aws"], "2026-01-01"),
+             "aws")
 
 
 @SETTINGS

@@ -100,7 +100,7 @@ def test_tracking_does_not_change_training():
                       run_id=None) as t:
         tracked = train(model_b, opt_b, steps=6)
     assert tracked == plain  # bit-identical losses, profiled step included
-    for a, b in zip(model_a.parameters(), model_b.parameters()):
+    for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
         assert torch.equal(a, b)
     mlflow.end_run() if mlflow.active_run() else None
     assert t.profile is not None and t.profile.flops_per_sample > 0
@@ -121,10 +121,10 @@ def test_joins_active_run_and_leaves_it_open(tracking_uri):
 
 def test_starts_and_ends_its_own_run_failed_on_exception(tracking_uri):
     model, opt = make_model()
-    with pytest.raises(RuntimeError, match="user bug"):
-        with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
-            train(model, opt, steps=3)
-            raise RuntimeError("user bug")
+    with (pytest.raises(RuntimeError, match="user bug"),
+          gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t):
+        train(model, opt, steps=3)
+        raise RuntimeError("user bug")
     assert mlflow.active_run() is None
     run = mlflow.get_run(t.run_id)
     assert run.info.status == "FAILED"
@@ -208,7 +208,8 @@ def test_fake_gpu_series_device_and_mfu(tracking_uri, monkeypatch):
     assert m["gpuopt/gpu_0_utilization_percent"] == 87.0
     assert m["gpuopt/gpu_0_memory_used_bytes"] == 10 * 2**30
     assert m["gpuopt/summary/peak_memory_bytes"] == 10 * 2**30
-    expected_mfu = (float(p["gpuopt.flops_per_sample"]) * m["gpuopt/summary/throughput_samples_per_s"]
+    expected_mfu = (float(p["gpuopt.flops_per_sample"])
+                    * m["gpuopt/summary/throughput_samples_per_s"]
                     / 19.5e12)  # A100 dense fp32
     assert m["gpuopt/summary/mfu"] == pytest.approx(expected_mfu, rel=1e-6)
     assert "gpuopt/gpu_1_power_watts" not in m  # only the visible GPU

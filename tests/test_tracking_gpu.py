@@ -31,7 +31,8 @@ def test_cuda_training_is_measured(tracking_uri):
     assert p["gpuopt.device"] == torch.cuda.get_device_name(0)
     assert p["gpuopt.device_count"] == "1" and p["gpuopt.precision"] == "bf16"
     macs = 1024 * 4096 * 2
-    assert float(p["gpuopt.flops_per_sample"]) == pytest.approx(6 * macs - 2 * 1024 * 4096, rel=0.05)
+    assert float(p["gpuopt.flops_per_sample"]) == pytest.approx(6 * macs - 2 * 1024 * 4096,
+                                                                rel=0.05)
     assert m["gpuopt/summary/peak_memory_bytes"] > 4 * sum(q.numel() for q in model.parameters())
     assert 0 < m["gpuopt/summary/step_time_p50_s"] < 1.0
     client = MlflowClient()

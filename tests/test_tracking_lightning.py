@@ -6,7 +6,7 @@ import mlflow
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
 L = pytest.importorskip("lightning")
 
