@@ -27,6 +27,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP) browser
+	$(BIN)/ruff check mlflow_gpuopt tests examples benchmarks
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
