@@ -94,6 +94,8 @@ def load_workload(path: str | Path) -> Workload:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise WorkloadFileError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise WorkloadFileError(f"{p}: not UTF-8 text") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -117,8 +119,10 @@ def parse_observations_csv(text: str, where: str = "observations",
             f"(columns: {', '.join(OBSERVATION_COLUMNS)})")
     out: list[Observation] = []
     for line, raw in enumerate(reader, start=2):
-        row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
         at = f"{where}, row {line}"
+        if None in raw:  # csv.DictReader files surplus cells under the key None
+            raise WorkloadFileError(f"{at}: more cells than the header has columns")
+        row = {k.strip(): (v or "").strip() for k, v in raw.items()}
         if not any(row.values()):
             continue
         for c in REQUIRED_OBSERVATION_COLUMNS:
@@ -169,4 +173,6 @@ def load_observations(path: str | Path, resolve_gpu: Callable[[str], str] | None
     except OSError as exc:
         raise WorkloadFileError(
             f"cannot read observations file {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise WorkloadFileError(f"{p}: not UTF-8 text") from None
     return parse_observations_csv(text, where=str(p), resolve_gpu=resolve_gpu)

@@ -78,6 +78,24 @@ def test_bad_input_is_one_line_exit_2(files, args, message):
     assert len(r.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("which, content, message", [
+    ("workload", b"\xff\xfe{}", "not UTF-8"),
+    ("observations", b"gpu,gpu_count,throughput_samples_per_s\n\xff,1,100\n", "not UTF-8"),
+    ("observations", b"gpu,gpu_count,throughput_samples_per_s\nA100,1,100,5\n",
+     "row 2: more cells than the header"),
+])
+def test_unreadable_files_are_one_line_exit_2(tmp_path, files, which, content, message):
+    w, o = files
+    bad = tmp_path / "bad"
+    bad.write_bytes(content)
+    paths = {"workload": w, "observations": o, which: str(bad)}
+    r = CliRunner().invoke(gpuopt, ["predict", "--workload", paths["workload"],
+                                    "--observations", paths["observations"],
+                                    "--gpu", "A100-80GB-SXM4", "--gpus", "1"])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and len(r.output.strip().splitlines()) == 1
+
+
 def test_workload_missing_required_field(tmp_path, files):
     _, o = files
     bad = tmp_path / "bad.json"
