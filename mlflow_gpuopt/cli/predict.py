@@ -19,13 +19,14 @@ from mlflow_gpuopt.cli._errors import UsageError
 
 logger = logging.getLogger(__name__)
 
-_DP = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 _PART = re.compile(r"^(tp|pp|dp)?(\d*)$")
 
 
 def parse_strategy(text: str) -> tuple[str, int, int]:
     """``(data-parallel strategy, tp, pp)`` from ``ddp``, ``zero2``, ``tp``, ``tp4``,
     ``pp2``, ``tp2xpp2``, ``tp2xpp2xzero1`` (parts joined by ``x``, ``×``, ``+`` or ``,``)."""
+    from mlflow_gpuopt.perfmodel.layout import DP_STRATEGIES as _DP
+
     parts = [p for p in re.split(r"[x×+,*]", text.strip().lower()) if p]
     if not parts:
         raise UsageError(f"empty --strategy; use one of {', '.join(_DP)}, tp, pp or tp2xpp2xddp")

@@ -38,14 +38,6 @@ def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_bytes_per_s: float,
             + 2.0 * (ranks - 1) * latency_s)
 
 
-def ring_allgather_s(nbytes: float, ranks: int, bandwidth_bytes_per_s: float,
-                     latency_s: float = INTRA_NODE_LATENCY_S) -> float:
-    """Ring all-gather or reduce-scatter of ``nbytes`` in total: ``(n−1)/n · bytes / bw``."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s + (ranks - 1) * latency_s
-
-
 def dp_link(hardware: Hardware, layout: Layout) -> tuple[float, float]:
     """Effective (bandwidth, latency) of the data-parallel ring.
 
@@ -110,13 +102,6 @@ def pp_p2p_s(boundary_bytes: float, layout: Layout, hardware: Hardware) -> float
     else:
         bw, lat = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY, INTRA_NODE_LATENCY_S
     return 2.0 * (boundary_bytes / bw + lat)
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """GPipe/1F1B pipeline bubble as a share of the step: ``(p−1)/(m+p−1)``."""
-    if stages <= 1:
-        return 0.0
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 def overlap_s(compute_s: float, comm_s: float, gamma: float) -> float:

@@ -23,8 +23,6 @@ calibrate the rest (see :mod:`.fitting`).
 
 from __future__ import annotations
 
-import math
-
 from mlflow_gpuopt.perfmodel.precision import (
     ELEMENT_BYTES,
     is_mixed,
@@ -113,12 +111,6 @@ def per_sample_time_prior_s(workload: Workload, hardware: Hardware, precision: s
     return max(compute, hidden * memory) + (1.0 - hidden) * memory
 
 
-def compute_share(workload: Workload, hardware: Hardware, precision: str) -> float:
-    """Share of ``b`` that is FLOP-bound (the rest is memory-bound), in [0, 1]."""
-    compute = matmul_time_s(workload, hardware, precision)
-    return min(1.0, compute / per_sample_time_prior_s(workload, hardware, precision))
-
-
 def latency_rate_flops_per_s(hardware: Hardware) -> float:
     """What latency-bound work scales with across GPU types: SM count × clock, for which the
     plain FP32 peak (SMs × clock × FP32 lanes) stands in."""
@@ -156,15 +148,3 @@ def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_para
     16-bit copy in mixed precision."""
     per_param = 2 * (4 + optimizer_state_bytes_per_param) + 4 + (2 if is_mixed(precision) else 0)
     return params_updated * per_param / (hardware.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
-
-
-def grad_time_s(a_s: float, b_s: float, micro_batch: float) -> float:
-    """Pollux's ``T_grad(m) = a + b·m``: forward+backward of one micro-batch on one GPU."""
-    return a_s + b_s * micro_batch
-
-
-def mfu(workload: Workload, hardware: Hardware, precision: str, samples_per_s_per_gpu: float
-        ) -> float:
-    """Model FLOPs utilisation: achieved FLOP/s over dense peak for ``precision``."""
-    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
-    return workload.flops_per_sample * samples_per_s_per_gpu / peak if peak else math.nan
