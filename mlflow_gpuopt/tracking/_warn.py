@@ -23,6 +23,3 @@ class WarnOnce:
             suffix = f" (x{n})" if n > 1 else ""
             # the caller's message is a %-template: prefix/suffix it, its args stay lazy
             self._logger.warning("gpuopt: " + message + suffix, *args)  # noqa: G003
-
-    def count(self, key: str) -> int:
-        return self._counts.get(key, 0)

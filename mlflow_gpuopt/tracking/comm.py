@@ -18,19 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CommTotals:
-    """Collectives of one interval (usually one optimizer step)."""
-
-    collectives: int
-    comm_time_s: float  # sum over collectives of launch -> completion
-    comm_bytes: int  # payload bytes this rank contributed
-    exposed_s: float  # completion of the last collective minus the last launch (>= 0)
 
 
 class CommMeter:
@@ -50,7 +39,6 @@ class CommMeter:
         self._exposed_s = 0.0
         self._last_launch = 0.0  # this step's latest launch (0 = none yet)
         self._last_end = 0.0  # this step's latest completion
-        self._taken = (0, 0.0, 0, 0.0)
 
     def launched(self) -> float:
         """Note a launch; returns its timestamp for :meth:`completed`."""
@@ -76,18 +64,6 @@ class CommMeter:
                 self._exposed_s += self._last_end - self._last_launch
             self._last_launch = self._last_end = 0.0
             return (self._count, self._time_s, self._bytes, self._exposed_s)
-
-    def totals(self) -> tuple[int, float, int, float]:
-        """Cumulative ``(collectives, comm_time_s, comm_bytes, exposed_s)`` of closed steps
-        plus whatever completed since (without closing the step)."""
-        with self._lock:
-            return (self._count, self._time_s, self._bytes, self._exposed_s)
-
-    def take(self) -> CommTotals:
-        """Totals since the previous ``take()`` (closes the current step)."""
-        now = self.end_step()
-        prev, self._taken = self._taken, now
-        return CommTotals(now[0] - prev[0], now[1] - prev[1], now[2] - prev[2], now[3] - prev[3])
 
 
 def _nbytes(tensor) -> int:

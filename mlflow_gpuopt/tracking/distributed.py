@@ -3,8 +3,8 @@
 ``DistributedContext.from_env()`` reads torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node's rank) and ``GROUP_WORLD_SIZE`` (nodes), and
 prefers ``torch.distributed``'s rank and world size when a process group is initialised.
-A single process's window is logged as it is (:func:`combine_window`); the ranks of a
-distributed job are combined on rank 0 from gathered reports (:mod:`.rank_rows`).
+A single process's window is logged as it is; the ranks of a distributed job are combined
+on rank 0 from gathered reports (:mod:`.rank_rows`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,3 @@ class StepWindow:
     comm_bytes: int = 0  # payload bytes this rank sent into collectives
     exposed_comm_s: float = 0.0  # communication the steps waited on (not hidden by compute)
 
-
-def combine_window(ctx: DistributedContext, window: StepWindow) -> StepWindow:
-    """The job-wide view of a window. One process: the window itself."""
-    return window

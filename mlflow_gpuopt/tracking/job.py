@@ -48,7 +48,6 @@ class JobTracking:
         self.combiner = JobCombiner() if ctx.is_logging_rank else None
         self.gatherer: Any = None
         self.pending = True  # the gatherer is still to be created
-        self.failed = False
         # interval accumulation on this rank (several ticks may fall in one round)
         self._window: dict[str, float] = {}
         self._hw: dict[str, float] = {}
@@ -77,9 +76,7 @@ class JobTracking:
         """Last round and join; False if peers did not answer in time (or no gatherer)."""
         if self.gatherer is None:
             return False
-        ok = self.gatherer.stop(timeout_s)
-        self.failed = self.failed or not ok
-        return ok
+        return self.gatherer.stop(timeout_s)
 
     @property
     def gathered(self) -> bool:

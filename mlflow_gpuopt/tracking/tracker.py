@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
-from mlflow_gpuopt.tracking.distributed import DistributedContext, combine_window
+from mlflow_gpuopt.tracking.distributed import DistributedContext
 from mlflow_gpuopt.tracking.profiler import WorkloadProfile, WorkloadProfiler, detect_precision
 from mlflow_gpuopt.tracking.summary import TrackSummary
 
@@ -318,7 +318,6 @@ class Tracker:
                 if job.gatherer is not None:
                     window = None
             if window is not None:
-                window = combine_window(self._dist, window)
                 metrics["gpuopt/step_time_s"] = window.duration_s / window.steps
                 if window.duration_s > 0 and window.samples > 0 and self._agg.samples_known:
                     metrics["gpuopt/throughput_samples_per_s"] = window.samples / window.duration_s
