@@ -43,7 +43,6 @@ class StepClock:
         self.last_step_forwards = 0
         self.profile_samples: int | None = None
         self.profile_forwards: int | None = None
-        self._cuda_events = cuda_events
         self._event_cls: Any = None
         self._on_error = on_error
         self._perf = time.perf_counter
@@ -54,14 +53,16 @@ class StepClock:
         self.start_time = self._perf()
         self.start_event: Any = None
         if cuda_events:
-            import torch
-
             self._event_cls = torch.cuda.Event
             self.start_event = torch.cuda.Event(enable_timing=True)
             self.start_event.record()
 
     def _fail(self, where: str, exc: BaseException) -> None:
+        """A hook failed: the clock is off for the rest of the run (and so is the profile)."""
         self.broken = True
+        self._stop_profiling(where, exc)
+
+    def _stop_profiling(self, where: str, exc: BaseException) -> None:
         self.profile_step = -1
         if self.profiler is not None:
             try:
@@ -101,13 +102,7 @@ class StepClock:
 
     def _profile_failed(self, exc: BaseException) -> None:
         """The one-off profiler failed: drop the profile, keep counting steps."""
-        self.profile_step = -1
-        try:
-            self.profiler.abort()
-        except Exception as inner:
-            logger.debug("gpuopt: profiler abort failed: %s", inner)
-        if self._on_error is not None:
-            self._on_error("workload profiler", exc)
+        self._stop_profiling("workload profiler", exc)
 
     def on_forward(self, module: Any, args: tuple, output: Any) -> None:
         """Model forward hook: closes the profiler's activation window."""
