@@ -255,9 +255,7 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
         gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
         residual_rms=rms, observed_batches=batches,
         max_observed_dp=max((o.layout.dp for o in prepared), default=0),
-        observed_strategies=frozenset(o.layout.dp_strategy if o.layout.tp * o.layout.pp == 1
-                                      else ("tp" if o.layout.tp > 1 else "pp")
-                                      for o in prepared),
+        observed_strategies=frozenset(o.layout.strategy_name() for o in prepared),
         observed_multinode=any(o.nodes > 1 for o in prepared),
         cpu_only=not prepared, n_observations=len(prepared) + n_cpu)
 

@@ -29,6 +29,13 @@ class Layout:
         """GPUs in the job: ``tp × pp × dp``."""
         return self.tp * self.pp * self.dp
 
+    def strategy_name(self) -> str:
+        """The strategy this layout runs: its data-parallel flavour, or ``tp``/``pp`` when the
+        model is split (tensor parallel named first)."""
+        if self.tp * self.pp == 1:
+            return self.dp_strategy
+        return "tp" if self.tp > 1 else "pp"
+
 
 def resolve_layout(config: ParallelConfig) -> Layout:
     """Degrees for ``config``; ``strategy="tp"`` without ``tp`` uses the whole node, and

@@ -64,6 +64,7 @@ class Predictor:
             notes.append("no measurements: GPU speed from FLOPs / peak at a prior efficiency")
         self._notes = tuple(notes)
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
+        self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}
         self._calib_cache: dict[Key, tuple[Calibration, float, bool]] = {}
 
     @property
@@ -81,8 +82,8 @@ class Predictor:
 
     def _build_calibration(self, key: Key) -> tuple[Calibration, float, bool]:
         res = self.result
-        logk, sd_k, logr, extrapolated = self._compute_scale(key)
         pool = self._pool(key)
+        logk, sd_k, logr, extrapolated = self._compute_scale(key, pool)
         x_fixed = sum(res.latency_flops.get(k, (0.0, 0.0))[0] for k in pool) / len(pool)
         x_sample = sum(res.latency_flops.get(k, (0.0, 0.0))[1] for k in pool) / len(pool)
         opt = [res.log_optimizer_scale[k] for k in pool if k in res.log_optimizer_scale]
@@ -100,27 +101,22 @@ class Predictor:
         same_gpu = [k for k in res.log_compute_scale if k[0] == key[0]]
         if same_gpu:
             return same_gpu
+        # Prefer calibrations made at the same precision.
         return [k for k in res.log_compute_scale if k[1] == key[1]] or list(res.log_compute_scale)
 
-    def _compute_scale(self, key: Key) -> tuple[float, float, float, bool]:
-        """(log k, its sd, log r, extrapolated) for a GPU and precision."""
+    def _compute_scale(self, key: Key, pool: list[Key]) -> tuple[float, float, float, bool]:
+        """(log k, its sd, log r, extrapolated) for a GPU and precision, from ``_pool(key)``."""
         res = self.result
         if key in res.log_compute_scale:
             return (res.log_compute_scale[key], res.log_compute_sd[key],
                     res.log_fixed_scale.get(key, 0.0), False)
         if not res.log_compute_scale:
             return 0.0, unc.SIGMA_PRIOR_ONLY, 0.0, True
-        same_gpu = [k for k in res.log_compute_scale if k[0] == key[0]]
-        if same_gpu:
-            pool, extra = same_gpu, unc.SIGMA_OTHER_PRECISION
-        else:
-            # Prefer calibrations made at the same precision.
-            pool = [k for k in res.log_compute_scale if k[1] == key[1]] or \
-                list(res.log_compute_scale)
-            extra = unc.SIGMA_OTHER_GPU
+        same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
+        extra = unc.SIGMA_OTHER_PRECISION if same_gpu else unc.SIGMA_OTHER_GPU
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
-        return logk, unc.combine(sd, extra), 0.0, key[0] not in self._observed_gpus
+        return logk, unc.combine(sd, extra), 0.0, not same_gpu
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:
@@ -142,17 +138,15 @@ class Predictor:
                            self._shape, self._opt_bytes, calib)
         throughput = terms.samples_per_step / terms.step_s
 
-        strategy = layout.dp_strategy if layout.tp * layout.pp == 1 else (
-            "tp" if layout.tp > 1 else "pp")
-        observed = {_DP_FAMILY.get(s, s) for s in res.observed_strategies}
+        strategy = layout.strategy_name()
         sigma = unc.combine(
             sd_k,
-            unc.scale_beyond(layout.dp, max(1, res.max_observed_dp)) if res.max_observed_dp
-            else 0.0,
+            unc.scale_beyond(layout.dp, res.max_observed_dp) if res.max_observed_dp else 0.0,
             unc.batch_away(m, res.observed_batches.get(key, frozenset()),
                            key in res.log_fixed_scale),
             unc.SIGMA_UNOBSERVED_STRATEGY
-            if res.max_observed_dp and _DP_FAMILY.get(strategy, strategy) not in observed
+            if res.max_observed_dp
+            and _DP_FAMILY.get(strategy, strategy) not in self._observed_families
             and layout.gpus_total() > 1 else 0.0,
             unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
             else 0.0,
