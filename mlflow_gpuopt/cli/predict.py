@@ -29,7 +29,8 @@ def parse_strategy(text: str) -> tuple[str, int, int]:
 
     parts = [p for p in re.split(r"[x×+,*]", text.strip().lower()) if p]
     if not parts:
-        raise UsageError(f"empty --strategy; use one of {', '.join(_DP)}, tp, pp or tp2xpp2xddp")
+        raise UsageError(f"{'unknown' if text.strip() else 'empty'} --strategy {text!r}; use one "
+                         f"of {', '.join(_DP)}, tp, pp or tp2xpp2xddp")
     dp, tp, pp = None, 1, 1
     for part in parts:
         if part in _DP:
@@ -292,4 +293,4 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
             "time_breakdown_hours": {"compute": t.compute_hours,
                                      "exposed_comm": t.exposed_comm_hours,
                                      "bubble": t.bubble_hours}})
-    click.echo(json.dumps(result, indent=None if as_json else 2) if as_json else _human(result))
+    click.echo(json.dumps(result) if as_json else _human(result))

@@ -89,15 +89,13 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: 
     Colab); an unknown region is an error listing the known ones. ``--spot`` keeps offers with
     a spot price.
     """
-    from mlflow_gpuopt.catalog import CatalogError, UnknownGpuError, load_catalog
+    from mlflow_gpuopt.catalog import load_catalog
 
     try:
         cat = load_catalog()
         offers = cat.query(provider=list(providers) or None, gpu=gpu, region=region,
                            spot=True if spot else None)
-    except (CatalogError, UnknownGpuError) as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # unknown provider
+    except ValueError as exc:  # CatalogError, UnknownGpuError, unknown provider
         raise UsageError(str(exc)) from None
     known_regions = sorted({o.region for o in cat.offers})
     if region is not None and region.lower() not in {r.lower() for r in known_regions}:
