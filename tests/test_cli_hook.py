@@ -97,3 +97,22 @@ def test_install_attaches_at_once_when_mlflow_cli_is_loaded():
     mlflow.cli.cli.commands.pop("gpuopt", None)
     _mlflow_cli_hook.install()
     assert "gpuopt" in mlflow.cli.cli.commands
+
+
+@pytest.mark.parametrize("argv", [
+    ["recommend", "--run-id", "x", "--samples", "1M", "--provider", "nope"],
+    ["recommend", "--run-id", "x", "--max-gpus", "0"],
+    ["recommend", "--confidence", "1.5"],
+    ["recommend", "--bogus"],
+    ["replay", str(Path(__file__).parent)],
+    ["no-such-command"],
+])
+@pytest.mark.parametrize("prog", ["mlflow-gpuopt", "mlflow"])
+def test_click_usage_errors_are_one_line_exit_2(prog, argv):
+    cmd = [str(BIN / "mlflow-gpuopt")] if prog == "mlflow-gpuopt" else [str(BIN / "mlflow"),
+                                                                        "gpuopt"]
+    out = _run(*cmd, *argv)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), out.stderr

@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib
 
 import click
+from click.exceptions import NoArgsIsHelpError
+
+from mlflow_gpuopt.cli._errors import UsageError
 
 #: subcommand name -> "module:attribute" of a click command.
 _SUBCOMMANDS = {
@@ -44,6 +47,17 @@ class _LazyGroup(click.Group):
                 raise
             return None
         return getattr(module, attr)
+
+    def invoke(self, ctx: click.Context):
+        # click reports a bad option value of a subcommand (``--provider nope``,
+        # ``--max-gpus 0``) as usage + hint + error on four lines; the promise is one line
+        # and exit code 2, also under ``mlflow gpuopt``, whose own main would print them.
+        try:
+            return super().invoke(ctx)
+        except NoArgsIsHelpError:
+            raise  # a subgroup called bare: its help is the answer
+        except click.UsageError as exc:
+            raise UsageError(exc.format_message()) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Describe subcommands without importing them (keeps `--help` instant).
