@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import replace
 
 from mlflow_gpuopt.devices.samples import GpuSample
 
@@ -73,9 +74,7 @@ class _Subset(GPUs):
         return self._parent.name(self._indices[index])
 
     def sample(self, index: int) -> GpuSample:
-        s = self._parent.sample(self._indices[index])
-        return GpuSample(index, s.utilization_percent, s.memory_used_bytes, s.memory_total_bytes,
-                         s.power_watts, s.sm_clock_mhz, s.energy_joules)
+        return replace(self._parent.sample(self._indices[index]), index=index)
 
     def close(self) -> None:
         self._parent.close()
