@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from mlflow_gpuopt.devices.base import GPUs
@@ -36,6 +36,7 @@ class FakeGPU:
     sm_clock_mhz: int = 1410
     energy_mj: int = 5_000_000
     supports_energy: bool = True
+    nvlink_active: bool = False
     calls: dict = field(default_factory=dict)
 
 
@@ -59,6 +60,7 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
     m = types.ModuleType("pynvml")
     m.NVML_SUCCESS = 0
     m.NVML_ERROR_UNINITIALIZED = 1
+    m.NVML_ERROR_INVALID_ARGUMENT = 2
     m.NVML_ERROR_NOT_SUPPORTED = 3
     m.NVML_ERROR_GPU_IS_LOST = 15
     m.NVML_ERROR_LIBRARY_NOT_FOUND = 12
@@ -165,6 +167,12 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
         return h.sm_clock_mhz
 
     @api
+    def nvmlDeviceGetNvLinkState(h, link):  # noqa: N802 - pynvml's name
+        if link >= 12:
+            raise NVMLError(m.NVML_ERROR_INVALID_ARGUMENT)
+        return int(h.nvlink_active)
+
+    @api
     def nvmlDeviceGetTotalEnergyConsumption(h):  # noqa: N802 - pynvml's name
         if not h.supports_energy:
             raise NVMLError_NotSupported()
@@ -208,6 +216,4 @@ class FakeGPUs(GPUs):
         return self._names[index]
 
     def sample(self, index: int) -> GpuSample:
-        s = self._sample
-        return GpuSample(index, s.utilization_percent, s.memory_used_bytes, s.memory_total_bytes,
-                         s.power_watts, s.sm_clock_mhz, s.energy_joules)
+        return replace(self._sample, index=index)

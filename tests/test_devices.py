@@ -146,3 +146,16 @@ def test_fingerprint_tags():
     assert fp.tags() == {"gpuopt.hw.gpu": A100, "gpuopt.hw.gpu_count": "8", "gpuopt.hw.cpu": "Xeon",
                          "gpuopt.hw.cpu_count": "96", "gpuopt.hw.memory_gb": "1152.0",
                          "gpuopt.hw.cloud": "aws", "gpuopt.hw.instance_type": "p4d.24xlarge"}
+
+
+@pytest.mark.parametrize("visible, expected", [("1", "nvlink"), ("0", "pcie"),
+                                               ("GPU-fake-0001", "nvlink")])
+def test_interconnect_reads_nvlink_of_the_visible_gpu(monkeypatch, visible, expected):
+    from mlflow_gpuopt.tracking.job import interconnect
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with fake_nvml([FakeGPU(), FakeGPU(nvlink_active=True)]) as nvml:
+        # process-visible GPU 0 is physical GPU 1 (or 0): only GPU 1 has an active NVLink
+        assert interconnect([0], gpus_per_node=2, nodes=1) == expected
+        assert interconnect([0], gpus_per_node=2, nodes=2) == expected + "+network"
+        assert nvml.refs == 0  # NVML released

@@ -144,6 +144,17 @@ class NvmlGPUs(GPUs):
             energy_joules=None if energy_mj is None else energy_mj / 1000.0,
         )
 
+    def nvlink_active(self, index: int) -> bool:
+        """Whether NVML reports an active NVLink on GPU ``index`` (False where it cannot say)."""
+        p = self._pynvml
+        for link in range(getattr(p, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                if p.nvmlDeviceGetNvLinkState(self._handles[index], link):
+                    return True
+            except Exception:  # noqa: BLE001 - link absent, not supported, old pynvml
+                continue
+        return False
+
     def close(self) -> None:
         if getattr(self, "_closed", True):
             return

@@ -9,7 +9,6 @@ gatherer creation (a collective, at ``track()`` start or at the first step).
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import os
@@ -210,36 +209,14 @@ def interconnect(gpu_ids: list[int], gpus_per_node: int, nodes: int) -> str:
 
 
 def _nvlink_active(gpu_ids: list[int]) -> bool:
-    """Does NVML report an active NVLink on any of ``gpu_ids`` (NVML's physical indices)?"""
+    """Does NVML report an active NVLink on any of ``gpu_ids`` (process-visible indices)?"""
+    from mlflow_gpuopt.devices.nvml import NvmlGPUs
+
     try:
-        import pynvml
+        gpus = NvmlGPUs()
     except Exception:  # noqa: BLE001 - no NVML: nothing seen
         return False
     try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001
-        return False
-    try:
-        links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        for gpu in gpu_ids or [0]:
-            index = gpu
-            if visible:
-                try:
-                    index = int(visible.split(",")[gpu])
-                except (ValueError, IndexError):
-                    continue  # UUIDs / MIG: not mapped here
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            except Exception:  # noqa: BLE001
-                continue
-            for link in range(links):
-                try:
-                    if pynvml.nvmlDeviceGetNvLinkState(handle, link):
-                        return True
-                except Exception:  # noqa: BLE001 - link absent / not supported
-                    continue
-        return False
+        return any(gpus.nvlink_active(i) for i in (gpu_ids or [0]) if i < len(gpus))
     finally:
-        with contextlib.suppress(Exception):  # noqa: BLE001
-            pynvml.nvmlShutdown()
+        gpus.close()
