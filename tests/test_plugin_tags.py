@@ -63,6 +63,9 @@ def test_import_mlflow_stays_cheap_and_registers_provider():
             "names = [type(p).__name__ for p in r]\n"
             "assert 'HardwareRunContextProvider' in names, names\n"
             "assert 'torch' not in sys.modules, 'plugin import pulled in torch'\n"
+            "assert 'pynvml' not in sys.modules, 'plugin import pulled in pynvml'\n"
+            "from mlflow_gpuopt.devices import fingerprint\n"
+            "assert fingerprint.hardware_fingerprint.cache_info().currsize == 0, 'probed'\n"
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
