@@ -76,6 +76,15 @@ def assert_no_secret(*texts: str) -> None:
         assert FAKE_GCP_KEY not in text and FAKE_LAMBDA_KEY not in text
 
 
+def test_unwritable_cache_is_one_refresh_error(httpserver, tmp_path):
+    serve_aws(httpserver)
+    blocked = tmp_path / "cache-is-a-file"
+    blocked.write_text("x")
+    with pytest.raises(RefreshError, match="cannot write the price cache"):
+        refresh("aws", cache_dir=blocked, base_url=httpserver.url_for("/"), client=client())
+    assert blocked.read_text() == "x"
+
+
 def offer(cat, provider, it, region=None):
     return next(o for o in cat.offers if o.provider == provider and o.instance_type == it
                 and (region is None or o.region == region))

@@ -112,8 +112,11 @@ def refresh(
         )
     wait_s = lock_timeout_setting(lock_timeout_s)
     lock_path = catalog_cache_dir(cache_dir).parent / f".refresh-{provider}.lock"
-    with exclusive_lock(lock_path, timeout_s=wait_s, what=f"{provider} price refresh"):
-        return _refresh_locked(provider, cache_dir, base_url, api_key, client, today)
+    try:
+        with exclusive_lock(lock_path, timeout_s=wait_s, what=f"{provider} price refresh"):
+            return _refresh_locked(provider, cache_dir, base_url, api_key, client, today)
+    except OSError as exc:  # the cache folder or its lock file cannot be written
+        raise RefreshError(f"cannot write the price cache: {exc}") from None
 
 
 def _refresh_locked(
