@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
+from mlflow_gpuopt.catalog.schema import PRECISIONS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware
 
 logger = logging.getLogger(__name__)
@@ -37,15 +37,8 @@ def _intra_node_gb_per_s(spec: GpuSpec, offer: Offer | None) -> float:
 
 def peak_flops_by_precision(spec: GpuSpec) -> dict[str, float]:
     """Dense peak FLOP/s per precision, with the spec's own fallbacks (TF32 → FP32, ...)."""
-    out: dict[str, float] = {}
-    for p in ("fp32", "tf32", "fp16", "bf16", "fp8"):
-        try:
-            tflops = spec.peak_tflops(p)
-        except ValueError:
-            continue
-        if tflops:
-            out[p] = float(tflops) * 1e12
-    return out
+    peaks = {p: spec.peak_tflops(p) for p in PRECISIONS}  # every one is known: no ValueError
+    return {p: float(tflops) * 1e12 for p, tflops in peaks.items() if tflops}
 
 
 def hardware_for_gpu(spec: GpuSpec, *, gpus_per_node: int, offer: Offer | None = None
