@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,6 @@ class TrackConfig:
         unknown = set(kwargs) - names
         if unknown:
             raise TypeError(f"unknown track() option(s): {', '.join(sorted(unknown))}")
-        base = config or cls()
-        if "gpu_indices" in kwargs and kwargs["gpu_indices"] is not None:
+        if kwargs.get("gpu_indices") is not None:
             kwargs = {**kwargs, "gpu_indices": tuple(kwargs["gpu_indices"])}
-        return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **kwargs})
+        return replace(config or cls(), **kwargs)
