@@ -82,13 +82,18 @@ def _is_measured(run) -> bool:
 def measured_runs_in_experiment(name: str, client=None) -> list[MeasuredRun]:
     """Measured runs of experiment ``name``, newest first (raises if none or no experiment)."""
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
     client = client or MlflowClient()
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        raise MeasuredRunError(f"no MLflow experiment named {name!r}")
-    runs = client.search_runs([exp.experiment_id], max_results=_MAX_RUNS,
-                              order_by=["attributes.start_time DESC"])
+    try:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise MeasuredRunError(f"no MLflow experiment named {name!r}")
+        runs = client.search_runs([exp.experiment_id], max_results=_MAX_RUNS,
+                                  order_by=["attributes.start_time DESC"])
+    except MlflowException as exc:  # e.g. the tracking server is unreachable: one line
+        raise MeasuredRunError(f"cannot read experiment {name!r}: "
+                               f"{str(exc).splitlines()[0]}") from None
     out = [_measured(r) for r in runs if _is_measured(r)]
     if not out:
         raise MeasuredRunError(
@@ -100,15 +105,16 @@ def measured_runs_in_experiment(name: str, client=None) -> list[MeasuredRun]:
 def measured_runs(run_ids: Sequence[str], client=None) -> list[MeasuredRun]:
     """The measured runs ``run_ids`` (raises for an unknown id or a run without gpuopt data)."""
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
+
+    from mlflow_gpuopt.mlflow_io.runs import RunInputError, get_run
 
     client = client or MlflowClient()
     out = []
     for rid in run_ids:
         try:
-            run = client.get_run(rid)
-        except MlflowException as exc:
-            raise MeasuredRunError(f"no MLflow run with id {rid!r}") from exc
+            run = get_run(client, rid)
+        except RunInputError as exc:  # unknown id, or a store that cannot be read: one line
+            raise MeasuredRunError(str(exc)) from None
         if not _is_measured(run):
             raise MeasuredRunError(
                 f"run {rid} has no gpuopt measurements; record them with "

@@ -137,6 +137,22 @@ def _same_workload(a: Workload, b: Workload) -> str | None:
     return None
 
 
+def get_run(client: Any, run_id: str) -> Any:
+    """``client.get_run(run_id)``; raises :class:`RunInputError` (one line) when the id is
+    unknown or the store cannot be read, and says which of the two it was."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        code = getattr(exc, "error_code", "")
+        if "NOT_EXIST" in str(code) or "not found" in str(exc).lower() \
+                or "INVALID_PARAMETER" in str(code):
+            raise RunInputError(f"unknown run id {run_id!r}") from None
+        raise RunInputError(f"cannot read run {run_id!r}: {str(exc).splitlines()[0]}") \
+            from None
+
+
 def load_run_inputs(run_ids: Sequence[str], client: Any = None,
                     resolve_gpu: Callable[[str], str] | None = None) -> RunInputs:
     """Workload and observations from ``run_ids`` (the first run's profile is the workload).
@@ -158,21 +174,11 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
         from mlflow_gpuopt.catalog import resolve_gpu as _resolve
 
         resolve_gpu = _resolve
-    from mlflow.exceptions import MlflowException
-
     workload: Workload | None = None
     first = ""
     observations: list[Observation] = []
     for run_id in dict.fromkeys(run_ids):  # keep order, drop repeats
-        try:
-            run = client.get_run(run_id)
-        except MlflowException as exc:
-            code = getattr(exc, "error_code", "")
-            if "NOT_EXIST" in str(code) or "not found" in str(exc).lower() \
-                    or "INVALID_PARAMETER" in str(code):
-                raise RunInputError(f"unknown run id {run_id!r}") from None
-            raise RunInputError(f"cannot read run {run_id!r}: {str(exc).splitlines()[0]}") \
-                from None
+        run = get_run(client, run_id)
         params = dict(run.data.params)
         if not any(k.startswith("gpuopt.") for k in params):
             raise RunInputError(f"run {run_id} has no gpuopt data; {HOW_TO_TRACK}")
