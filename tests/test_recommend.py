@@ -353,3 +353,16 @@ def test_search_is_pruned():
     recommend(predictor, RESNET, OFFERS * 20, GPUS, target, hardware_for=hardware_for)
     assert time.perf_counter() - t0 < 5  # generous: the figure lives in the benchmark
     assert predictor.calls < 120 * 20
+
+
+def test_time_is_whole_optimizer_steps():
+    """A job of 1.5 global batches takes two steps' time (``perfmodel.time_to_train``)."""
+    rec = run(target=Target(1.5 * 256, deadline_hours=None, per_rank_batch=256),
+              space=SearchSpace(spot=False, providers=("aws", "lambda")), with_scaling=False)
+    assert rec.candidates
+    for c in rec.candidates:
+        assert c.sessions == 1 and c.pricing == "on_demand"
+        steps = math.ceil(1.5 * 256 / c.prediction.samples_per_step)
+        assert c.hours - c.startup_hours == pytest.approx(
+            steps * c.prediction.step_time_s / 3600, rel=1e-9)
+        assert c.hours_low <= c.hours <= c.hours_high

@@ -1,10 +1,10 @@
 """Wall time, cost and P(meets deadline) of one plan, from its predicted throughput.
 
-Wall time = compute (samples ÷ throughput) + start-up, stretched by spot preemptions
-(each one costs a restart and, on average, half a checkpoint interval of lost work) and by
-Colab's session cap (a job longer than a session restarts from a checkpoint). Cost rounds
-each node's billed time up to the provider's increment and minimum. Throughput is
-log-normal (the prediction's ``log_sigma``), which turns a deadline into a probability.
+Wall time = compute (``perfmodel.time_to_train``: whole steps × step time) + start-up,
+stretched by spot preemptions (each one costs a restart and, on average, half a checkpoint
+interval of lost work) and by Colab's session cap (a job longer than a session restarts
+from a checkpoint). Cost rounds each node's billed time up to the provider's increment and
+minimum. Throughput is log-normal (the prediction's ``log_sigma``), which turns a deadline into a probability.
 
 Colab is billed in compute units (CU), not hours (:func:`compute_unit_cost`):
 
@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 
 from mlflow_gpuopt.catalog.schema import Offer
+from mlflow_gpuopt.perfmodel.errors import PerfModelError
+from mlflow_gpuopt.perfmodel.time_to_train import time_to_train
 from mlflow_gpuopt.perfmodel.types import ParallelConfig, Prediction
 from mlflow_gpuopt.recommend.explain import preemption_text
 from mlflow_gpuopt.recommend.types import Candidate, Costing, Target
@@ -142,16 +144,16 @@ def evaluate(offer: Offer, nodes: int, config: ParallelConfig, prediction: Predi
     sigma = prediction.log_sigma
     if pricing == "spot":
         sigma = math.hypot(sigma, costing.spot_extra_log_sigma)
-    samples = target.total_samples
-
-    def compute_hours(throughput: float) -> float:
-        return samples / max(throughput, 1e-12) / 3600.0
-
-    c_med = compute_hours(thr)
+    try:  # whole optimizer steps (a partly filled last step takes a full step's time)
+        steps = time_to_train(prediction, samples=target.total_samples)
+    except PerfModelError:
+        return None
+    c_med = steps.hours
+    c_slow = (steps.hours_high if math.isfinite(steps.hours_high)
+              else c_med * math.exp(2 * sigma))
     hours = model.wall(c_med)
-    hours_low = model.wall(compute_hours(max(prediction.high, thr)))
-    hours_high = model.wall(compute_hours(min(prediction.low, thr) if prediction.low > 0
-                                          else thr * math.exp(-2 * sigma)))
+    hours_low = model.wall(min(steps.hours_low, c_med))
+    hours_high = model.wall(max(c_slow, c_med))
     c_mean = c_med * math.exp(sigma * sigma / 2)  # E[1/X] for a log-normal X
     rate = price_per_hour(offer, nodes, pricing)
 
