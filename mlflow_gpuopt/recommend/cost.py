@@ -4,7 +4,8 @@ Wall time = compute (``perfmodel.time_to_train``: whole steps × step time) + st
 stretched by spot preemptions (each one costs a restart and, on average, half a checkpoint
 interval of lost work) and by Colab's session cap (a job longer than a session restarts
 from a checkpoint). Cost rounds each node's billed time up to the provider's increment and
-minimum. Throughput is log-normal (the prediction's ``log_sigma``), which turns a deadline into a probability.
+minimum. Throughput is log-normal (the prediction's ``log_sigma``), which turns a deadline
+into a probability.
 
 Colab is billed in compute units (CU), not hours (:func:`compute_unit_cost`):
 
