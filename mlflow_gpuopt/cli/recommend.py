@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 PROVIDER_CHOICES = ("aws", "gcp", "lambda", "colab", "azure")
 
 
-def _target_samples(workload, observations, *, samples, epochs, dataset_size, tokens, steps):
+def _target_samples(workload, *, samples, epochs, dataset_size, tokens, steps):
     """(total samples, description) from whichever target form was given."""
     from mlflow_gpuopt.quantities import format_count, parse_count
 
@@ -57,15 +57,13 @@ def _target_samples(workload, observations, *, samples, epochs, dataset_size, to
 def _global_batch(workload, observations) -> int:
     mb = workload.micro_batch or 1
     accum = workload.grad_accum or 1
-    ranks = max((o.gpu_count for o in observations), default=1) if observations else 1
+    ranks = max((o.gpu_count for o in observations), default=1)
     return max(1, mb * accum * ranks)
 
 
 def _print_table(doc, out) -> None:
-    from mlflow_gpuopt.recommend.explain import money, sig
-
-    def hours(h: float) -> str:
-        return sig(h, 2) if h < 10 else f"{h:,.0f}"
+    from mlflow_gpuopt.recommend.explain import hours_figure as hours
+    from mlflow_gpuopt.recommend.explain import money
 
     head = ("#", "provider", "instance × nodes", "GPUs", "strategy", "mb × accum", "prec",
             "pricing", "hours (low–high)", "cost (low–high)", "P(deadline)")
@@ -135,7 +133,7 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
                          if run_ids else "give --run-id ID or --experiment NAME")
     try:
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
-        _target_samples(None, (), samples=samples, epochs=epochs, dataset_size=dataset_size,
+        _target_samples(None, samples=samples, epochs=epochs, dataset_size=dataset_size,
                         tokens=tokens, steps=steps)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
@@ -159,7 +157,7 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
     workload, observations, run_ids = _load_inputs(run_ids, experiment)
     try:
         total, description = _target_samples(
-            workload, observations, samples=samples, epochs=epochs, dataset_size=dataset_size,
+            workload, samples=samples, epochs=epochs, dataset_size=dataset_size,
             tokens=tokens, steps=steps)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None

@@ -51,6 +51,11 @@ def hours_text(h: float) -> str:
     return f"{text} h"
 
 
+def hours_figure(h: float) -> str:
+    """Hours as a bare figure for tables: '0.14', '3.4', '36'."""
+    return sig(h, 2) if h < 10 else f"{h:,.0f}"
+
+
 def seconds_text(s: float) -> str:
     """A step-sized duration: '1.36 ms', '57.5 ms', '2.31 s'."""
     return f"{sig(s)} s" if s >= 1 else f"{sig(s * 1e3)} ms"

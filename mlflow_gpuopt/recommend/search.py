@@ -52,7 +52,9 @@ LARGE_MODEL_PARAMS = 1_000_000_000
 _MIN_NODE_GAIN = 1.05
 #: A plan no more than this much faster than a cheaper sibling is not worth a row.
 _SAME_SPEED = 1.05
-_DOMINATED = "dominated: a cheaper plan on the same provider, GPU and pricing is as fast (±5%)"
+#: The ``dropped`` reason for plans :func:`collapse_dominated` removes (the report counts it).
+DOMINATED_REASON = ("dominated: a cheaper plan on the same provider, GPU and pricing is as "
+                    "fast (±5%)")
 _SCALING_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -139,7 +141,7 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
     return 1
 
 
-def _shapes(offer: Offer, nodes: int, workload: Workload) -> list[tuple[str, int, int]]:
+def _shapes(offer: Offer, nodes: int) -> list[tuple[str, int, int]]:
     """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs."""
     per_node = offer.gpu_count
     total = per_node * nodes
@@ -227,7 +229,7 @@ class _Search:
                 data_parallel_fit_full_batch = False
                 any_dp_fit = False
                 best_mb = 0
-                for strategy, tp, pp in _shapes(offer, nodes, self.workload):
+                for strategy, tp, pp in _shapes(offer, nodes):
                     if strategy in _DATA_PARALLEL_LADDER and data_parallel_fit_full_batch:
                         continue
                     if strategy in ("tp", "pp") and not (large or not any_dp_fit):
@@ -454,7 +456,7 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
     front = pareto_front(ranked)
     ranked, n_dominated = collapse_dominated(ranked, keep=front)
     if n_dominated:
-        search.dropped[_DOMINATED] += n_dominated
+        search.dropped[DOMINATED_REASON] += n_dominated
     winner = ranked[0] if ranked and ranked[0].meets_deadline else None
     fastest = fastest_plan(ranked)
     cheapest = min(ranked, key=lambda c: (c.cost_usd, c.hours), default=None)

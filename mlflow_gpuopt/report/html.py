@@ -11,6 +11,9 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from mlflow_gpuopt.recommend.explain import hours_figure, money
+from mlflow_gpuopt.recommend.search import DOMINATED_REASON
+
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:16px;
 color:#1f2328;font-size:14px;line-height:1.45}
@@ -34,27 +37,15 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _money(x: float) -> str:
-    from mlflow_gpuopt.recommend.explain import money
-
-    return money(x)
-
-
-def _hours(h: float) -> str:
-    from mlflow_gpuopt.recommend.explain import sig
-
-    return sig(h, 2) if h < 10 else f"{h:,.0f}"
-
-
 def _row(c: Mapping[str, Any], winner_rank: int | None) -> str:
     cls = "win" if c["rank"] == winner_rank else ("" if c["meets_deadline"] else "nomeet")
     cells = [  # what decides first (hardware, cost, time, odds), how to run it after
         (c["rank"], ""), (c["provider"], "l"),
         (f'{c["instance_type"]} × {c["nodes"]}', "l"), (f'{c["gpus"]} × {c["gpu"]}', "l"),
-        (f'{_money(c["predicted_cost_usd"])} ({_money(c["cost_low_usd"])}–'
-         f'{_money(c["cost_high_usd"])})', ""),
-        (f'{_hours(c["predicted_hours"])} ({_hours(c["predicted_hours_low"])}–'
-         f'{_hours(c["predicted_hours_high"])})', ""),
+        (f'{money(c["predicted_cost_usd"])} ({money(c["cost_low_usd"])}–'
+         f'{money(c["cost_high_usd"])})', ""),
+        (f'{hours_figure(c["predicted_hours"])} ({hours_figure(c["predicted_hours_low"])}–'
+         f'{hours_figure(c["predicted_hours_high"])})', ""),
         (f'{c["p_meets_deadline"]:.0%}', ""),
         (c["pricing"].replace("_", "-"), "l"),
         (c.get("strategy_label", c["strategy"]), "l"),
@@ -105,12 +96,13 @@ def render_html(doc: Mapping[str, Any], charts: Mapping[str, bytes], *,
             if c:
                 parts.append(f"<p><b>{label.title()}</b>: {_e(c['provider'])} "
                              f"{_e(c['instance_type'])} × {c['nodes']}, "
-                             f"{_hours(c['predicted_hours'])} h, {_money(c['predicted_cost_usd'])}"
+                             f"{hours_figure(c['predicted_hours'])} h, "
+                             f"{money(c['predicted_cost_usd'])}"
                              f"<code>{_e(c['launch'])}</code></p>")
     parts.append("<h2>Ranked plans</h2>")
     parts.append(_table(doc["candidates"], winner["rank"] if winner else None, "candidates"))
     hidden = sum(v for k, v in (doc.get("dropped") or {}).items()
-                 if k.startswith("dominated: a cheaper plan"))
+                 if k == DOMINATED_REASON)
     parts.append(f"<p class='small'>{len(doc['candidates'])} of {doc['feasible']} ranked plans "
                  f"shown (offer × shape × pricing, from {doc['searched']} model evaluations"
                  + (f"; {hidden} more hidden: a cheaper plan on the same provider, GPU and "
