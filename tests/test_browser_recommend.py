@@ -53,6 +53,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    _chromium()  # fail (CI) or skip before starting a server and training for nothing
     root = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
