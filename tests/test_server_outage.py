@@ -99,7 +99,9 @@ def test_server_killed_mid_run_every_step_delivered_once(server, tmp_path, monke
 
     # The step loop never waited on the network: the outage did not slow steps down.
     p50_before, p50_during = statistics.median(before), statistics.median(during)
-    assert max(during) < 0.05, f"a step took {max(during) * 1000:.1f} ms during the outage"
+    # A step that waited on a request would take up to request_timeout_s (2 s); 0.5 s leaves
+    # room for scheduling noise on a busy 2-core machine (a 52 ms step was seen in CI).
+    assert max(during) < 0.5, f"a step took {max(during) * 1000:.1f} ms during the outage"
     assert p50_during < 3 * p50_before + 0.002, (p50_before, p50_during)
 
 
@@ -155,4 +157,4 @@ def test_track_against_server_that_goes_away(server, tmp_path, monkeypatch):
     assert "gpuopt/summary/step_time_p50_s" in run.data.metrics
     assert run.info.status == "FINISHED"
     assert not list((tmp_path / "journal").glob("*.jsonl"))
-    assert max(times_during) < 0.05, f"a step took {max(times_during) * 1000:.1f} ms"
+    assert max(times_during) < 0.5, f"a step took {max(times_during) * 1000:.1f} ms"

@@ -64,7 +64,8 @@ def test_unreachable_server_never_blocks_bounded_memory_all_journaled(tmp_path):
             peak_memory_records = max(peak_memory_records, len(w._mem))
     w.log_params({"gpuopt.device": "cpu"})
     report = w.close(timeout_s=0.5)
-    assert worst < 0.05, f"log_metrics blocked for {worst * 1000:.1f} ms"
+    # blocking on a request would cost request_timeout_s (1 s); 0.5 s tolerates scheduling noise
+    assert worst < 0.5, f"log_metrics blocked for {worst * 1000:.1f} ms"
     assert w._dropped == 0
     assert peak_memory_records <= 1000 + 1000  # the bound plus one pump batch
     assert report.delivered_metrics == 0 and report.pending_metrics == n
