@@ -136,6 +136,30 @@ def test_combiner_keeps_last_round_and_job_step():
     assert c.layout().world_size == 2
 
 
+def test_combiner_carries_intervals_until_every_rank_has_stepped():
+    """A timer-driven round can find a rank without a new step: no partial job sum is logged
+    then, and the other ranks' interval is added to the next round's."""
+    c = JobCombiner()
+    first = c.add_round([
+        encode(report(0, steps_total=12, steps=2, samples=64, step_time_sum_s=0.02,
+                      cpu_utilization_percent=50.0)),
+        encode(report(1, steps_total=10, steps=0))])
+    assert not any("throughput" in k or "step_time" in k for k in first)
+    assert first["gpuopt/node_0/cpu_utilization_percent"] == 50.0  # hardware still logged
+    second = c.add_round([
+        encode(report(0, steps_total=13, steps=1, samples=32, step_time_sum_s=0.01)),
+        encode(report(1, steps_total=13, steps=3, samples=96, step_time_sum_s=0.06))])
+    assert second["gpuopt/rank_0/throughput_samples_per_s"] == pytest.approx(96 / 0.03)
+    assert second["gpuopt/rank_1/throughput_samples_per_s"] == pytest.approx(96 / 0.06)
+    assert second["gpuopt/throughput_samples_per_s"] == pytest.approx(96 / 0.03 + 96 / 0.06)
+    assert c.step == 13
+    third = c.add_round([encode(report(0, steps_total=14, steps=1, samples=32,
+                                       step_time_sum_s=0.01)),
+                         encode(report(1, steps_total=14, steps=1, samples=32,
+                                       step_time_sum_s=0.01))])
+    assert third["gpuopt/rank_0/throughput_samples_per_s"] == pytest.approx(3200.0)  # reset
+
+
 def test_context_from_torchrun_env():
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
            "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}

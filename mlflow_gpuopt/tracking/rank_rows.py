@@ -16,12 +16,18 @@ into the run's metrics:
 
 Interval figures are deltas since the rank's previous report; steady-state figures
 (``steady_*``, ``comm_*``) are cumulative, so the last round alone gives the summary.
+
+The gathering rounds run on a timer, not on step boundaries, so a round can find a rank that
+completed no step since the last one (a slow step, or the last round after training ended).
+:class:`JobCombiner` then carries the other ranks' intervals over to the next round instead of
+logging a partial sum: the job's throughput is always the sum over *every* rank, and the
+throughput series advance one job step per logged value.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 #: GPUs one rank can report (one process usually drives one GPU; a fixed width keeps the
 #: gathered tensor the same size on every rank).
@@ -243,17 +249,42 @@ def summary_metrics(reports: list[RankReport]) -> dict[str, float]:
     return m
 
 
+#: The interval fields of a report, summed when an interval is carried over to the next round.
+_INTERVAL_SUMS = ("steps", "samples", "tokens", "step_time_sum_s", "collectives", "comm_time_s",
+                  "comm_bytes", "exposed_comm_s")
+
+
+def _no_interval(r: RankReport) -> RankReport:
+    return replace(r, step_time_max_s=0.0, **{name: 0 for name in _INTERVAL_SUMS})
+
+
+def _carry(earlier: RankReport | None, later: RankReport) -> RankReport:
+    """``later`` with ``earlier``'s interval added (the rank's figures over both rounds)."""
+    if earlier is None:
+        return later
+    sums = {name: getattr(earlier, name) + getattr(later, name) for name in _INTERVAL_SUMS}
+    return replace(later, step_time_max_s=max(earlier.step_time_max_s, later.step_time_max_s),
+                   **sums)
+
+
 class JobCombiner:
-    """Rank 0's state across rounds: the latest report of every rank and GPU utilisation."""
+    """Rank 0's state across rounds: the latest report of every rank, the intervals not yet
+    logged, and GPU utilisation."""
 
     def __init__(self) -> None:
         self.reports: list[RankReport] = []
         self.rounds = 0
+        self._pending: dict[int, RankReport] = {}  # rank -> its interval since the last log
         self._util_sum = 0.0
         self._util_n = 0
 
     def add_round(self, rows: list[list[float]]) -> dict[str, float]:
-        """Decode one round's rows; returns its metrics."""
+        """Decode one round's rows; returns its metrics.
+
+        Step figures (per-rank and job throughput, step and communication time) come only
+        when every rank has completed a step since they were last given, over the interval
+        since then; until that happens the round gives hardware figures alone.
+        """
         reports = [decode(row) for row in rows]
         self.reports = reports
         self.rounds += 1
@@ -262,7 +293,12 @@ class JobCombiner:
                 if _finite(g.utilization_percent):
                     self._util_sum += g.utilization_percent
                     self._util_n += 1
-        return round_metrics(reports)
+        merged = [_carry(self._pending.get(r.rank), r) for r in reports]
+        if all(r.steps > 0 for r in merged):
+            self._pending = {}
+            return round_metrics(merged)
+        self._pending = {r.rank: r for r in merged if r.steps > 0}
+        return round_metrics([_no_interval(r) for r in reports])
 
     @property
     def step(self) -> int:
