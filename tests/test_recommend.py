@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 
 import pytest
@@ -349,10 +348,8 @@ def test_p_meets_deadline_grows_with_the_deadline(deadline, factor):
 def test_search_is_pruned():
     predictor = AnalyticPredictor(RESNET)
     target = Target(90 * 1_281_167, deadline_hours=24.0, per_rank_batch=256)
-    t0 = time.perf_counter()
     recommend(predictor, RESNET, OFFERS * 20, GPUS, target, hardware_for=hardware_for)
-    assert time.perf_counter() - t0 < 5  # generous: the figure lives in the benchmark
-    assert predictor.calls < 120 * 20
+    assert predictor.calls < 120 * 20  # the time it takes lives in benchmarks/bench_recommend
 
 
 def test_time_is_whole_optimizer_steps():

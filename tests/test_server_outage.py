@@ -7,11 +7,11 @@ store and port, and checks the run.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import pytest
 from _mlflow_server import MlflowServer, TinyTraining
+from _net_watch import NetWatch
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +33,12 @@ def _new_run(uri: str) -> str:
     return client.create_run(exp).info.run_id
 
 
-def _train(training: TinyTraining, writer, steps: range, expected: dict, times: list) -> None:
+def _train(training: TinyTraining, writer, steps: range, expected: dict, net: NetWatch) -> None:
     for i in steps:
-        t0 = time.perf_counter()
-        loss = training.step()
-        ts = int(time.time() * 1000)
-        writer.log_metrics({"loss": loss, "lr": 0.01}, step=i, timestamp_ms=ts)
-        times.append(time.perf_counter() - t0)
+        with net.stepping():
+            loss = training.step()
+            ts = int(time.time() * 1000)
+            writer.log_metrics({"loss": loss, "lr": 0.01}, step=i, timestamp_ms=ts)
         expected[i] = (ts, loss)
 
 
@@ -54,30 +53,29 @@ def test_server_killed_mid_run_every_step_delivered_once(server, tmp_path, monke
                        request_timeout_s=2.0, max_backoff_s=0.5, max_memory_records=500)
     training = TinyTraining()
     expected: dict[int, tuple[int, float]] = {}
-    before: list[float] = []
-    during: list[float] = []
-    _train(training, writer, range(0, 300), expected, before)
+    net = NetWatch(monkeypatch)
+    _train(training, writer, range(0, 300), expected, net)
     writer.log_params({"gpuopt.device": "cpu"})
     assert writer.flush(timeout_s=20)
 
     server.kill()
     step = 300
-    _train(training, writer, range(step, step + 300), expected, during)
+    _train(training, writer, range(step, step + 300), expected, net)
     step += 300
     # the writer noticed and keeps what it can't send on disk
     deadline = time.monotonic() + 10
     while not list(journal_dir.glob("*.jsonl")) and time.monotonic() < deadline:
-        _train(training, writer, range(step, step + 1), expected, during)
+        _train(training, writer, range(step, step + 1), expected, net)
         step += 1
     assert list(journal_dir.glob("*.jsonl")), "no journal while the server was down"
     writer.log_dict({"note": "logged during the outage"}, "gpuopt/outage.json")
 
     server.launch()  # restart on the same store and port while training goes on
     while not server.healthy():
-        _train(training, writer, range(step, step + 20), expected, during)
+        _train(training, writer, range(step, step + 20), expected, net)
         step += 20
         assert step < 200_000, "server did not come back"
-    _train(training, writer, range(step, step + 300), expected, before)
+    _train(training, writer, range(step, step + 300), expected, net)
     step += 300
 
     report = writer.close(timeout_s=30)
@@ -97,12 +95,10 @@ def test_server_killed_mid_run_every_step_delivered_once(server, tmp_path, monke
     assert run.data.params["gpuopt.device"] == "cpu"
     assert [a.path for a in client.list_artifacts(run_id, "gpuopt")] == ["gpuopt/outage.json"]
 
-    # The step loop never waited on the network: the outage did not slow steps down.
-    p50_before, p50_during = statistics.median(before), statistics.median(during)
-    # A step that waited on a request would take up to request_timeout_s (2 s); 0.5 s leaves
-    # room for scheduling noise on a busy 2-core machine (a 52 ms step was seen in CI).
-    assert max(during) < 0.5, f"a step took {max(during) * 1000:.1f} ms during the outage"
-    assert p50_during < 3 * p50_before + 0.002, (p50_before, p50_during)
+    # The step loop never waited on the network: every request (hundreds of them, failed
+    # ones included) was sent from the writer's thread, none from inside a training step.
+    assert net.requests_while_stepping == []
+    assert net.requests_elsewhere > 10
 
 
 def test_track_against_server_that_goes_away(server, tmp_path, monkeypatch):
@@ -117,31 +113,32 @@ def test_track_against_server_that_goes_away(server, tmp_path, monkeypatch):
     mlflow.set_tracking_uri(server.uri)
     mlflow.set_experiment(f"track-outage-{time.time_ns()}")
     training = TinyTraining()
-    times_before: list[float] = []
-    times_during: list[float] = []
+    net = NetWatch(monkeypatch)
+    steps_before = steps_during = 0
     try:
         with gpuopt.track(model=training.model, optimizer=training.opt, interval_s=0.05,
                           print_summary=False, profile=False) as tracker:
             t_end = time.monotonic() + 1.0
             while time.monotonic() < t_end:
-                t0 = time.perf_counter()
-                training.step()
-                times_before.append(time.perf_counter() - t0)
+                with net.stepping():
+                    training.step()
+                steps_before += 1
             server.kill()
             kill_ms = int(time.time() * 1000)
             t_end = time.monotonic() + 1.5
             while time.monotonic() < t_end:
-                t0 = time.perf_counter()
-                training.step()
-                times_during.append(time.perf_counter() - t0)
+                with net.stepping():
+                    training.step()
+                steps_during += 1
             server.launch()
             while not server.healthy():
-                t0 = time.perf_counter()
-                training.step()
-                times_during.append(time.perf_counter() - t0)
+                with net.stepping():
+                    training.step()
+                steps_during += 1
             back_ms = int(time.time() * 1000)
             for _ in range(200):
-                training.step()
+                with net.stepping():
+                    training.step()
     finally:
         mlflow.set_tracking_uri(None)
     run_id = tracker.run_id
@@ -152,9 +149,11 @@ def test_track_against_server_that_goes_away(server, tmp_path, monkeypatch):
     assert len(keys) == len(set(keys)), "a step_time value was logged twice"
     outage = [m for m in history if kill_ms < m.timestamp < back_ms]
     assert len(outage) >= 5, "values sampled while the server was down were not delivered"
-    assert max(m.step for m in history) >= len(times_before) + len(times_during)
+    assert max(m.step for m in history) >= steps_before + steps_during
     run = client.get_run(run_id)
     assert "gpuopt/summary/step_time_p50_s" in run.data.metrics
     assert run.info.status == "FINISHED"
     assert not list((tmp_path / "journal").glob("*.jsonl"))
-    assert max(times_during) < 0.5, f"a step took {max(times_during) * 1000:.1f} ms"
+    # the tracker's hooks ran inside every step; none of them sent a request
+    assert net.requests_while_stepping == []
+    assert net.requests_elsewhere > 10
