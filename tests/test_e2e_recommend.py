@@ -127,6 +127,12 @@ def test_table_output_and_no_log(store, monkeypatch):
     assert len(rows) == 5 and all(" aws " in r and "on-demand" in r for r in rows)
     assert "Recommended:" in res.output and "Launch: torchrun" in res.output
     assert len(_all_runs(client)) == before  # --no-log wrote nothing
+    res = CliRunner().invoke(gpuopt, ["recommend", "--run-id", run_id, "--steps", "50k",
+                                      "--no-log", "--json", "--top", "1"])
+    assert res.exit_code == 0, res.output
+    params = client.get_run(run_id).data.params  # one CPU rank: global batch = mb × accum
+    batch = int(params["gpuopt.micro_batch"]) * int(params.get("gpuopt.grad_accum", "1"))
+    assert json.loads(res.output)["target"]["total_samples"] == pytest.approx(50_000 * batch)
 
 
 def test_nothing_meets_the_deadline_exits_0_with_fastest_and_cheapest(store, monkeypatch):

@@ -22,8 +22,16 @@ logger = logging.getLogger(__name__)
 PROVIDER_CHOICES = ("aws", "gcp", "lambda", "colab", "azure")
 
 
-def _target_samples(workload, *, samples, epochs, dataset_size, tokens, steps):
-    """(total samples, description) from whichever target form was given."""
+def _target_samples(workload, samples_per_step, *, samples, epochs, dataset_size, tokens,
+                    steps):
+    """(total samples, description) from whichever target form was given.
+
+    The flags are checked here, each with its own message; the arithmetic is
+    :func:`mlflow_gpuopt.perfmodel.samples_for_target`. ``samples_per_step`` is the measured
+    global batch (samples per optimizer step, for ``--steps``). With ``workload`` None (before
+    any run is read) only the flags are checked and the total is None.
+    """
+    from mlflow_gpuopt.perfmodel import PerfModelError, samples_for_target
     from mlflow_gpuopt.quantities import format_count, parse_count
 
     forms = [name for name, v in (("--samples", samples), ("--epochs", epochs),
@@ -36,22 +44,32 @@ def _target_samples(workload, *, samples, epochs, dataset_size, tokens, steps):
                          f"--tokens T or --steps S (got {', '.join(forms) or 'none'})")
     if samples is not None:
         n = parse_count(samples, what="--samples")
-        return n, f"{format_count(n)} samples"
-    if epochs is not None:
+        target, description = {"samples": n}, f"{format_count(n)} samples"
+    elif epochs is not None:
         if dataset_size is None:
             raise UsageError("--epochs needs --dataset-size N (samples per epoch)")
         e = parse_count(epochs, what="--epochs")
         d = parse_count(dataset_size, what="--dataset-size")
-        return e * d, f"{e:g} epochs × {format_count(d)} samples"
-    if tokens is not None:
+        target = {"epochs": e, "dataset_size": d}
+        description = f"{e:g} epochs × {format_count(d)} samples"
+    elif tokens is not None:
         t = parse_count(tokens, what="--tokens")
         if workload is not None and not workload.tokens_per_sample:
             raise UsageError("--tokens needs a run whose profile has tokens_per_sample "
                              "(sequence length); use --samples or --steps instead")
-        per = workload.tokens_per_sample if workload is not None else 1.0
-        return t / per, f"{format_count(t)} tokens"
-    s = parse_count(steps, what="--steps")
-    return s, f"{format_count(s)} optimizer steps"
+        target = {"tokens": t,
+                  "tokens_per_sample": workload.tokens_per_sample if workload else None}
+        description = f"{format_count(t)} tokens"
+    else:
+        s = parse_count(steps, what="--steps")
+        target = {"steps": s, "samples_per_step": samples_per_step}
+        description = f"{format_count(s)} optimizer steps"
+    if workload is None:
+        return None, description
+    try:
+        return samples_for_target(**target), description
+    except PerfModelError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _global_batch(workload, observations) -> int:
@@ -133,8 +151,8 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
                          if run_ids else "give --run-id ID or --experiment NAME")
     try:
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
-        _target_samples(None, samples=samples, epochs=epochs, dataset_size=dataset_size,
-                        tokens=tokens, steps=steps)
+        _target_samples(None, None, samples=samples, epochs=epochs,
+                        dataset_size=dataset_size, tokens=tokens, steps=steps)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
 
@@ -157,12 +175,10 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
     workload, observations, run_ids = _load_inputs(run_ids, experiment)
     try:
         total, description = _target_samples(
-            workload, samples=samples, epochs=epochs, dataset_size=dataset_size,
-            tokens=tokens, steps=steps)
+            workload, _global_batch(workload, observations), samples=samples, epochs=epochs,
+            dataset_size=dataset_size, tokens=tokens, steps=steps)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
-    if steps is not None:
-        total *= _global_batch(workload, observations)
 
     # 3. Fit and search (pure).
     from mlflow_gpuopt.recommend import Target, recommend as run_search, recommendation_dict
