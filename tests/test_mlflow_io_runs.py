@@ -95,3 +95,18 @@ def test_unknown_gpu_name_is_reported(client):
     rid = _log_run(client, device="Acme Flux 9000")
     with pytest.raises(RunInputError, match="unknown GPU"):
         load_run_inputs([rid], client=client)
+
+
+def test_both_readers_parse_params_alike(client):
+    """runs.py and measured.py read params with one helper: "8.0" is 8; "None", "inf" and
+    text are missing (the reader's default), never an exception."""
+    from mlflow_gpuopt.mlflow_io.measured import measured_runs
+
+    rid = _log_run(client, device="NVIDIA A100-SXM4-80GB", world=8, count="8.0",
+                   params_extra={"gpuopt.world_size": "None", "gpuopt.micro_batch": "16.0",
+                                 "gpuopt.grad_accum": "lots", "gpuopt.params": "inf"})
+    (obs,) = load_run_inputs([rid], client=client).observations
+    assert (obs.gpu_count, obs.micro_batch, obs.grad_accum) == (8, 16, 1)
+    (run,) = measured_runs([rid], client=client)
+    assert (run.device_count, run.world_size, run.micro_batch) == (8, 1, 16)
+    assert run.params is None and run.flops_per_sample == 3.1e9

@@ -10,6 +10,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlflow_gpuopt.mlflow_io.runs import _float, _int
+
 logger = logging.getLogger(__name__)
 
 _MAX_RUNS = 1000
@@ -41,31 +43,17 @@ class MeasuredRun:
     start_time_ms: int
 
 
-def _int(v: str | None) -> int | None:
-    try:
-        return int(float(v)) if v not in (None, "", "None") else None
-    except ValueError:
-        return None
-
-
-def _float(v: str | None) -> float | None:
-    try:
-        return float(v) if v not in (None, "", "None") else None
-    except ValueError:
-        return None
-
-
 def _measured(run) -> MeasuredRun:
     p, m = run.data.params, run.data.metrics
     return MeasuredRun(
         run_id=run.info.run_id, run_name=run.info.run_name or "",
         device=p.get("gpuopt.device", "unknown"),
-        device_count=_int(p.get("gpuopt.device_count")) or 1,
-        nodes=_int(p.get("gpuopt.nodes")) or 1,
-        world_size=_int(p.get("gpuopt.world_size")) or 1,
+        device_count=_int(p, "gpuopt.device_count") or 1,
+        nodes=_int(p, "gpuopt.nodes") or 1,
+        world_size=_int(p, "gpuopt.world_size") or 1,
         strategy=p.get("gpuopt.strategy"), precision=p.get("gpuopt.precision"),
-        micro_batch=_int(p.get("gpuopt.micro_batch")), params=_int(p.get("gpuopt.params")),
-        flops_per_sample=_float(p.get("gpuopt.flops_per_sample")),
+        micro_batch=_int(p, "gpuopt.micro_batch"), params=_int(p, "gpuopt.params"),
+        flops_per_sample=_float(p, "gpuopt.flops_per_sample"),
         throughput_samples_per_s=m.get("gpuopt/summary/throughput_samples_per_s"),
         mfu=m.get("gpuopt/summary/mfu"),
         step_time_p50_s=m.get("gpuopt/summary/step_time_p50_s"),

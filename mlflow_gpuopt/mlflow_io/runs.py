@@ -44,13 +44,24 @@ class RunInputs:
 
 
 def _int(params: dict[str, str], key: str, default: int | None = None) -> int | None:
+    """Param ``key`` as an int (``"8"``, ``"8.0"``), or ``default`` when it is missing,
+    empty, ``"None"`` or not a finite number (MLflow stores every param as a string)."""
+    value = _float(params, key)
+    return default if value is None else int(value)
+
+
+def _float(params: dict[str, str], key: str,
+           default: float | None = None) -> float | None:
+    """Param ``key`` as a finite float, or ``default`` when it is missing, empty, ``"None"``
+    or not a finite number."""
     value = params.get(key)
     if value in (None, "", "None"):
         return default
     try:
-        return int(float(value))
+        number = float(value)
     except ValueError:
         return default
+    return number if math.isfinite(number) else default
 
 
 def _read_profile(client: Any, run_id: str) -> dict | None:
