@@ -14,10 +14,10 @@ and a naive baseline):
   3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone.
 
 Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only). With ``--lomo`` it
-also reports task 2 leave-one-model-out: the global constants of the compute model
-(tensor/SIMT efficiency, traffic hidden under matmuls, fixed share of latency-bound work)
-are picked from a small grid on the other models and each model is scored with the pick
-made without it (about 20 s).
+also checks task 3's interval width leave-one-model-out and reports task 2
+leave-one-model-out: the global constants of the compute model (tensor/SIMT efficiency,
+traffic hidden under matmuls, fixed share of latency-bound work) are picked from a small
+grid on the other models and each model is scored with the pick made without it (~20 s).
 """
 
 from __future__ import annotations
@@ -279,6 +279,35 @@ def lomo_cross_gpu(rows, wl, hw) -> list[Result]:
     return out
 
 
+def lomo_prior_width(rows, wl, hw) -> None:
+    """Task 3's interval width checked leave-one-model-out: for each workload class, the
+    root-mean-square of log(measured / prior) over the other classes (each class weighted
+    once) as the width, and whether the held-out class's rows fall inside ±1.645 of it."""
+    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_PRIOR_ONLY, Z90
+
+    logs = defaultdict(list)
+    for t in rows:
+        if t.gpus != 1 or t.multinode_table:
+            continue
+        w, units = wl[t.model]
+        p = fit(w, [], hw).predict(config(t, units), hw[t.gpu])
+        logs[t.model].append(math.log(t.throughput / p.throughput_samples_per_s))
+    means = {m: statistics.fmean(v) for m, v in logs.items()}
+    every = [x for v in logs.values() for x in v]
+    rms_rows = math.sqrt(statistics.fmean(x * x for x in every))
+    rms_classes = math.sqrt(statistics.fmean(v * v for v in means.values()))
+    print(f"  RMS log(measured / prior): {rms_rows:.2f} over {len(every)} rows, "
+          f"{rms_classes:.2f} per class; shipped width {SIGMA_PRIOR_ONLY}")
+    covered = 0
+    for held in sorted(logs):
+        width = math.sqrt(statistics.fmean(v * v for m, v in means.items() if m != held))
+        inside = sum(abs(x) <= Z90 * width for x in logs[held])
+        covered += inside
+        print(f"  without {held:28s} width {width:.2f}, mean log error {means[held]:+.2f}, "
+              f"covers {inside}/{len(logs[held])}")
+    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+
+
 def main() -> int:
     rows, wl, hw = load_rows(), workloads(), hardware()
     summaries = {
@@ -303,6 +332,8 @@ def main() -> int:
         summaries["2 across GPU types, leave-one-model-out"] = report(
             "Task 2, leave-one-model-out constants", lomo_cross_gpu(rows, wl, hw),
             "peak-FLOPs ratio")
+        print("\n== Task 3 interval width leave-one-model-out")
+        lomo_prior_width(rows, wl, hw)
     print("\nSummary (goal: median <= 10%, p90 <= 25%, coverage >= 80%)")
     for name, s in summaries.items():
         print(f"  {name:38s} n={s['n']:3d} median {s['median_pct']:5.1f}%  "

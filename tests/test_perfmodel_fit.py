@@ -116,6 +116,23 @@ def test_cpu_only_observation_falls_back_to_prior_with_a_wide_interval():
     assert 0.05 < mfu < 1.0
 
 
+def test_prior_only_interval_is_the_prior_width_and_measured_stays_narrow():
+    # No observation, one GPU: no other width applies, so the 90% interval is exactly
+    # exp(±1.645 × SIGMA_PRIOR_ONLY) around the roofline: ×5.18 / ÷5.18 at σ = 1.0.
+    cfg = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=256)
+    p = fit(RESNET, [], HW).predict(cfg, A100)
+    assert p.basis == "prior"
+    assert p.log_sigma == pytest.approx(1.0)
+    assert p.high / p.throughput_samples_per_s == pytest.approx(math.exp(1.6448536269514722))
+    assert p.throughput_samples_per_s / p.low == pytest.approx(math.exp(1.6448536269514722))
+    # One run on that GPU: the measured interval is the fit's own spread, not the prior's.
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
+                       micro_batch=256)]
+    m = fit(RESNET, obs, HW).predict(cfg, A100)
+    assert m.basis == "measured"
+    assert m.log_sigma < 0.1
+
+
 def test_grad_accumulation_amortises_communication():
     obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
                        micro_batch=256)]
