@@ -116,3 +116,24 @@ def test_click_usage_errors_are_one_line_exit_2(prog, argv):
     assert out.stdout == ""
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), out.stderr
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--bogus"], "--bogus"),
+    (["--bogus", "recommend"], "--bogus"),
+    (["bogus-command"], "bogus-command"),
+])
+@pytest.mark.parametrize("prog", [
+    [str(BIN / "mlflow-gpuopt")],
+    [sys.executable, "-m", "mlflow_gpuopt"],
+    [str(BIN / "mlflow"), "gpuopt"],
+], ids=["console-script", "python-m", "mlflow"])
+def test_group_level_usage_errors_are_one_line_exit_2(prog, argv, named):
+    """An unknown option of the group itself (click fails it while parsing, before any
+    subcommand) or an unknown command: one line naming it, no usage block, exit 2."""
+    out = _run(*prog, *argv)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("Error: ") and f"'{named}'" in lines[0], out.stderr

@@ -6,7 +6,9 @@ Subcommands live in their own modules and are imported only when invoked, so ``-
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 
 import click
 from click.exceptions import NoArgsIsHelpError
@@ -31,6 +33,19 @@ _HELP = {
 }
 
 
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """Re-raise click's usage errors as :class:`UsageError`: the promise is one line on
+    stderr and exit code 2, also under ``mlflow gpuopt``, whose own main would otherwise
+    print click's usage and hint lines too."""
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise  # a group called bare: its help is the answer
+    except click.UsageError as exc:
+        raise UsageError(exc.format_message()) from None
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_SUBCOMMANDS)
@@ -48,16 +63,17 @@ class _LazyGroup(click.Group):
             return None
         return getattr(module, attr)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # A bad option of the group itself (``mlflow-gpuopt --bogus``) fails here, before
+        # invoke; click would print usage + hint + error.
+        with _one_line_usage_errors():
+            return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context):
-        # click reports a bad option value of a subcommand (``--provider nope``,
-        # ``--max-gpus 0``) as usage + hint + error on four lines; the promise is one line
-        # and exit code 2, also under ``mlflow gpuopt``, whose own main would print them.
-        try:
+        # click reports an unknown subcommand or a bad option value of a subcommand
+        # (``--provider nope``, ``--max-gpus 0``) as usage + hint + error on four lines.
+        with _one_line_usage_errors():
             return super().invoke(ctx)
-        except NoArgsIsHelpError:
-            raise  # a subgroup called bare: its help is the answer
-        except click.UsageError as exc:
-            raise UsageError(exc.format_message()) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Describe subcommands without importing them (keeps `--help` instant).
