@@ -86,7 +86,12 @@ class TinyGPT(nn.Module):
 
 
 def analytic_flops_per_sample(cfg: GPTConfig) -> float:
-    """6 · (matmul params) · tokens + attention (QKᵀ and AV: 12 · L · T² · d, fwd+bwd)."""
+    """Training FLOPs for one sample (one sequence of ``seq_len`` tokens), forward + backward:
+    6 · (matmul params) · tokens + attention (QKᵀ and AV: 12 · L · T² · d).
+
+    Not used for training: it is the paper-and-pencil figure that the tracker's measured
+    ``flops_per_sample`` is checked against (tests/test_examples.py).
+    """
     d, t, layers = cfg.d_model, cfg.seq_len, cfg.n_layers
     matmul_params = layers * (3 * d * d + d * d + 8 * d * d) + d * cfg.vocab_size
     return 6.0 * matmul_params * t + 12.0 * layers * t * t * d
