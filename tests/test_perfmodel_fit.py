@@ -93,6 +93,46 @@ def test_other_gpu_is_extrapolated_with_a_wider_interval():
     assert 1.2 < other.throughput_samples_per_s / 1200.0 < 312 / 125 * 1.05
 
 
+def test_transferred_prediction_at_another_micro_batch_widens_the_interval():
+    # Fitted on V100 at micro-batch 64 only: the a/b split is not identified. On A100 (never
+    # measured) the batch term must count the doublings from the batches seen on V100.
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, throughput_samples_per_s=1200.0,
+                       micro_batch=64)]
+    pred = fit(RESNET, obs, HW)
+
+    def sigma(hw, m):
+        return pred.predict(ParallelConfig(gpus_per_node=1, strategy="single",
+                                           micro_batch=m), hw).log_sigma
+
+    at_b, at_4b = sigma(A100, 64), sigma(A100, 256)
+    assert pred.predict(ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=256),
+                        A100).basis == "transferred"
+    two_doublings = 2 * unc.SIGMA_PER_BATCH_DOUBLING
+    assert at_4b > at_b
+    assert math.sqrt(at_4b**2 - at_b**2) == pytest.approx(two_doublings, rel=1e-6)
+    # On the measured GPU the term is unchanged: nothing at the measured batch, the same
+    # width per doubling away from it.
+    v_b, v_4b = sigma(V100, 64), sigma(V100, 256)
+    assert v_b == pytest.approx(pred.result.log_compute_sd[("V100-SXM2-16GB", "fp16")])
+    assert math.sqrt(v_4b**2 - v_b**2) == pytest.approx(two_doublings, rel=1e-6)
+
+
+def test_transferred_prediction_with_identified_split_has_no_batch_term_at_measured_batches():
+    # Two batches measured on V100: on A100 a batch between them is 1 doubling from the
+    # nearest, a batch equal to one of them adds nothing.
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, throughput_samples_per_s=t,
+                       micro_batch=m) for m, t in ((16, 900.0), (256, 1200.0))]
+    pred = fit(RESNET, obs, HW)
+
+    def sigma(m):
+        return pred.predict(ParallelConfig(gpus_per_node=1, strategy="single",
+                                           micro_batch=m), A100).log_sigma
+
+    assert sigma(16) == pytest.approx(sigma(256))
+    assert math.sqrt(sigma(64)**2 - sigma(16)**2) == pytest.approx(
+        2 * unc.SIGMA_PER_BATCH_DOUBLING, rel=1e-6)
+
+
 def test_more_gpus_than_observed_widens_the_interval():
     obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
                        micro_batch=256)]

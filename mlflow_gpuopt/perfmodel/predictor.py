@@ -66,6 +66,7 @@ class Predictor:
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
         self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}
         self._calib_cache: dict[Key, tuple[Calibration, float, bool]] = {}
+        self._batches_cache: dict[Key, frozenset[float]] = {}
 
     @property
     def assumptions(self) -> tuple[str, ...]:
@@ -103,6 +104,28 @@ class Predictor:
             return same_gpu
         # Prefer calibrations made at the same precision.
         return [k for k in res.log_compute_scale if k[1] == key[1]] or list(res.log_compute_scale)
+
+    def _reference_batches(self, key: Key) -> frozenset[float]:
+        """Micro-batches (samples per GPU) a prediction for ``key`` is extrapolated from in
+        batch: those measured at ``key`` itself, else those of every calibration it borrows
+        (``_pool(key)``: the same GPU's other precisions, else other GPUs).
+
+        Why the pool's batches and not none: how per-sample time depends on the micro-batch
+        (fixed vs per-sample work) is a property of the workload more than of the GPU, and a
+        transferred prediction inherits its compute scale from the pool's fit, which is exact
+        only near the batches the pool measured. Looking only at the target key (empty for a
+        GPU never measured) made the batch term vanish exactly where it applies: V100 at 48
+        carried to A100 at 128 got the width of V100 at 48 carried to A100 at 48. Batches of
+        keys outside the pool are not used: they did not calibrate this prediction. No
+        measurement at all: empty (``SIGMA_PRIOR_ONLY`` covers the batch too).
+        """
+        cached = self._batches_cache.get(key)
+        if cached is None:
+            seen = self.result.observed_batches
+            cached = seen.get(key) or frozenset().union(
+                *(seen.get(k, frozenset()) for k in self._pool(key)))
+            self._batches_cache[key] = cached
+        return cached
 
     def _compute_scale(self, key: Key, pool: list[Key]) -> tuple[float, float, float, bool]:
         """(log k, its sd, log r, extrapolated) for a GPU and precision, from ``_pool(key)``."""
@@ -142,8 +165,7 @@ class Predictor:
         sigma = unc.combine(
             sd_k,
             unc.scale_beyond(layout.dp, res.max_observed_dp) if res.max_observed_dp else 0.0,
-            unc.batch_away(m, res.observed_batches.get(key, frozenset()),
-                           key in res.log_fixed_scale),
+            unc.batch_away(m, self._reference_batches(key), key in res.log_fixed_scale),
             unc.SIGMA_UNOBSERVED_STRATEGY
             if res.max_observed_dp
             and _DP_FAMILY.get(strategy, strategy) not in self._observed_families

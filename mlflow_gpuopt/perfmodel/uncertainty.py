@@ -69,7 +69,18 @@ def comm_fit_spread(log_comm_sd: float, exposed_share: float, replicas: int,
 
 
 def batch_away(micro_batch: float, observed: frozenset[float], split_identified: bool) -> float:
-    """Width for a micro-batch away from the measured ones when ``a``/``b`` was not fitted."""
+    """Width for a micro-batch away from the measured ones when ``a``/``b`` was not fitted:
+    ``SIGMA_PER_BATCH_DOUBLING`` per doubling (log2) to the nearest of ``observed``.
+
+    ``observed`` is the batches (samples per GPU) the prediction's calibration was measured
+    at: the target GPU's own, or, for a transferred prediction (GPU or precision never
+    measured), those of the calibrations it borrows, since the batch dependence of
+    per-sample time belongs to the workload more than to the GPU
+    (``Predictor._reference_batches``). ``split_identified`` is true only where ``a``/``b``
+    was fitted for the target itself; a transfer does not carry the fitted ``r`` (its
+    roofline split is the prior), so it pays the term.
+    Empty ``observed`` (no measurement at all) adds nothing: the prior width covers it.
+    """
     if split_identified or not observed or micro_batch in observed:
         return 0.0
     nearest = min(abs(math.log2(micro_batch / m)) for m in observed if m > 0)
