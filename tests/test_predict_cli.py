@@ -68,6 +68,8 @@ def test_human_output_and_nvml_name(files):
     (["--gpu", "A100-80GB-SXM4", "--gpus", "8", "--strategy", "warp"], "unknown strategy"),
     (["--gpu", "A100-80GB-SXM4", "--gpus", "6", "--nodes", "4"], "does not split"),
     (["--gpu", "A100-80GB-SXM4", "--gpus", "8", "--precision", "fp3"], "unknown precision"),
+    (["--gpu", "H100", "--gpus", "16", "--nodes", "1", "--strategy", "tp"],
+     "16 H100-SXM5-80GB per node; the catalog's largest H100-SXM5-80GB instance has 8"),
 ])
 def test_bad_input_is_one_line_exit_2(files, args, message):
     w, o = files
@@ -115,7 +117,7 @@ def test_conflicting_or_missing_sources(files):
     assert r.exit_code == 2 and "--run-id" in r.output
 
 
-def test_from_run_id(tracking_uri):
+def _measured_run(tracking_uri: str) -> str:
     from mlflow import MlflowClient
 
     c = MlflowClient(tracking_uri)
@@ -128,6 +130,11 @@ def test_from_run_id(tracking_uri):
         c.log_param(rid, k, v)
     c.log_metric(rid, "gpuopt/summary/throughput_samples_per_s", 2470.0)
     c.log_dict(rid, WORKLOAD, "gpuopt/profile.json")
+    return rid
+
+
+def test_from_run_id(tracking_uri):
+    rid = _measured_run(tracking_uri)
     r = _run(["--run-id", rid, "--gpu", "A100-80GB-SXM4", "--gpus", "1", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -154,3 +161,17 @@ def test_real_subprocess(files):
          "--gpus", "1"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.startswith("Error: unknown GPU") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_real_subprocess_from_run_id_keeps_stderr_clean(tracking_uri):
+    """Reading the run downloads gpuopt/profile.json: no MLflow progress bar on stderr."""
+    rid = _measured_run(tracking_uri)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=tracking_uri)
+    env.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlflow_gpuopt", "predict", "--run-id", rid, "--gpu", "A100",
+         "--gpus", "1"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "samples/s" in proc.stdout
+    assert proc.stderr == ""

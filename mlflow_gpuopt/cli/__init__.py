@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from collections.abc import Iterator
 
 import click
@@ -86,6 +87,9 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="mlflow-gpuopt")
 def gpuopt() -> None:
     """Measure training, price cloud GPUs, predict scaling and recommend the cheapest setup."""
+    # The commands read small artifacts (gpuopt/profile.json); MLflow's download progress
+    # bars would interleave with the table and the one-line errors on stderr.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def main() -> None:

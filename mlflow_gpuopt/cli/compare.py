@@ -8,7 +8,6 @@ run used. CPU runs have no catalog price and say so.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
@@ -80,7 +79,6 @@ def compare(experiment, run_ids, dataset_size, as_json):
         size = parse_count(dataset_size, what="--dataset-size") if dataset_size else None
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow_gpuopt.catalog import CatalogError, load_catalog
     from mlflow_gpuopt.mlflow_io.measured import (
         MeasuredRunError,

@@ -68,6 +68,7 @@ def _resolve(catalog, name: str) -> str:
 
 
 def _max_gpus_per_node(catalog, gpu: str) -> int:
+    """The most GPUs of this type one catalog instance holds (8 when none sells it)."""
     counts = [o.gpu_count for o in catalog.offers if o.gpu == gpu]
     return max(counts) if counts else 8
 
@@ -223,11 +224,15 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     target = _resolve(catalog, gpu)
     workload, observations = _inputs(run_ids, workload_path, observations_path, catalog)
 
+    node_max = _max_gpus_per_node(catalog, target)
     if nodes is None:
-        nodes = max(1, math.ceil(gpus / _max_gpus_per_node(catalog, target)))
+        nodes = max(1, math.ceil(gpus / node_max))
     if gpus % nodes:
         raise UsageError(f"--gpus {gpus} does not split evenly over --nodes {nodes}")
     per_node = gpus // nodes
+    if per_node > node_max:
+        raise UsageError(f"--gpus {gpus} over --nodes {nodes} is {per_node} {target} per node; "
+                         f"the catalog's largest {target} instance has {node_max}")
     dp_strategy, tp, pp = parse_strategy(strategy or ("single" if gpus == 1 else "ddp"))
     if tp == 0:
         tp = per_node

@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import sys
 
 import click
@@ -171,7 +170,6 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
         raise UsageError(str(exc)) from None
 
     # 2. Read the runs (read-only).
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     workload, observations, run_ids = _load_inputs(run_ids, experiment)
     try:
         total, description = _target_samples(
