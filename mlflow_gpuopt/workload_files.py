@@ -28,7 +28,7 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "largest_layer_params", "hidden_size"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
-               "memory_traffic_bytes_per_sample"}
+               "memory_traffic_bytes_per_sample", "kernels_per_micro_step"}
 _STR_KEYS = {"name", "precision", "optimizer"}
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
 

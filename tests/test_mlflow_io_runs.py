@@ -64,6 +64,16 @@ def test_profile_missing_falls_back_to_params(client):
     assert (w.params, w.flops_per_sample, w.micro_batch) == (1_234_567, 3.1e9, 8)
 
 
+def test_kernel_count_from_profile_or_param_and_absent_in_old_runs(client):
+    profiled = _log_run(client, profile={**PROFILE, "kernels_per_micro_step": 68400.0})
+    assert load_run_inputs([profiled], client=client).workload.kernels_per_micro_step == 68400.0
+    by_param = _log_run(client, profile=None,
+                        params_extra={"gpuopt.kernels_per_micro_step": "1234.5"})
+    assert load_run_inputs([by_param], client=client).workload.kernels_per_micro_step == 1234.5
+    old = _log_run(client)  # a profile written before the count existed
+    assert load_run_inputs([old], client=client).workload.kernels_per_micro_step is None
+
+
 def test_unknown_run_id(client):
     with pytest.raises(RunInputError, match="unknown run id 'deadbeef"):
         load_run_inputs(["deadbeef00000000000000000000000"], client=client)

@@ -108,6 +108,26 @@ def test_workload_missing_required_field(tmp_path, files):
     assert "missing required field(s) flops_per_sample" in r.output
 
 
+def test_profile_kernel_count_round_trips_through_a_workload_file(tmp_path, files):
+    from mlflow_gpuopt.tracking.profiler import WorkloadProfile
+    from mlflow_gpuopt.workload_files import WorkloadFileError, load_workload
+
+    profile = WorkloadProfile(
+        name="rnn", params=1000, trainable_params=1000, flops_per_sample=2e6,
+        precision="fp32", micro_batch=4, grad_accum=1, optimizer="Adam",
+        optimizer_state_bytes_per_param=8.0, activation_bytes_per_sample=None,
+        activation_saved_bytes_per_sample=None, tokens_per_sample=None,
+        largest_layer_params=800, kernels_per_micro_step=4567.5)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile.to_json(hardware={"gpu": "cpu"})))
+    assert load_workload(path).kernels_per_micro_step == 4567.5
+    w, _ = files  # written without the key
+    assert load_workload(w).kernels_per_micro_step is None
+    path.write_text(json.dumps({**WORKLOAD, "kernels_per_micro_step": "many"}))
+    with pytest.raises(WorkloadFileError, match="'kernels_per_micro_step' must be a number"):
+        load_workload(path)
+
+
 def test_conflicting_or_missing_sources(files):
     w, o = files
     r = CliRunner().invoke(gpuopt, ["predict", "--run-id", "abc", "--workload", w,

@@ -89,6 +89,8 @@ def test_contract_is_logged(tracking_uri):
     # saved for backward per sample: the input (D_IN) and the ReLU output (HIDDEN), fp32
     assert prof["activation_bytes_per_sample"] == pytest.approx(4 * (D_IN + HIDDEN))
     assert prof["hardware"]["gpu"] == "cpu" and prof["hardware"]["cpu_count"] >= 1
+    assert prof["kernels_per_micro_step"] > 0
+    assert float(p["gpuopt.kernels_per_micro_step"]) == prof["kernels_per_micro_step"]
     assert t.summary.steady.steps == 9
 
 
@@ -148,6 +150,74 @@ def test_grad_accumulation_and_flops_per_sample(tracking_uri):
     assert float(p["gpuopt.flops_per_sample"]) == pytest.approx(analytic_mlp_flops_per_sample())
     assert t.summary.steady.throughput_samples_per_s == pytest.approx(
         32 / t.summary.steady.step_time_mean_s, rel=1e-6)
+    # per micro-step: the step's four forwards+backwards are divided by four (each micro-step
+    # of train() also makes its batch, divides the loss, and adds into .grad: a few more
+    # kernels than a bare forward+backward, far from four times as many)
+    single = kernels_per_micro_step(make_model()[0], torch.optim.AdamW, accum=1, batch=8)
+    assert single < t.profile.kernels_per_micro_step < 1.5 * single
+
+
+class CellLoop(nn.Module):
+    """``steps`` steps of one LSTM cell: a tiny autoregressive decoder. ``views`` adds view and
+    metadata-only operations to every step, which launch no kernel."""
+
+    def __init__(self, steps: int, views: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.steps, self.views = steps, views
+        self.cell = nn.LSTMCell(D_IN, HIDDEN)
+        self.out = nn.Linear(HIDDEN, D_OUT)
+
+    def forward(self, x):
+        h = c = x.new_zeros(x.shape[0], HIDDEN)
+        for _ in range(self.steps):
+            if self.views:
+                x = x.view(x.shape).t().t().expand(x.shape[0], -1).unsqueeze(1).squeeze(1)
+            h, c = self.cell(x, (h, c))
+        return self.out(h)
+
+
+def kernels_per_micro_step(model, optimizer_cls=torch.optim.SGD, accum=1, batch=BATCH):
+    """The profiler driven by hand over one step of ``accum`` micro-batches of ``batch``."""
+    from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
+
+    opt = optimizer_cls(model.parameters(), lr=1e-2)
+    profiler = WorkloadProfiler(model, opt)
+    x = torch.randn(batch, D_IN, generator=torch.Generator().manual_seed(1))
+    profiler.begin_step(x)
+    for _ in range(accum):
+        model(x).pow(2).mean().backward()
+        profiler.end_forward()
+    opt.step()
+    profiler.end_step()
+    return profiler.result(batch * accum, accum).kernels_per_micro_step
+
+
+def test_kernel_count_grows_with_the_steps_of_a_recurrent_loop():
+    counts = {k: kernels_per_micro_step(CellLoop(k)) for k in (1, 4, 16)}
+    per_step = (counts[4] - counts[1]) / 3
+    assert per_step > 10  # an LSTM cell step forward + backward is a few tens of kernels
+    assert counts[16] - counts[4] == pytest.approx(12 * per_step)  # the same every step
+    assert counts[16] > 10 * counts[1]  # about k times one step: the loop dominates
+
+
+def test_kernel_count_leaves_out_views_and_the_optimizer():
+    from mlflow_gpuopt.tracking.profiler import is_kernel_op
+
+    aten = torch.ops.aten
+    for op in (aten.view.default, aten.t.default, aten._unsafe_view.default,
+               aten.detach.default, aten.expand.default, aten.as_strided.default,
+               aten.empty.memory_format, aten.unsqueeze_.default):
+        assert not is_kernel_op(op), op
+    for op in (aten.addmm.default, aten.add_.Tensor, aten.copy_.default, aten.zeros.default):
+        assert is_kernel_op(op), op
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+
+    hooks_before = len(_global_optimizer_pre_hooks)
+    plain = kernels_per_micro_step(CellLoop(4))
+    assert kernels_per_micro_step(CellLoop(4, views=True)) == plain
+    assert kernels_per_micro_step(CellLoop(4), torch.optim.Adam) == plain
+    assert len(_global_optimizer_pre_hooks) == hooks_before  # the profiler's hook is removed
 
 
 def test_manual_steps_without_optimizer(tracking_uri):

@@ -88,7 +88,8 @@ def _workload(run_id: str, params: dict[str, str], profile: dict | None) -> Work
                  "precision": "gpuopt.precision", "micro_batch": "gpuopt.micro_batch",
                  "grad_accum": "gpuopt.grad_accum", "optimizer": "gpuopt.optimizer",
                  "tokens_per_sample": "gpuopt.tokens_per_sample",
-                 "trainable_params": "gpuopt.trainable_params"}
+                 "trainable_params": "gpuopt.trainable_params",
+                 "kernels_per_micro_step": "gpuopt.kernels_per_micro_step"}
     for key, param in fallbacks.items():
         if doc.get(key) in (None, "") and params.get(param) not in (None, "", "None"):
             doc[key] = params[param]

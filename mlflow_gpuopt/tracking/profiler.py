@@ -8,10 +8,25 @@ extra forward — and divides by the samples they held. The counter only observe
 training results are unchanged. Activation bytes come from the first forward of that step:
 saved-for-backward tensors (``saved_tensors_hooks``, de-duplicated by storage, parameters
 excluded), and on CUDA also the allocator's peak growth during the forward.
+
+Kernels per micro-step: a second dispatch mode, entered beside the FLOP counter for the same
+window, counts the operators dispatched from the first forward until the optimizer starts its
+step (a global optimizer step pre-hook, registered for the profiled step only), divided by
+the forwards (micro-batches) in that window. In eager PyTorch each such operator is about one
+kernel launch, which is what bounds a micro-step's batch-independent latency (recurrent and
+autoregressive models launch thousands). Operators that launch nothing are left out: views
+and in-place view ops (read from the operator's schema: ``view``, ``t``, ``expand``,
+``as_strided``, ``detach``, ``split``, ``unsqueeze_``...) and the few in
+``NON_KERNEL_OPS`` (uninitialised allocations, ``_unsafe_view``, size queries). It is a count
+of operators, not of kernels: a cuDNN RNN over a sequence is one operator and many kernels,
+and an ``LSTMCell`` is one fused kernel on CUDA but about ten element-wise operators on a CPU,
+so a count taken on a CPU overstates the CUDA one for such cells. The optimizer's own
+operators are not in it (the optimizer step has its own term in the models).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -38,6 +53,8 @@ class WorkloadProfile:
     activation_saved_bytes_per_sample: float | None  # saved-for-backward tensors only
     tokens_per_sample: int | None  # sequence length for token-id inputs
     largest_layer_params: int | None  # largest leaf module (e.g. the embedding)
+    #: operators that launch a kernel per forward+backward of one micro-batch (see module doc)
+    kernels_per_micro_step: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -67,6 +84,61 @@ def _cpu_attention_flops() -> dict:
         if op is not None:
             mapping[op] = fn
     return mapping
+
+
+#: Operators that launch no kernel although their schema does not mark them as views:
+#: uninitialised allocations, views the schema calls new tensors (``_unsafe_view``,
+#: ``unsafe_split``/``unsafe_chunk``, used by the RNN cells), storage/metadata setters and
+#: size queries.
+NON_KERNEL_OPS = frozenset({
+    "_unsafe_view", "_reshape_alias", "unsafe_split", "unsafe_split_with_sizes",
+    "unsafe_chunk", "empty", "empty_like", "empty_strided", "new_empty",
+    "new_empty_strided", "resize_", "set_", "is_same_size", "sym_size", "sym_stride",
+    "sym_numel", "sym_storage_offset",
+})
+
+
+def is_kernel_op(func: Any) -> bool:
+    """Whether dispatching ``func`` (an ``OpOverload``) launches work on the device: not a
+    view (its output aliases an input without writing it), not an in-place view op, not in
+    ``NON_KERNEL_OPS``."""
+    import torch
+
+    if getattr(func, "is_view", False):
+        return False
+    if torch.Tag.inplace_view in getattr(func, "tags", ()):
+        return False
+    name = func._schema.name.split("::", 1)[-1]
+    return name not in NON_KERNEL_OPS
+
+
+@functools.cache
+def _kernel_count_mode_class() -> type:
+    """A ``TorchDispatchMode`` that counts kernel-launching operators (defined on first use,
+    so importing this module does not import torch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class KernelCountMode(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+            self._is_kernel: dict[Any, bool] = {}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                               kwargs: dict | None = None) -> Any:
+            kernel = self._is_kernel.get(func)
+            if kernel is None:
+                kernel = self._is_kernel[func] = is_kernel_op(func)
+            if kernel:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    return KernelCountMode
+
+
+def kernel_count_mode() -> Any:
+    """A fresh kernel-counting dispatch mode; enter it, run, read ``.count``."""
+    return _kernel_count_mode_class()()
 
 
 def count_params(model: Any) -> tuple[int, int]:
@@ -165,6 +237,9 @@ class WorkloadProfiler:
         self.optimizer = optimizer
         self.name = name or type(model).__name__
         self._flop_mode: Any = None
+        self._kernel_mode: Any = None
+        self._optimizer_hook: Any = None
+        self.kernels_before_optimizer: int | None = None
         self._saved_ctx: Any = None
         self._saved_bytes = 0
         self._seen_storages: set[int] = set()
@@ -208,6 +283,29 @@ class WorkloadProfiler:
             extra = {}
         self._flop_mode = FlopCounterMode(display=False, custom_mapping=extra)
         self._flop_mode.__enter__()
+        self._kernel_mode = kernel_count_mode()
+        self._kernel_mode.__enter__()
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._optimizer_hook = register_optimizer_step_pre_hook(self._on_optimizer_step_pre)
+
+    def _on_optimizer_step_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        """The profiled step's optimizer starts: the micro-steps' operators end here."""
+        if self.optimizer is not None and optimizer is not self.optimizer:
+            return
+        if self._kernel_mode is not None and self.kernels_before_optimizer is None:
+            self.kernels_before_optimizer = self._kernel_mode.count
+
+    def _exit_kernel_mode(self) -> None:
+        """Leave the kernel counter and drop the optimizer hook (entered in begin_step)."""
+        hook, self._optimizer_hook = self._optimizer_hook, None
+        if hook is not None:
+            hook.remove()
+        if self._kernel_mode is not None:
+            mode, self._kernel_mode = self._kernel_mode, None
+            mode.__exit__(None, None, None)
+            if self.kernels_before_optimizer is None:  # manual steps without an optimizer
+                self.kernels_before_optimizer = mode.count
 
     def _pack(self, t: Any) -> Any:
         try:
@@ -237,6 +335,7 @@ class WorkloadProfiler:
     # called at the step boundary (optimizer post-hook or manual step)
     def end_step(self) -> None:
         self.end_forward()
+        self._exit_kernel_mode()  # entered after the FLOP counter: left before it
         if self._flop_mode is not None:
             mode, self._flop_mode = self._flop_mode, None
             mode.__exit__(None, None, None)
@@ -253,6 +352,10 @@ class WorkloadProfiler:
                 ctx, self._saved_ctx = self._saved_ctx, None
                 ctx.__exit__(None, None, None)
         finally:
+            try:
+                self._exit_kernel_mode()
+            finally:
+                self.kernels_before_optimizer = None  # an unfinished step: no count
             if self._flop_mode is not None:
                 mode, self._flop_mode = self._flop_mode, None
                 mode.__exit__(None, None, None)
@@ -268,6 +371,9 @@ class WorkloadProfiler:
         samples = step_samples or ((micro or 0) * grad_accum) or None
         flops_ps = self.flops / samples if (self.flops and samples) else None
         saved_ps = self._saved_bytes / self._forward_batch if self._forward_batch else None
+        forwards = step_forwards or grad_accum
+        kernels = (self.kernels_before_optimizer / forwards
+                   if self.kernels_before_optimizer and forwards else None)
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         return WorkloadProfile(
@@ -285,4 +391,5 @@ class WorkloadProfiler:
             activation_saved_bytes_per_sample=saved_ps,
             tokens_per_sample=o.get("tokens_per_sample") or self.tokens_per_sample,
             largest_layer_params=largest_leaf_params(self.model),
+            kernels_per_micro_step=kernels,
         )
