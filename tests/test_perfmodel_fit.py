@@ -14,6 +14,7 @@ from mlflow_gpuopt.perfmodel import (
     fit,
 )
 from mlflow_gpuopt.perfmodel import uncertainty as unc
+from mlflow_gpuopt.perfmodel.compute import fixed_time_prior_s, per_sample_time_prior_s
 from mlflow_gpuopt.perfmodel.fitting import fit_calibration
 from mlflow_gpuopt.perfmodel.layout import resolve_layout
 from mlflow_gpuopt.perfmodel.shape import model_shape
@@ -253,6 +254,28 @@ def test_time_beyond_roofline_transfers_at_the_fp32_rate_not_the_tensor_peak():
     bound = 8 * compute.KERNELS_PER_LAYER_STEP * compute.KERNEL_DISPATCH_S
     assert fixed == pytest.approx(bound * 15.7e12)  # half the excess exceeds the dispatch cap
     assert per_sample > 0
+
+
+def test_dispatch_bound_uses_the_profiled_kernel_count():
+    from dataclasses import replace
+
+    from mlflow_gpuopt.perfmodel.fitting import dispatch_bound_s, split_latency_bound
+
+    # without a count: 8 layers x 100 kernels x 10 us = 8 ms
+    assert dispatch_bound_s(SMALL) == pytest.approx(8 * 100 * 10e-6)
+    # a 570-step decoder loop at ~120 kernels a step, counted: 68,400 x 10 us = 0.684 s
+    counted = replace(SMALL, kernels_per_micro_step=68_400)
+    assert dispatch_bound_s(counted) == pytest.approx(0.684)
+    # the batch-independent share of a step 20x slower than the roofline is half its excess,
+    # at most the bound: the layer guess caps it at 8 ms, the count lets it be the half
+    a = fixed_time_prior_s(SMALL.params, V100, "fp16")
+    b = per_sample_time_prior_s(SMALL, V100, "fp16")
+    excess = 19 * (a + 128 * b)
+    rate = 15.7e12  # V100 FP32, FLOP-equivalents per second of latency-bound work
+    for w, fixed_s in ((SMALL, 8e-3), (counted, min(0.5 * excess, 0.684))):
+        k, r, (x_fixed, x_sample) = split_latency_bound(w, V100, "fp16", 128, 20.0, 1.0, False)
+        assert k == 1.0 and x_fixed == pytest.approx(fixed_s * rate)
+        assert x_fixed + 128 * x_sample == pytest.approx(excess * rate)
 
 
 def test_split_reproduces_a_fit_with_two_micro_batches_at_every_batch():

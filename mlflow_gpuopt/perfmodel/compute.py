@@ -44,9 +44,13 @@ MATMUL_HIDDEN_TRAFFIC_SHARE = 0.5
 #: Share of latency-bound work (time a measurement shows beyond the roofline) that does not
 #: grow with the micro-batch, until two measured micro-batches say otherwise.
 LATENCY_FIXED_SHARE = 0.5
-#: ...but never more than launching the step's kernels one after another could cost: eager
-#: PyTorch issues about 100 kernels per layer per training micro-step (forward ~30,
-#: backward ~60, plus the optimizer's) at about 10 µs of CPU dispatch each.
+#: ...but never more than launching the micro-step's kernels one after another could cost:
+#: the kernels the profiler counted (``Workload.kernels_per_micro_step``) or, without a count,
+#: about 100 per layer (forward ~30, backward ~60, plus the optimizer's), each at about 10 µs
+#: of host-side dispatch. Eager PyTorch spends some 5-25 µs of CPU per operator before its
+#: kernel runs (Python binding, autograd recording, the ATen dispatcher, then a
+#: ``cudaLaunchKernel`` of a few µs); 10 µs sits in that range. A published order of
+#: magnitude, not fitted to the accuracy benchmark.
 KERNELS_PER_LAYER_STEP = 100
 KERNEL_DISPATCH_S = 10e-6
 #: Share of datasheet memory bandwidth reached by streaming kernels.

@@ -290,7 +290,11 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
 
 
 def dispatch_bound_s(workload: Workload) -> float:
-    """Most batch-independent latency one micro-step can have: its kernels dispatched one
-    after another (``KERNELS_PER_LAYER_STEP`` per layer at ``KERNEL_DISPATCH_S``)."""
+    """Most batch-independent latency (seconds) one micro-step can have: its kernels
+    dispatched one after another at ``KERNEL_DISPATCH_S`` each — the profiled count
+    (``kernels_per_micro_step``) where the workload has one, else ``KERNELS_PER_LAYER_STEP``
+    per layer (a guess that misses recurrent loops: a 570-step decoder launches thousands)."""
+    if workload.kernels_per_micro_step:
+        return workload.kernels_per_micro_step * KERNEL_DISPATCH_S
     layers = model_shape(workload).num_layers
     return layers * KERNELS_PER_LAYER_STEP * KERNEL_DISPATCH_S
