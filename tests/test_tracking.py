@@ -107,6 +107,20 @@ def test_tracking_does_not_change_training(tracking_uri):
     assert t.profile is not None and t.profile.flops_per_sample > 0
 
 
+def test_compiled_model_is_tracked_and_profiled(tracking_uri):
+    """``torch.compile`` (the ``aot_eager`` backend: no C++ toolchain needed) changes how the
+    forward runs, not what it computes: the steps, micro-batch and FLOPs are the same."""
+    model, opt = make_model()
+    compiled = torch.compile(model, backend="aot_eager")
+    with gpuopt.track(compiled, opt, interval_s=0.05, print_summary=False) as t:
+        train(compiled, opt, steps=8)
+    p = mlflow.get_run(t.run_id).data.params
+    assert p["gpuopt.micro_batch"] == str(BATCH)
+    assert int(p["gpuopt.params"]) == sum(x.numel() for x in model.parameters())
+    assert float(p["gpuopt.flops_per_sample"]) == pytest.approx(analytic_mlp_flops_per_sample())
+    assert t.summary.total_steps == 8 and t.profile.kernels_per_micro_step > 0
+
+
 def test_joins_active_run_and_leaves_it_open(tracking_uri):
     model, opt = make_model()
     with mlflow.start_run() as outer:
