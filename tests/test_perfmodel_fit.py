@@ -266,16 +266,50 @@ def test_dispatch_bound_uses_the_profiled_kernel_count():
     # a 570-step decoder loop at ~120 kernels a step, counted: 68,400 x 10 us = 0.684 s
     counted = replace(SMALL, kernels_per_micro_step=68_400)
     assert dispatch_bound_s(counted) == pytest.approx(0.684)
-    # the batch-independent share of a step 20x slower than the roofline is half its excess,
-    # at most the bound: the layer guess caps it at 8 ms, the count lets it be the half
-    a = fixed_time_prior_s(SMALL.params, V100, "fp16")
+    # the batch-independent share of a step 20x slower than the prior is half its excess, at
+    # most the bound: the layer guess caps it at 8 ms, the count at 0.684 s. With a count the
+    # prior itself already holds the 0.684 s of dispatch (in a), so the excess is 19x larger.
     b = per_sample_time_prior_s(SMALL, V100, "fp16")
-    excess = 19 * (a + 128 * b)
     rate = 15.7e12  # V100 FP32, FLOP-equivalents per second of latency-bound work
-    for w, fixed_s in ((SMALL, 8e-3), (counted, min(0.5 * excess, 0.684))):
+    for w, bound in ((SMALL, 8e-3), (counted, 0.684)):
+        a = fixed_time_prior_s(SMALL.params, V100, "fp16", w.kernels_per_micro_step)
+        excess = 19 * (a + 128 * b)
         k, r, (x_fixed, x_sample) = split_latency_bound(w, V100, "fp16", 128, 20.0, 1.0, False)
-        assert k == 1.0 and x_fixed == pytest.approx(fixed_s * rate)
+        assert k == 1.0 and x_fixed == pytest.approx(min(0.5 * excess, bound) * rate)
         assert x_fixed + 128 * x_sample == pytest.approx(excess * rate)
+
+
+#: A launch-bound workload: 20,000 kernels a micro-step (0.2 s of dispatch), almost no FLOPs.
+LAUNCH_BOUND = Workload(params=1000, flops_per_sample=1e3, precision="fp16", micro_batch=8,
+                        optimizer="SGD", optimizer_state_bytes_per_param=4, num_layers=2,
+                        hidden_size=16, kernels_per_micro_step=20_000)
+
+
+def test_prior_only_launch_bound_step_is_the_dispatch_time_on_every_gpu():
+    pred = fit(LAUNCH_BOUND, [], HW)
+    for hw in (A100, V100):
+        p = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), hw)
+        # 20,000 x 10 us = 0.2 s; weights, FLOPs and the optimizer step add well under 0.1%
+        assert p.step_time_s == pytest.approx(0.2, rel=1e-3)
+        assert p.basis == "prior"
+
+
+def test_dispatch_time_fitted_on_one_gpu_carries_unchanged_to_another():
+    # V100 measured at two micro-batches, its batch-independent part a quarter of the prior
+    # (say a faster host than 10 us an operator): compute x fixed scale = 0.25 there. On the
+    # A100 the fixed scale is not carried, but dispatch is CPU time: it stays 0.25 x 0.2 s.
+    truth = Calibration(compute_scale=0.5, fixed_scale=0.5)
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, micro_batch=m, strategy="single",
+                       throughput_samples_per_s=_truth(LAUNCH_BOUND, V100, 1, m, truth))
+           for m in (8, 64)]
+    pred = fit(LAUNCH_BOUND, obs, HW)
+    assert ("V100-SXM2-16GB", "fp16") in pred.result.log_fixed_scale
+    single = ParallelConfig(gpus_per_node=1, strategy="single")
+    v100 = pred.predict(single, V100)
+    a100 = pred.predict(single, A100)
+    assert v100.step_time_s == pytest.approx(0.05, rel=0.02)
+    assert a100.step_time_s == pytest.approx(v100.step_time_s, rel=1e-3)
+    assert a100.basis == "transferred"
 
 
 def test_split_reproduces_a_fit_with_two_micro_batches_at_every_batch():

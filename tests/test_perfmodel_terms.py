@@ -53,6 +53,44 @@ def test_latency_bound_work_scales_with_the_fp32_rate():
     assert v / a == pytest.approx(20 / 15.7)
 
 
+def test_fixed_prior_is_counted_dispatch_plus_weight_traffic():
+    # 1e8 params in fp16 mixed precision: read twice + gradients written = 6 bytes/param,
+    # 6e8 B / (2000e9 B/s x 0.75) = 0.4 ms; host side 5,000 kernels x 10 us = 50 ms
+    assert compute.fixed_time_prior_s(1e8, A100, "fp16", 5000) == pytest.approx(0.050 + 0.0004)
+    # without a count (None or 0): the flat 1 ms, unchanged
+    for count in (None, 0):
+        assert compute.fixed_time_prior_s(1e8, A100, "fp16", count) == pytest.approx(
+            0.001 + 0.0004)
+    assert compute.fixed_time_prior_s(1e8, A100, "fp16") == pytest.approx(0.0014)
+    # the dispatch part is the same on a GPU with less than half the bandwidth: only the
+    # weight traffic grows (6e8 / (900e9 x 0.75) = 0.8889 ms)
+    assert compute.fixed_time_prior_s(1e8, V100, "fp16", 5000) == pytest.approx(
+        0.050 + 6e8 / 675e9)
+
+
+def test_step_keeps_the_dispatch_seconds_across_gpu_types():
+    from mlflow_gpuopt.perfmodel.shape import model_shape
+    from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
+
+    w = Workload(params=1000, flops_per_sample=1e3, precision="fp16", num_layers=2,
+                 hidden_size=16, kernels_per_micro_step=20_000)
+    layout = resolve_layout(ParallelConfig(gpus_per_node=1, strategy="single"))
+    # a calibration carried from another GPU: compute x2 and fixed x3 for this GPU's roofline,
+    # the host-side overhead at the measured 0.5: 0.5 x 20,000 x 10 us = 0.1 s on both GPUs
+    calib = Calibration(compute_scale=2.0, fixed_scale=3.0, overhead_scale=0.5)
+    for hw in (A100, V100):
+        t = step_terms(w, hw, "fp16", layout, 1, 1, model_shape(w), 4.0, calib)
+        assert t.compute_s == pytest.approx(0.1, rel=1e-3)
+    # without overhead_scale the overhead takes compute x fixed scale (the measured GPU's own)
+    t = step_terms(w, A100, "fp16", layout, 1, 1, model_shape(w), 4.0,
+                   Calibration(compute_scale=2.0, fixed_scale=3.0))
+    assert t.compute_s == pytest.approx(6 * 0.2, rel=1e-3)
+    # a 2-stage pipeline: each stage dispatches half the kernels
+    pp2 = resolve_layout(ParallelConfig(gpus_per_node=2, strategy="pp", pp=2))
+    t = step_terms(w, A100, "fp16", pp2, 1, 1, model_shape(w), 4.0, Calibration())
+    assert t.compute_s == pytest.approx(0.1, rel=1e-3)
+
+
 def test_tf32_falls_back_to_fp32_on_v100_and_uses_simt_efficiency():
     w = Workload(params=1, flops_per_sample=1e12, precision="fp32",
                  memory_traffic_bytes_per_sample=0.0 + 1e-9)

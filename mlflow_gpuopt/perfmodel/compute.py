@@ -14,9 +14,17 @@ The priors are a roofline over three kinds of work, each scaling with its own GP
   compute- nor bandwidth-bound). Half of it is independent of the micro-batch
   (``LATENCY_FIXED_SHARE``) until two micro-batches are measured.
 
-Fixed per-step overhead (launches, Python) is carried over unchanged between GPU types as
-in Habitat. The efficiencies are what libraries reach on large operations: cuBLAS SGEMM
-about 85% of FP32 peak, tensor-core GEMMs about 60% of theirs (the operand feed, not the
+Batch-independent work per micro-step (``a``) is reading the weights and writing their
+gradients, at the memory bandwidth, plus host-side overhead: launching the micro-step's kernels
+from Python. Where the profile counted the operators one forward+backward dispatches
+(``Workload.kernels_per_micro_step``), that overhead is the count × ``KERNEL_DISPATCH_S``, the
+time eager PyTorch needs to issue them one after another; a recurrent decoder issues tens of
+thousands, and a launch-bound step takes that long however fast the GPU is. Without a count
+it is a flat ``MICRO_STEP_OVERHEAD_S``. It is CPU time, so it is carried over unchanged between
+GPU types as in Habitat (:mod:`.step` keeps it out of the GPU-dependent scaling).
+
+The efficiencies are what libraries reach on large operations: cuBLAS SGEMM about 85% of FP32
+peak, tensor-core GEMMs about 60% of theirs (the operand feed, not the
 math units, limits them), streaming kernels 75% of datasheet bandwidth. Observations then
 calibrate the rest (see :mod:`.fitting`).
 """
@@ -50,7 +58,9 @@ LATENCY_FIXED_SHARE = 0.5
 #: of host-side dispatch. Eager PyTorch spends some 5-25 µs of CPU per operator before its
 #: kernel runs (Python binding, autograd recording, the ATen dispatcher, then a
 #: ``cudaLaunchKernel`` of a few µs); 10 µs sits in that range. A published order of
-#: magnitude, not fitted to the accuracy benchmark.
+#: magnitude, not fitted to the accuracy benchmark. Where the kernels were counted, the same
+#: count × 10 µs is also the prior's host-side overhead per micro-step
+#: (:func:`micro_step_overhead_s`).
 KERNELS_PER_LAYER_STEP = 100
 KERNEL_DISPATCH_S = 10e-6
 #: Share of datasheet memory bandwidth reached by streaming kernels.
@@ -61,7 +71,10 @@ TRAFFIC_PER_ACTIVATION_BYTE = 6.0
 #: Arithmetic intensity assumed when the profile says nothing about memory (FLOPs per byte
 #: of DRAM traffic with fp32 activations; halves the bytes at 16-bit).
 DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32 = 30.0
-#: Fixed cost of one micro-step: kernel launches, Python and framework overhead.
+#: Host-side cost of one micro-step (kernel launches, Python and framework overhead) when the
+#: profile did not count the kernels: a guess, of the order of 100 operators at
+#: ``KERNEL_DISPATCH_S``. With a count, count × ``KERNEL_DISPATCH_S`` replaces it
+#: (:func:`micro_step_overhead_s`).
 MICRO_STEP_OVERHEAD_S = 1.0e-3
 
 
@@ -136,13 +149,30 @@ def weight_bytes_per_param(precision: str) -> int:
     return 2 if is_mixed(precision) else 4
 
 
-def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str) -> float:
-    """``a``: seconds per micro-step independent of batch: overhead + reading the weights twice
-    (forward and backward) and writing their gradients."""
+def micro_step_overhead_s(kernels_per_micro_step: float | None) -> float:
+    """Host-side seconds of one micro-step, the same on every GPU: the counted kernels (operators
+    one forward+backward dispatches in eager PyTorch) × ``KERNEL_DISPATCH_S`` each, dispatched one
+    after another; without a count, the flat ``MICRO_STEP_OVERHEAD_S``."""
+    if kernels_per_micro_step and kernels_per_micro_step > 0:
+        return kernels_per_micro_step * KERNEL_DISPATCH_S
+    return MICRO_STEP_OVERHEAD_S
+
+
+def weight_traffic_time_s(params_per_gpu: float, hardware: Hardware, precision: str) -> float:
+    """Seconds per micro-step to read the weights twice (forward and backward) and write their
+    gradients at ``hardware``'s memory bandwidth."""
     w = weight_bytes_per_param(precision)
     traffic = params_per_gpu * (2 * w + w)
-    return MICRO_STEP_OVERHEAD_S + traffic / (hardware.memory_bandwidth_bytes_per_s
-                                              * MEMORY_EFFICIENCY)
+    return traffic / (hardware.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
+
+
+def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str,
+                       kernels_per_micro_step: float | None = None) -> float:
+    """``a``: seconds per micro-step independent of batch: the host-side overhead
+    (:func:`micro_step_overhead_s`, from the kernel count where there is one) + the weight
+    traffic (:func:`weight_traffic_time_s`)."""
+    return (micro_step_overhead_s(kernels_per_micro_step)
+            + weight_traffic_time_s(params_per_gpu, hardware, precision))
 
 
 def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_param: float,

@@ -88,10 +88,17 @@ class Predictor:
         x_fixed = sum(res.latency_flops.get(k, (0.0, 0.0))[0] for k in pool) / len(pool)
         x_sample = sum(res.latency_flops.get(k, (0.0, 0.0))[1] for k in pool) / len(pool)
         opt = [res.log_optimizer_scale[k] for k in pool if k in res.log_optimizer_scale]
+        overhead = None
+        if key not in res.log_compute_scale and res.log_compute_scale:
+            # Host-side dispatch is CPU time: keep the seconds fitted where it was measured
+            # (compute × fixed scale there), whatever this GPU's own factors are.
+            overhead = math.exp(sum(res.log_compute_scale[k] + res.log_fixed_scale.get(k, 0.0)
+                                    for k in pool) / len(pool))
         calib = Calibration(compute_scale=math.exp(logk), fixed_scale=math.exp(logr),
                             comm_scale=res.comm_scale, gamma=res.gamma,
                             latency_fixed_flops=x_fixed, latency_per_sample_flops=x_sample,
-                            optimizer_scale=math.exp(sum(opt) / len(opt)) if opt else None)
+                            optimizer_scale=math.exp(sum(opt) / len(opt)) if opt else None,
+                            overhead_scale=overhead)
         return calib, sd_k, extrapolated
 
     def _pool(self, key: Key) -> list[Key]:

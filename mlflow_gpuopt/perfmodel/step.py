@@ -10,7 +10,10 @@
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
 ``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
-FP32 rate, ``comm_scale`` communication (the straggler share stays at its prior: one or two
+FP32 rate. ``a`` = host-side overhead + weight traffic; the overhead (kernel dispatch, CPU time)
+is the same on every GPU type, so a calibration carried to another GPU scales it by what was
+fitted where it was measured (``overhead_scale``), not by the target's factors.
+``comm_scale`` scales communication (the straggler share stays at its prior: one or two
 multi-GPU runs cannot tell it from bandwidth). Pure arithmetic, no allocation beyond the
 result: the recommender calls this thousands of times.
 """
@@ -21,10 +24,11 @@ from dataclasses import dataclass
 
 from mlflow_gpuopt.perfmodel import comm
 from mlflow_gpuopt.perfmodel.compute import (
-    fixed_time_prior_s,
     latency_time_s,
+    micro_step_overhead_s,
     optimizer_time_prior_s,
     per_sample_time_prior_s,
+    weight_traffic_time_s,
 )
 from mlflow_gpuopt.perfmodel.layout import Layout
 from mlflow_gpuopt.perfmodel.precision import ELEMENT_BYTES, is_mixed
@@ -46,6 +50,10 @@ class Calibration:
     latency_per_sample_flops: float = 0.0
     #: Scale of the optimizer step; None = ``compute_scale``.
     optimizer_scale: float | None = None
+    #: Scale of the host-side overhead in ``a`` (kernel dispatch: CPU time, the same on every
+    #: GPU); None = ``compute_scale × fixed_scale``, as on the measured GPU. A calibration carried
+    #: to another GPU type sets it to the measured product, so dispatch seconds do not move.
+    overhead_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,13 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     s = max(1, int(grad_accum))
     params_shard = workload.params / shards
     k = calib.compute_scale
-    a = k * calib.fixed_scale * fixed_time_prior_s(params_shard, hardware, precision)
+    kr = k * calib.fixed_scale
+    # Each pipeline stage's process dispatches its own layers' kernels; tensor parallelism
+    # splits each kernel but still dispatches all of them.
+    kernels = workload.kernels_per_micro_step
+    overhead = micro_step_overhead_s(kernels / pp if kernels else None)
+    a = (kr * weight_traffic_time_s(params_shard, hardware, precision)
+         + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
     b = k * per_sample_time_prior_s(workload, hardware, precision) / shards
     t_grad = a + b * micro_batch
     if calib.latency_fixed_flops or calib.latency_per_sample_flops:
