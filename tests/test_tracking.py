@@ -121,6 +121,57 @@ def test_compiled_model_is_tracked_and_profiled(tracking_uri):
     assert t.summary.total_steps == 8 and t.profile.kernels_per_micro_step > 0
 
 
+class CondGate(nn.Module):
+    """A forward with a higher-order operator (``torch.cond``) on a path autograd does not
+    need: the profiler's dispatch modes must let it through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(D_IN, D_OUT)
+
+    def forward(self, x):
+        with torch.no_grad():
+            gate = torch.cond(x.sum() > 0, lambda t: t.new_ones(()), lambda t: t.new_zeros(()),
+                              (x,))
+        return self.lin(x) * (1 + gate)
+
+
+def test_higher_order_operator_in_the_profiled_step(tracking_uri):
+    model = CondGate()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        train(model, opt, steps=6)  # steps after the profiled one run cond without the modes
+    assert t.summary.total_steps == 6
+    # forward 2·in·out, weight gradient 2·in·out (the input needs no gradient); cond: none
+    assert t.profile.flops_per_sample == pytest.approx(4 * D_IN * D_OUT)
+    assert t.profile.kernels_per_micro_step > 0
+
+
+def test_abort_leaves_every_mode_even_when_one_exit_fails():
+    """A profiled step cut short: every dispatch mode and hook goes, even if leaving the
+    saved-tensor hooks raised first (a mode left behind would slow every later operator)."""
+    from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
+
+    model, opt = make_model()
+    profiler = WorkloadProfiler(model, opt)
+    before = torch._C._len_torch_dispatch_stack()
+    profiler.begin_step(torch.randn(BATCH, D_IN))
+    assert torch._C._len_torch_dispatch_stack() == before + 2
+
+    class Broken:
+        def __exit__(self, *exc):
+            raise RuntimeError("saved-tensor hooks would not leave")
+
+    profiler._saved_ctx.__exit__(None, None, None)  # the real hooks go; a failing one stands in
+    profiler._saved_ctx = Broken()
+    with pytest.raises(RuntimeError, match="would not leave"):
+        profiler.abort()
+    assert torch._C._len_torch_dispatch_stack() == before
+    assert profiler._optimizer_hook is None and not profiler.active
+    assert profiler.kernels_before_optimizer is None
+
+
 def test_joins_active_run_and_leaves_it_open(tracking_uri):
     model, opt = make_model()
     with mlflow.start_run() as outer:

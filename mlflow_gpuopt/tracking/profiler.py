@@ -26,6 +26,7 @@ operators are not in it (the optimizer step has its own term in the models).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import asdict, dataclass
@@ -118,22 +119,56 @@ def _kernel_count_mode_class() -> type:
     so importing this module does not import torch)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from torch._ops import OpOverload
+
     class KernelCountMode(TorchDispatchMode):
+        # Higher-order operators (torch.cond, while_loop, checkpointed regions under
+        # torch.compile) must pass through, or a mode without a rule for them makes the
+        # user's forward raise; they are not kernels themselves.
+        supports_higher_order_operators = True
+
         def __init__(self) -> None:
             super().__init__()
             self.count = 0
+            self.higher_order_ops: set[str] = set()
             self._is_kernel: dict[Any, bool] = {}
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
+            if not isinstance(func, OpOverload):  # a higher-order operator: run it as is
+                self.higher_order_ops.add(str(getattr(func, "name", lambda: func)()))
+                return func(*args, **(kwargs or {}))
             kernel = self._is_kernel.get(func)
             if kernel is None:
-                kernel = self._is_kernel[func] = is_kernel_op(func)
+                try:
+                    kernel = is_kernel_op(func)
+                except Exception as exc:  # an operator we cannot classify: not counted
+                    logger.debug("gpuopt: cannot classify %r: %s", func, exc)
+                    kernel = False
+                self._is_kernel[func] = kernel
             if kernel:
                 self.count += 1
             return func(*args, **(kwargs or {}))
 
     return KernelCountMode
+
+
+def _forget_hop_compilations(names: set[str]) -> None:
+    """Drop what Dynamo compiled while the profiler's dispatch modes were on.
+
+    In eager mode ``torch.cond`` and its kin run through a ``torch.compile``d wrapper. In
+    torch 2.13 the code it traced under dispatch modes (FlopCounterMode, the kernel
+    counter) fails on the next call without them ("torch.* op returned non-Tensor:
+    _len_torch_dispatch_stack"), which would stop training at the step after the profiled
+    one. ``torch._dynamo.reset()`` forgets those compilations; its price is one
+    recompilation of the user's own ``torch.compile``d code, paid only by models that use a
+    higher-order operator.
+    """
+    import torch
+
+    logger.debug("gpuopt: higher-order operators %s ran while profiling; resetting Dynamo's "
+                 "caches", sorted(names))
+    torch._dynamo.reset()
 
 
 def kernel_count_mode() -> Any:
@@ -306,6 +341,8 @@ class WorkloadProfiler:
             mode.__exit__(None, None, None)
             if self.kernels_before_optimizer is None:  # manual steps without an optimizer
                 self.kernels_before_optimizer = mode.count
+            if mode.higher_order_ops:
+                _forget_hop_compilations(mode.higher_order_ops)
 
     def _pack(self, t: Any) -> Any:
         try:
@@ -346,20 +383,19 @@ class WorkloadProfiler:
         self._param_storages.clear()
 
     def abort(self) -> None:
-        """Leave any mode still entered (training raised, or tracking stopped mid-step)."""
-        try:
-            if self._saved_ctx is not None:
-                ctx, self._saved_ctx = self._saved_ctx, None
-                ctx.__exit__(None, None, None)
-        finally:
-            try:
-                self._exit_kernel_mode()
-            finally:
-                self.kernels_before_optimizer = None  # an unfinished step: no count
-            if self._flop_mode is not None:
-                mode, self._flop_mode = self._flop_mode, None
-                mode.__exit__(None, None, None)
-            self.active = False
+        """Leave every mode still entered (training raised, or tracking stopped mid-step),
+        each even if leaving another one failed: a mode left on the dispatch stack would
+        slow every later operator of the training run."""
+        with contextlib.ExitStack() as stack:  # callbacks run last-in first-out
+            stack.callback(setattr, self, "active", False)
+            stack.callback(setattr, self, "kernels_before_optimizer", None)  # no count
+            flop, self._flop_mode = self._flop_mode, None
+            if flop is not None:
+                stack.callback(flop.__exit__, None, None, None)
+            stack.callback(self._exit_kernel_mode)  # entered last: left first
+            ctx, self._saved_ctx = self._saved_ctx, None
+            if ctx is not None:
+                stack.callback(ctx.__exit__, None, None, None)
 
     def result(self, step_samples: int | None, step_forwards: int | None,
                overrides: dict | None = None) -> WorkloadProfile:

@@ -402,7 +402,10 @@ class Tracker:
         if clock is None:
             return
         if clock.profiler is not None and clock.profiler.active:
-            clock.profiler.abort()  # the profiled step never finished
+            try:
+                clock.profiler.abort()  # the profiled step never finished
+            except Exception as exc:
+                self._warn("profile", "could not leave the profiler's modes: %s", exc)
         if self._sampler is not None:
             self._sampler.stop()
         job = self._job
