@@ -33,7 +33,9 @@ def _isolate_mlflow_globals():
     test's fresh store has no such experiment, and a stale URI would win over the
     environment a test sets.
     """
-    names = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TRACKING_URI")
+    # (and the progress-bar switch the gpuopt CLI group sets for its own process)
+    names = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TRACKING_URI",
+             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     saved_env = {k: os.environ.get(k) for k in names}
     yield
     import sys

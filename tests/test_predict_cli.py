@@ -69,7 +69,8 @@ def test_human_output_and_nvml_name(files):
     (["--gpu", "A100-80GB-SXM4", "--gpus", "6", "--nodes", "4"], "does not split"),
     (["--gpu", "A100-80GB-SXM4", "--gpus", "8", "--precision", "fp3"], "unknown precision"),
     (["--gpu", "H100", "--gpus", "16", "--nodes", "1", "--strategy", "tp"],
-     "16 H100-SXM5-80GB per node; the catalog's largest H100-SXM5-80GB instance has 8"),
+     "16 H100-SXM5-80GB per node; no H100-SXM5-80GB machine in the catalog or the runs has "
+     "more than 8"),
 ])
 def test_bad_input_is_one_line_exit_2(files, args, message):
     w, o = files
@@ -194,4 +195,23 @@ def test_real_subprocess_from_run_id_keeps_stderr_clean(tracking_uri):
          "--gpus", "1"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "samples/s" in proc.stdout
-    assert proc.stderr == ""
+    assert "Downloading artifacts" not in proc.stderr and "it/s]" not in proc.stderr
+
+
+def test_node_sizes_beyond_the_catalog_that_exist_are_allowed(tmp_path, files):
+    """4 x T4 in one server (the catalog sells T4s singly) and a measured 16-GPU V100 node
+    (DGX-2) are real machines; only nodes beyond both the usual 8 and any run are refused."""
+    w, _ = files
+    obs = tmp_path / "dgx2.csv"
+    obs.write_text("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy\n"
+                   "V100-SXM2-32GB,16,1,256,12000,ddp\n")
+    r = _run(["--workload", w, "--observations", str(obs), "--gpu", "T4", "--gpus", "4",
+              "--nodes", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    r = _run(["--workload", w, "--observations", str(obs), "--gpu", "V100-SXM2-32GB",
+              "--gpus", "16", "--nodes", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["nodes"] == 1
+    r = _run(["--workload", w, "--observations", str(obs), "--gpu", "V100-SXM2-32GB",
+              "--gpus", "32", "--nodes", "1"])
+    assert r.exit_code == 2 and "more than 16" in r.output

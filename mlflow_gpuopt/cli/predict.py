@@ -67,10 +67,11 @@ def _resolve(catalog, name: str) -> str:
         raise UsageError(str(exc)) from None
 
 
-def _max_gpus_per_node(catalog, gpu: str) -> int:
-    """The most GPUs of this type one catalog instance holds (8 when none sells it)."""
+def _max_gpus_per_node(catalog, gpu: str) -> int | None:
+    """The most GPUs of this type one catalog instance holds (None when none sells it);
+    the default node size of a prediction."""
     counts = [o.gpu_count for o in catalog.offers if o.gpu == gpu]
-    return max(counts) if counts else 8
+    return max(counts) if counts else None
 
 
 def _inputs(run_ids, workload_path, observations_path, catalog):
@@ -224,15 +225,21 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     target = _resolve(catalog, gpu)
     workload, observations = _inputs(run_ids, workload_path, observations_path, catalog)
 
-    node_max = _max_gpus_per_node(catalog, target)
+    # A node larger than any known machine is a typo more often than a machine: at most
+    # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
+    # node (a 16-GPU DGX-2).
+    catalog_max = _max_gpus_per_node(catalog, target)
+    seen = [o.gpu_count // max(1, o.nodes) for o in observations if o.gpu == target]
+    node_max = max([8, catalog_max or 0, *seen])
     if nodes is None:
-        nodes = max(1, math.ceil(gpus / node_max))
+        nodes = max(1, math.ceil(gpus / (catalog_max or 8)))
     if gpus % nodes:
         raise UsageError(f"--gpus {gpus} does not split evenly over --nodes {nodes}")
     per_node = gpus // nodes
     if per_node > node_max:
         raise UsageError(f"--gpus {gpus} over --nodes {nodes} is {per_node} {target} per node; "
-                         f"the catalog's largest {target} instance has {node_max}")
+                         f"no {target} machine in the catalog or the runs has more than "
+                         f"{node_max}")
     dp_strategy, tp, pp = parse_strategy(strategy or ("single" if gpus == 1 else "ddp"))
     if tp == 0:
         tp = per_node

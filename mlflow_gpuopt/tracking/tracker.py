@@ -380,7 +380,7 @@ class Tracker:
             if p.tokens_per_sample:
                 params["gpuopt.tokens_per_sample"] = p.tokens_per_sample
             if p.kernels_per_micro_step:
-                params["gpuopt.kernels_per_micro_step"] = f"{p.kernels_per_micro_step:.6g}"
+                params["gpuopt.kernels_per_micro_step"] = f"{p.kernels_per_micro_step:.10g}"
         self._log_params({k: v for k, v in params.items() if v not in (None, "", 0)})
 
     def _fallback_precision(self) -> str:
