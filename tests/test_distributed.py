@@ -160,6 +160,32 @@ def test_combiner_carries_intervals_until_every_rank_has_stepped():
     assert third["gpuopt/rank_0/throughput_samples_per_s"] == pytest.approx(3200.0)  # reset
 
 
+def test_a_rank_that_stops_stepping_does_not_hide_the_others():
+    """After STALLED_ROUNDS rounds without a step from rank 1, rank 0's figures are logged
+    over the rounds it waited, without a job sum that would leave rank 1 out silently."""
+    from mlflow_gpuopt.tracking.rank_rows import STALLED_ROUNDS
+
+    c = JobCombiner()
+    out = []
+    for i in range(STALLED_ROUNDS):
+        out.append(c.add_round([
+            encode(report(0, steps_total=10 * (i + 1), steps=10, samples=320,
+                          step_time_sum_s=0.1)),
+            encode(report(1, steps_total=3, steps=0))]))
+    assert not any("throughput" in k for m in out[:-1] for k in m)
+    last = out[-1]
+    assert last["gpuopt/rank_0/throughput_samples_per_s"] == pytest.approx(3200.0)
+    assert "gpuopt/rank_1/throughput_samples_per_s" not in last
+    assert "gpuopt/throughput_samples_per_s" not in last  # not a partial sum
+    assert c.stalled_ranks == (1,)
+    both = c.add_round([encode(report(0, steps_total=40, steps=10, samples=320,
+                                      step_time_sum_s=0.1)),
+                        encode(report(1, steps_total=4, steps=1, samples=32,
+                                      step_time_sum_s=0.01))])
+    assert both["gpuopt/throughput_samples_per_s"] == pytest.approx(6400.0)
+    assert c.stalled_ranks == ()
+
+
 def test_context_from_torchrun_env():
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
            "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}

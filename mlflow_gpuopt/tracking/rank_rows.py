@@ -21,7 +21,12 @@ The gathering rounds run on a timer, not on step boundaries, so a round can find
 completed no step since the last one (a slow step, or the last round after training ended).
 :class:`JobCombiner` then carries the other ranks' intervals over to the next round instead of
 logging a partial sum: the job's throughput is always the sum over *every* rank, and the
-throughput series advance one job step per logged value.
+throughput series advance one job step per logged value. A rank that stays without a step
+for ``STALLED_ROUNDS`` rounds while others step (uneven data, or its step clock switched off
+after an error) no longer holds the others back: their per-rank figures are logged and the
+job's sums are left out, and :attr:`JobCombiner.stalled_ranks` names it for that round.
+Intervals still waiting when the job ends are not logged (the steady-state summary covers
+them).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+#: Rounds a rank may go without a step before the others' figures are logged without it.
+STALLED_ROUNDS = 3
 #: GPUs one rank can report (one process usually drives one GPU; a fixed width keeps the
 #: gathered tensor the same size on every rank).
 MAX_GPUS_PER_RANK = 8
@@ -152,8 +159,9 @@ def job_layout(reports: list[RankReport]) -> JobLayout:
                      device_count=sum(len(s) for s in per_node.values()))
 
 
-def round_metrics(reports: list[RankReport]) -> dict[str, float]:
-    """The metrics of one gathering round (see the module docstring for the names)."""
+def round_metrics(reports: list[RankReport], job_sums: bool = True) -> dict[str, float]:
+    """The metrics of one gathering round (see the module docstring for the names);
+    ``job_sums=False`` leaves out the job's throughputs (some rank's interval is missing)."""
     m: dict[str, float] = {}
     rates: list[float] = []
     token_rates: list[float] = []
@@ -196,9 +204,9 @@ def round_metrics(reports: list[RankReport]) -> dict[str, float]:
                     m[f"{node}gpu_{g.index}_{name}"] = getattr(g, name)
     if step_times:
         m["gpuopt/step_time_s"] = sum(step_times) / len(step_times)
-    if rates and all_rates:
+    if rates and all_rates and job_sums:
         m["gpuopt/throughput_samples_per_s"] = sum(rates)
-    if token_rates:
+    if token_rates and job_sums:
         m["gpuopt/throughput_tokens_per_s"] = sum(token_rates)
     if comm_time:
         m["gpuopt/comm_time_s"] = sum(comm_time) / len(comm_time)
@@ -275,6 +283,8 @@ class JobCombiner:
         self.reports: list[RankReport] = []
         self.rounds = 0
         self._pending: dict[int, RankReport] = {}  # rank -> its interval since the last log
+        self._waits = 0  # rounds the pending intervals have waited for a rank without steps
+        self.stalled_ranks: tuple[int, ...] = ()  # ranks this round logged without (no steps)
         self._util_sum = 0.0
         self._util_n = 0
 
@@ -288,6 +298,7 @@ class JobCombiner:
         reports = [decode(row) for row in rows]
         self.reports = reports
         self.rounds += 1
+        self.stalled_ranks = ()
         for r in reports:
             for g in r.gpus:
                 if _finite(g.utilization_percent):
@@ -295,8 +306,14 @@ class JobCombiner:
                     self._util_n += 1
         merged = [_carry(self._pending.get(r.rank), r) for r in reports]
         if all(r.steps > 0 for r in merged):
-            self._pending = {}
+            self._pending, self._waits = {}, 0
             return round_metrics(merged)
+        if any(r.steps > 0 for r in reports):
+            self._waits += 1
+        if self._waits >= STALLED_ROUNDS:  # log the ranks that step; no job sums
+            self.stalled_ranks = tuple(sorted(r.rank for r in merged if r.steps == 0))
+            self._pending, self._waits = {}, 0
+            return round_metrics(merged, job_sums=False)
         self._pending = {r.rank: r for r in merged if r.steps > 0}
         return round_metrics([_no_interval(r) for r in reports])
 

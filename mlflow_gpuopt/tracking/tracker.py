@@ -230,6 +230,10 @@ class Tracker:
         """Rank 0: one round of every rank's reports becomes the job's metrics."""
         job = self._job
         metrics = job.combiner.add_round(rows)
+        if job.combiner.stalled_ranks:
+            self._warn("stalled", "rank(s) %s reported no steps for several intervals; the "
+                       "job's throughput is left out until every rank steps again",
+                       ", ".join(map(str, job.combiner.stalled_ranks)))
         if self._job_params is None:
             self._log_job_params()
         if self._writer is not None and metrics and not self._stopped_logging:
