@@ -21,7 +21,15 @@ and in-place view ops (read from the operator's schema: ``view``, ``t``, ``expan
 of operators, not of kernels: a cuDNN RNN over a sequence is one operator and many kernels,
 and an ``LSTMCell`` is one fused kernel on CUDA but about ten element-wise operators on a CPU,
 so a count taken on a CPU overstates the CUDA one for such cells. The optimizer's own
-operators are not in it (the optimizer step has its own term in the models).
+operators are not in it (the optimizer step has its own term in the models), but everything
+else the training loop dispatches in that window is: the loss, gradient clipping, a
+GradScaler's unscale, host-to-device copies of the next micro-batch, metrics computed on
+tensors. That is deliberate: they cost launches on every step too.
+
+Higher-order operators (``torch.cond`` and kin) pass through both modes; in eager mode they
+run through a compiled wrapper that torch 2.13 cannot reuse once it was traced under dispatch
+modes, so after a profiled step that ran one, Dynamo's caches are reset (see
+:func:`_forget_hop_compilations`).
 """
 
 from __future__ import annotations
