@@ -256,83 +256,27 @@ def test_time_beyond_roofline_transfers_at_the_fp32_rate_not_the_tensor_peak():
     assert per_sample > 0
 
 
-def test_latency_split_does_not_count_the_dispatch_twice():
+def test_dispatch_bound_uses_the_profiled_kernel_count():
     from dataclasses import replace
 
-    from mlflow_gpuopt.perfmodel.compute import weight_traffic_time_s
-    from mlflow_gpuopt.perfmodel.fitting import (
-        dispatch_bound_s,
-        split_dispatch_overlap,
-        split_latency_bound,
-    )
+    from mlflow_gpuopt.perfmodel.fitting import dispatch_bound_s, split_latency_bound
 
-    rate = 15.7e12  # V100 FP32, FLOP-equivalents per second of latency-bound work
-    b = per_sample_time_prior_s(SMALL, V100, "fp16")
-    w = weight_traffic_time_s(SMALL.params, V100, "fp16")
-    # without a count (unchanged): a = 1 ms + W, the batch-independent share of a step 20x
-    # slower than the prior is half its excess, at most 8 layers x 100 kernels x 10 us = 8 ms
+    # without a count: 8 layers x 100 kernels x 10 us = 8 ms
     assert dispatch_bound_s(SMALL) == pytest.approx(8 * 100 * 10e-6)
-    a = fixed_time_prior_s(SMALL.params, V100, "fp16")
-    excess = 19 * (a + 128 * b)
-    k, r, (x_fixed, x_sample) = split_latency_bound(SMALL, V100, "fp16", 128, 20.0, 1.0, False)
-    assert k == 1.0 and x_fixed == pytest.approx(min(0.5 * excess, 8e-3) * rate)
-    assert x_fixed + 128 * x_sample == pytest.approx(excess * rate)
-    # with 40 kernels (D = 0.4 ms, under the GPU side's 0.55 ms): the fitted step is 20 x the
-    # GPU side (k = 20 scales D too, still under it); the dispatch stays at 0.4 ms, the GPU
-    # side carries all the time beyond its roofline, and its batch-independent share is capped
-    # at what the dispatch does not already explain, D - W, not at D on top of the D in the
-    # prior
-    counted = replace(SMALL, kernels_per_micro_step=40)
-    roof = w + 128 * b
-    assert w < 0.0004 < roof
-    k, r, (x_fixed, x_sample), scale = split_dispatch_overlap(
-        counted, V100, "fp16", frozenset({128.0}), 20.0, 1.0)
-    assert (k, r, scale) == (1.0, 1.0, 1.0)
-    assert x_fixed == pytest.approx(min(0.5 * 19 * roof, 0.0004 - w) * rate)
-    assert x_fixed + 128 * x_sample == pytest.approx(19 * roof * rate)
-    # the fit through it reproduces the observation, and the step tends to the dispatch at
-    # small batches: max(D, W + X_fixed / P) = D
-    truth = _truth(counted, V100, 1, 128, Calibration(compute_scale=20.0))
-    pred = fit(counted, [Observation(gpu="V100-SXM2-16GB", gpu_count=1, micro_batch=128,
-                                     strategy="single", throughput_samples_per_s=truth)], HW)
-    single = ParallelConfig(gpus_per_node=1, strategy="single")
-    assert pred.predict(single, V100).throughput_samples_per_s == pytest.approx(truth, rel=0.02)
-    fixed, _ = pred.result.latency_flops[("V100-SXM2-16GB", "fp16")]
-    assert w + fixed / rate == pytest.approx(0.0004, rel=1e-3)
-
-
-def test_launch_bound_measurement_identifies_the_dispatch_only():
-    from dataclasses import replace
-
-    from mlflow_gpuopt.perfmodel.fitting import split_dispatch_overlap
-
-    # 50,000 kernels: D = 0.5 s, far above SMALL's GPU side at 128 (~ms)
-    counted = replace(SMALL, kernels_per_micro_step=50_000)
-    roof = _truth(counted, V100, 1, 128, Calibration())  # the prior: launch-bound
-    single = ParallelConfig(gpus_per_node=1, strategy="single")
-    # measured faster than D (a host quicker than 10 us an operator): the dispatch takes the
-    # measured step (scale 0.6), the hidden GPU side stays at its roofline, and another GPU
-    # type predicts the same 0.3 s
-    k, r, flops, scale = split_dispatch_overlap(counted, V100, "fp16", frozenset({128.0}),
-                                                0.6, 1.0)
-    assert (k, r, flops) == (1.0, 1.0, (0.0, 0.0)) and scale == pytest.approx(0.6)
-    pred = fit(counted, [Observation(gpu="V100-SXM2-16GB", gpu_count=1, micro_batch=128,
-                                     strategy="single", throughput_samples_per_s=roof / 0.6)],
-               HW)
-    v100, a100 = pred.predict(single, V100), pred.predict(single, A100)
-    assert v100.throughput_samples_per_s == pytest.approx(roof / 0.6, rel=0.02)
-    assert a100.step_time_s == pytest.approx(v100.step_time_s, rel=0.01)
-    # measured slower than D: a slow host and a slow GPU side look the same; the dispatch stays
-    # at 0.5 s and the GPU side carries the step (latency-bound work, at the FP32 rate), so the
-    # A100 is predicted faster by about its FP32 ratio 20 / 15.7
-    k, r, (x_fixed, x_sample), scale = split_dispatch_overlap(
-        counted, V100, "fp16", frozenset({128.0}), 3.0, 1.0)
-    assert scale == 1.0 and k == 1.0 and x_fixed > 0 and x_sample > 0
-    pred = fit(counted, [Observation(gpu="V100-SXM2-16GB", gpu_count=1, micro_batch=128,
-                                     strategy="single", throughput_samples_per_s=roof / 3)], HW)
-    v100, a100 = pred.predict(single, V100), pred.predict(single, A100)
-    assert v100.throughput_samples_per_s == pytest.approx(roof / 3, rel=0.02)
-    assert 1.1 < v100.step_time_s / a100.step_time_s < 20 / 15.7 * 1.01
+    # a 570-step decoder loop at ~120 kernels a step, counted: 68,400 x 10 us = 0.684 s
+    counted = replace(SMALL, kernels_per_micro_step=68_400)
+    assert dispatch_bound_s(counted) == pytest.approx(0.684)
+    # the batch-independent share of a step 20x slower than the prior is half its excess, at
+    # most the bound: the layer guess caps it at 8 ms, the count at 0.684 s. With a count the
+    # prior itself already holds the 0.684 s of dispatch (in a), so the excess is 19x larger.
+    b = per_sample_time_prior_s(SMALL, V100, "fp16")
+    rate = 15.7e12  # V100 FP32, FLOP-equivalents per second of latency-bound work
+    for w, bound in ((SMALL, 8e-3), (counted, 0.684)):
+        a = fixed_time_prior_s(SMALL.params, V100, "fp16", w.kernels_per_micro_step)
+        excess = 19 * (a + 128 * b)
+        k, r, (x_fixed, x_sample) = split_latency_bound(w, V100, "fp16", 128, 20.0, 1.0, False)
+        assert k == 1.0 and x_fixed == pytest.approx(min(0.5 * excess, bound) * rate)
+        assert x_fixed + 128 * x_sample == pytest.approx(excess * rate)
 
 
 #: A launch-bound workload: 20,000 kernels a micro-step (0.2 s of dispatch), almost no FLOPs.

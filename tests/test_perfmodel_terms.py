@@ -91,47 +91,6 @@ def test_step_keeps_the_dispatch_seconds_across_gpu_types():
     assert t.compute_s == pytest.approx(0.1, rel=1e-3)
 
 
-def test_micro_step_with_a_count_is_the_longer_of_dispatch_and_gpu_time():
-    from dataclasses import replace
-
-    from mlflow_gpuopt.perfmodel.shape import model_shape
-    from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
-
-    # GEMM-heavy: 1e8 params, 1e11 FLOPs a sample in fp16, traffic 1e8 B a sample. On the A100
-    # the GPU side at m=64: weights 6e8 / 1.5e12 = 0.4 ms + 64 x (1e11 / 192e12 + 0.5 x 1e8 /
-    # 1.5e12) = 64 x 0.5542 ms = 35.47 ms. SGD (4 B/param of state): the optimizer step
-    # 1e8 x (2 x 8 + 4 + 2) / 1.5e12 = 1.4667 ms.
-    gemm = Workload(params=1e8, flops_per_sample=1e11, precision="fp16", num_layers=24,
-                    hidden_size=1024, memory_traffic_bytes_per_sample=1e8)
-    layout = resolve_layout(ParallelConfig(gpus_per_node=1, strategy="single"))
-    shape = model_shape(gemm)
-    opt = 1e8 * 22 / 1.5e12
-    gpu = 6e8 / 1.5e12 + 64 * (1e11 / 192e12 + 0.5e8 / 1.5e12)
-
-    def step(w, hw=A100, calib=None):
-        return step_terms(w, hw, "fp16", layout, 64, 1, shape, 4.0,
-                          calib or Calibration()).compute_s
-
-    # without a count: additive, GPU side + the flat 1 ms (unchanged)
-    assert step(gemm) == pytest.approx(gpu + 0.001 + opt)
-    # 400 or 3,000 kernels (4 or 30 ms of dispatch, under the GPU side): the step is the GPU
-    # side alone, whatever the count; the dispatch overlaps it instead of adding to it
-    for count in (400, 3000):
-        assert step(replace(gemm, kernels_per_micro_step=count)) == pytest.approx(gpu + opt)
-    # 10,000 kernels (0.1 s, above the GPU side): launch-bound, the step is the dispatch
-    assert step(replace(gemm, kernels_per_micro_step=10_000)) == pytest.approx(0.1 + opt)
-    # across GPU types the dispatch is the same seconds (CPU time): on the V100 the GPU side
-    # grows (peak 125 TF, 900 GB/s) but 0.1 s still bounds it; a carried overhead_scale of 0.5
-    # halves the dispatch on both, and then the V100's own GPU side shows through
-    launch = replace(gemm, kernels_per_micro_step=10_000)
-    v_gpu = 6e8 / 675e9 + 64 * (1e11 / 75e12 + 0.5e8 / 675e9)
-    v_opt = 1e8 * 22 / 675e9
-    assert step(launch, V100) == pytest.approx(max(0.1, v_gpu) + v_opt)
-    half = Calibration(overhead_scale=0.5)
-    assert step(launch, A100, half) == pytest.approx(max(0.05, gpu) + opt)
-    assert step(launch, V100, half) == pytest.approx(max(0.05, v_gpu) + v_opt)
-
-
 def test_tf32_falls_back_to_fp32_on_v100_and_uses_simt_efficiency():
     w = Workload(params=1, flops_per_sample=1e12, precision="fp32",
                  memory_traffic_bytes_per_sample=0.0 + 1e-9)

@@ -1,5 +1,4 @@
-"""Compute time of one micro-step on one GPU: ``T_grad(m) = a + b·m`` (Pollux), with the
-host-side dispatch overlapping the GPU where the profile counted the kernels (below).
+"""Compute time of one micro-step on one GPU: ``T_grad(m) = a + b·m`` (Pollux).
 
 The priors are a roofline over three kinds of work, each scaling with its own GPU figure:
 
@@ -15,19 +14,14 @@ The priors are a roofline over three kinds of work, each scaling with its own GP
   compute- nor bandwidth-bound). Half of it is independent of the micro-batch
   (``LATENCY_FIXED_SHARE``) until two micro-batches are measured.
 
-Batch-independent work per micro-step is reading the weights and writing their gradients, at
-the memory bandwidth (``W``, GPU side), and host-side overhead ``D``: launching the micro-step's
-kernels from Python. Where the profile counted the operators one forward+backward dispatches
-(``Workload.kernels_per_micro_step``), ``D`` is the count × ``KERNEL_DISPATCH_S``, the time eager
-PyTorch needs to issue them one after another. Eager PyTorch dispatches asynchronously: the
-host enqueues kernels while the GPU runs earlier ones, so the micro-step takes
-``max(D, G(m))`` with ``G(m) = W + b·m`` (+ latency-bound work) the GPU side, not ``D + G``: a
-recurrent decoder issuing tens of thousands of small kernels takes ``D`` however fast the GPU,
-a GEMM-heavy network (ResNet-50: ~400 operators, 4 ms, under ~100 ms of GPU time at batch 256)
-takes ``G`` whatever ``D`` is. Without a count ``D`` is a flat ``MICRO_STEP_OVERHEAD_S`` added to
-``G`` (``a = D + W``), as before. ``D`` is CPU time, so it is carried over unchanged between GPU
-types as in Habitat (:mod:`.step` puts the two together and keeps ``D`` out of the
-GPU-dependent scaling).
+Batch-independent work per micro-step (``a``) is reading the weights and writing their
+gradients, at the memory bandwidth, plus host-side overhead: launching the micro-step's kernels
+from Python. Where the profile counted the operators one forward+backward dispatches
+(``Workload.kernels_per_micro_step``), that overhead is the count × ``KERNEL_DISPATCH_S``, the
+time eager PyTorch needs to issue them one after another; a recurrent decoder issues tens of
+thousands, and a launch-bound step takes that long however fast the GPU is. Without a count
+it is a flat ``MICRO_STEP_OVERHEAD_S``. It is CPU time, so it is carried over unchanged between
+GPU types as in Habitat (:mod:`.step` keeps it out of the GPU-dependent scaling).
 
 The efficiencies are what libraries reach on large operations: cuBLAS SGEMM about 85% of FP32
 peak, tensor-core GEMMs about 60% of theirs (the operand feed, not the
@@ -65,9 +59,8 @@ LATENCY_FIXED_SHARE = 0.5
 #: kernel runs (Python binding, autograd recording, the ATen dispatcher, then a
 #: ``cudaLaunchKernel`` of a few µs); 10 µs sits in that range. A published order of
 #: magnitude, not fitted to the accuracy benchmark. Where the kernels were counted, the same
-#: count × 10 µs is the prior's host-side dispatch per micro-step
-#: (:func:`micro_step_overhead_s`), overlapping the GPU side (``max``); the latency split's
-#: cap is then what that dispatch does not already explain (fitting.split_dispatch_overlap).
+#: count × 10 µs is also the prior's host-side overhead per micro-step
+#: (:func:`micro_step_overhead_s`).
 KERNELS_PER_LAYER_STEP = 100
 KERNEL_DISPATCH_S = 10e-6
 #: Share of datasheet memory bandwidth reached by streaming kernels.
@@ -80,8 +73,8 @@ TRAFFIC_PER_ACTIVATION_BYTE = 6.0
 DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32 = 30.0
 #: Host-side cost of one micro-step (kernel launches, Python and framework overhead) when the
 #: profile did not count the kernels: a guess, of the order of 100 operators at
-#: ``KERNEL_DISPATCH_S``, added to the GPU side. With a count, count × ``KERNEL_DISPATCH_S``
-#: replaces it and overlaps the GPU side instead (:func:`micro_step_overhead_s`).
+#: ``KERNEL_DISPATCH_S``. With a count, count × ``KERNEL_DISPATCH_S`` replaces it
+#: (:func:`micro_step_overhead_s`).
 MICRO_STEP_OVERHEAD_S = 1.0e-3
 
 
@@ -157,10 +150,9 @@ def weight_bytes_per_param(precision: str) -> int:
 
 
 def micro_step_overhead_s(kernels_per_micro_step: float | None) -> float:
-    """Host-side seconds of one micro-step ``D``, the same on every GPU: the counted kernels
-    (operators one forward+backward dispatches in eager PyTorch) × ``KERNEL_DISPATCH_S`` each,
-    dispatched one after another, which the GPU side overlaps (the step is ``max(D, G)``);
-    without a count, the flat ``MICRO_STEP_OVERHEAD_S``, added to the GPU side."""
+    """Host-side seconds of one micro-step, the same on every GPU: the counted kernels (operators
+    one forward+backward dispatches in eager PyTorch) × ``KERNEL_DISPATCH_S`` each, dispatched one
+    after another; without a count, the flat ``MICRO_STEP_OVERHEAD_S``."""
     if kernels_per_micro_step and kernels_per_micro_step > 0:
         return kernels_per_micro_step * KERNEL_DISPATCH_S
     return MICRO_STEP_OVERHEAD_S
@@ -176,10 +168,9 @@ def weight_traffic_time_s(params_per_gpu: float, hardware: Hardware, precision: 
 
 def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str,
                        kernels_per_micro_step: float | None = None) -> float:
-    """``a`` of the additive form (no kernel count): seconds per micro-step independent of
-    batch, the host-side overhead (:func:`micro_step_overhead_s`) + the weight traffic
-    (:func:`weight_traffic_time_s`). With a count the step is ``max(D, W + b·m + …)`` instead
-    (:mod:`.step`) and this sum is not used there."""
+    """``a``: seconds per micro-step independent of batch: the host-side overhead
+    (:func:`micro_step_overhead_s`, from the kernel count where there is one) + the weight
+    traffic (:func:`weight_traffic_time_s`)."""
     return (micro_step_overhead_s(kernels_per_micro_step)
             + weight_traffic_time_s(params_per_gpu, hardware, precision))
 

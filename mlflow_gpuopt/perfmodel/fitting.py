@@ -13,9 +13,7 @@ Then, per (GPU, precision), the fitted compute is split into what the roofline e
 latency-bound work beyond it (:func:`split_latency_bound`): a measurement slower than the
 roofline at library-level efficiency keeps the roofline at scale 1 and carries the rest as
 FP32-rate work, which transfers to another GPU type at its FP32 rate (SM count × clock), not
-its tensor peak. On the measured GPU the split reproduces the fit exactly. Where the workload
-has a kernel count the step is ``max(dispatch, GPU side)`` and the split also says how much of
-the measured step the host dispatch explains (:func:`split_dispatch_overlap`).
+its tensor peak. On the measured GPU the split reproduces the fit exactly.
 
 Every parameter also has a weak prior residual, so a fit never runs away with one run's
 noise. Observations on a CPU tell nothing about GPU speed: they are set aside and the
@@ -40,7 +38,6 @@ from mlflow_gpuopt.perfmodel.compute import (
     fixed_time_prior_s,
     latency_rate_flops_per_s,
     per_sample_time_prior_s,
-    weight_traffic_time_s,
 )
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
@@ -101,9 +98,6 @@ class FitResult:
     log_optimizer_scale: dict[Key, float] = field(default_factory=dict, hash=False)
     #: standard deviation of log(comm_scale) from the fit (0 when not fitted).
     log_comm_sd: float = 0.0
-    #: log of the host-dispatch scale per key, for a workload with a kernel count
-    #: (:func:`split_dispatch_overlap`); empty without a count.
-    log_dispatch_scale: dict[Key, float] = field(default_factory=dict, hash=False)
 
 
 def is_cpu(name: str) -> bool:
@@ -239,19 +233,12 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     log_r = {key: float(x[n_k + j]) for j, key in enumerate(split_keys)}
     log_opt = dict(log_k)
     latency: dict[Key, tuple[float, float]] = {}
-    log_dispatch: dict[Key, float] = {}
     hw_of = {o.key: o.hardware for o in prepared}
     for key in keys:
-        if workload.kernels_per_micro_step:
-            new_k, new_r, flops, dispatch = split_dispatch_overlap(
-                workload, hw_of[key], key[1], batches[key], math.exp(log_k[key]),
-                math.exp(log_r.get(key, 0.0)))
-            log_dispatch[key] = math.log(dispatch)
-        else:
-            m_ref = math.exp(float(np.mean([math.log(m) for m in batches[key]])))
-            new_k, new_r, flops = split_latency_bound(
-                workload, hw_of[key], key[1], m_ref, math.exp(log_k[key]),
-                math.exp(log_r.get(key, 0.0)), key in log_r)
+        m_ref = math.exp(float(np.mean([math.log(m) for m in batches[key]])))
+        new_k, new_r, flops = split_latency_bound(
+            workload, hw_of[key], key[1], m_ref, math.exp(log_k[key]),
+            math.exp(log_r.get(key, 0.0)), key in log_r)
         log_k[key] = math.log(new_k)
         if key in log_r:
             log_r[key] = math.log(new_r)
@@ -264,7 +251,6 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     return FitResult(
         log_compute_scale=log_k, log_compute_sd=sd, log_fixed_scale=log_r,
         latency_flops=latency, log_optimizer_scale=log_opt, log_comm_sd=comm_sd,
-        log_dispatch_scale=log_dispatch,
         comm_scale=math.exp(x[n_k + n_r]) if fit_kappa else 1.0,
         gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
         residual_rms=rms, observed_batches=batches,
@@ -277,9 +263,8 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
 def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
                         micro_batch: float, compute_scale: float, fixed_scale: float,
                         split_identified: bool) -> tuple[float, float, tuple[float, float]]:
-    """Without a kernel count: split a fitted ``T_grad(m) = k·(r·a + b·m)`` into the roofline
-    ``k'·(r'·a + b·m)`` (``k' ≤ 1``, ``r'`` as needed) and latency-bound work
-    ``(X_fixed + X_sample·m) / P_fp32``.
+    """Split a fitted ``T_grad(m) = k·(r·a + b·m)`` into the roofline ``k'·(r'·a + b·m)``
+    (``k' ≤ 1``, ``r'`` as needed) and latency-bound work ``(X_fixed + X_sample·m) / P_fp32``.
 
     Returns ``(k', r', (X_fixed, X_sample))`` in FLOP-equivalents at ``hardware``'s FP32
     rate. A fit at or faster than the roofline (``k ≤ 1``) is kept as it is. With one
@@ -289,7 +274,8 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     micro-batch (two measured) or at the measured one (one measured) the result equals the fit
     on ``hardware``.
     """
-    a = fixed_time_prior_s(workload.params, hardware, precision)
+    a = fixed_time_prior_s(workload.params, hardware, precision,
+                           workload.kernels_per_micro_step)
     b = per_sample_time_prior_s(workload, hardware, precision)
     fitted_a, fitted_b = compute_scale * fixed_scale * a, compute_scale * b
     excess = fitted_a + fitted_b * micro_batch - (a + b * micro_batch)
@@ -304,78 +290,12 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     return 1.0, fixed_scale, (fixed * rate, (excess - fixed) * rate / micro_batch)
 
 
-def split_dispatch_overlap(workload: Workload, hardware: Hardware, precision: str,
-                           batches: frozenset[float], compute_scale: float, fixed_scale: float
-                           ) -> tuple[float, float, tuple[float, float], float]:
-    """With a kernel count: split a fitted ``T(m) = max(k·r·D, k·r·W + k·b·m)`` (``D`` the
-    host dispatch, count × ``KERNEL_DISPATCH_S``; ``W`` the weight traffic) into a dispatch
-    ``s·D`` and a GPU side ``k'·(r'·W + b·m)`` + latency-bound work ``(X_fixed + X_sample·m) /
-    P_fp32``, so that ``max(s·D, GPU side)`` equals ``T`` at every measured micro-batch (two
-    or more measured: reproduced at the smallest and largest; one: at it).
-
-    Returns ``(k', r', (X_fixed, X_sample), s)``. What one measurement identifies:
-
-    - the dispatch ``s·D = min(D, T(m_min))``: a step can take no less than dispatching its
-      kernels, so a measurement faster than ``D`` shows a faster host (``s < 1``, and the
-      step is launch-bound there); a slower one cannot tell a slow host from a slow GPU, and
-      the dispatch stays at its published order of magnitude (``s = 1``);
-    - the GPU side then carries the rest: where ``s·D < T`` it must reach ``T`` itself, and
-      the time beyond the roofline is latency-bound work, split as in
-      :func:`split_latency_bound`, except that its batch-independent share is capped at what
-      the dispatch does not already explain, ``max(0, s·D − W)``: eager kernels cannot run
-      their batch-independent part longer than the host takes to issue them, so the step
-      still tends to ``max(s·D, W)`` at small micro-batches (no count × 10 µs is counted
-      twice). Where the step is launch-bound at every measured batch (``T = s·D``) the GPU
-      side is hidden and unidentified: it stays at the roofline (scaled down if the roofline
-      alone would exceed ``T``), so another GPU type is predicted from the same dispatch
-      seconds and its own roofline.
-    """
-    kernels = workload.kernels_per_micro_step or 0.0
-    dispatch = kernels * KERNEL_DISPATCH_S
-    w = weight_traffic_time_s(workload.params, hardware, precision)
-    b = per_sample_time_prior_s(workload, hardware, precision)
-    k, kr = compute_scale, compute_scale * fixed_scale
-    ms = sorted(batches)
-    m1, m2 = ms[0], ms[-1]
-
-    def gpu(m: float) -> float:  # the fitted GPU side
-        return kr * w + k * b * m
-
-    def step(m: float) -> float:  # the fitted micro-step
-        return max(kr * dispatch, gpu(m))
-
-    host = min(dispatch, step(m1))
-    scale = host / dispatch if dispatch > 0 else 1.0
-    rate = latency_rate_flops_per_s(hardware)
-    if host >= step(m2):
-        # Launch-bound at every measured batch: the GPU side is hidden. Keep the roofline,
-        # scaled down only where it alone would exceed the measured step.
-        k_new = min(1.0, *(step(m) / (w + b * m) for m in ms))
-        return k_new, 1.0, (0.0, 0.0), scale
-    if m2 > m1:
-        # Two micro-batches: the GPU side's line through the step where it shows (the
-        # largest batch at least) and through the fitted GPU side where it is hidden.
-        t1 = step(m1) if host < step(m1) else gpu(m1)
-        t2 = step(m2)
-        beta = (t2 - t1) / (m2 - m1)
-        alpha = max(0.0, t1 - beta * m1)
-        k_new = min(beta, b) / b
-        r_new = min(alpha, w) / (w * k_new) if w > 0 else 1.0
-        return k_new, r_new, (max(0.0, alpha - w) * rate, max(0.0, beta - b) * rate), scale
-    t, roof = step(m1), w + b * m1
-    excess = t - roof
-    if excess <= 0 or not math.isfinite(excess):
-        return t / roof, 1.0, (0.0, 0.0), scale
-    fixed = min(LATENCY_FIXED_SHARE * excess, max(0.0, host - w))
-    return 1.0, 1.0, (fixed * rate, (excess - fixed) * rate / m1), scale
-
-
 def dispatch_bound_s(workload: Workload) -> float:
-    """Without a kernel count: most batch-independent latency (seconds) one micro-step can
-    have beyond the roofline, its kernels dispatched one after another,
-    ``KERNELS_PER_LAYER_STEP`` per layer at ``KERNEL_DISPATCH_S`` each (a guess that misses
-    recurrent loops: a 570-step decoder launches thousands). The prior's flat 1 ms of host
-    overhead is a separate, smaller guess, kept as it was. With a count the cap is
-    :func:`split_dispatch_overlap`'s ``max(0, s·D − W)``, with nothing counted twice."""
+    """Most batch-independent latency (seconds) one micro-step can have: its kernels
+    dispatched one after another at ``KERNEL_DISPATCH_S`` each — the profiled count
+    (``kernels_per_micro_step``) where the workload has one, else ``KERNELS_PER_LAYER_STEP``
+    per layer (a guess that misses recurrent loops: a 570-step decoder launches thousands)."""
+    if workload.kernels_per_micro_step:
+        return workload.kernels_per_micro_step * KERNEL_DISPATCH_S
     layers = model_shape(workload).num_layers
     return layers * KERNELS_PER_LAYER_STEP * KERNEL_DISPATCH_S

@@ -89,11 +89,7 @@ class Predictor:
         x_sample = sum(res.latency_flops.get(k, (0.0, 0.0))[1] for k in pool) / len(pool)
         opt = [res.log_optimizer_scale[k] for k in pool if k in res.log_optimizer_scale]
         overhead = None
-        if res.log_dispatch_scale and all(k in res.log_dispatch_scale for k in pool):
-            # A kernel count: the dispatch scale the split identified where it was measured
-            # (fitting.split_dispatch_overlap), on that GPU and carried to any other.
-            overhead = math.exp(sum(res.log_dispatch_scale[k] for k in pool) / len(pool))
-        elif key not in res.log_compute_scale and res.log_compute_scale:
+        if key not in res.log_compute_scale and res.log_compute_scale:
             # Host-side dispatch is CPU time: keep the seconds fitted where it was measured
             # (compute × fixed scale there), whatever this GPU's own factors are.
             overhead = math.exp(sum(res.log_compute_scale[k] + res.log_fixed_scale.get(k, 0.0)

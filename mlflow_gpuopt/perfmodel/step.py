@@ -1,8 +1,6 @@
 """One optimizer step put together: compute, communication, overlap, accumulation, bubble.
 
-    T_grad  = max(D, G(m))   with a kernel count          per micro-step, per GPU (compute.py)
-    T_grad  = D + G(m)       without one (D a flat 1 ms)  D: host dispatch, G(m) = W + b·m +
-                                                          latency-bound work: GPU side
+    T_grad  = a + b·m                                     per micro-step, per GPU (compute.py)
     T_sync  = (T_grad^γ + T_comm^γ)^(1/γ)                 Pollux overlap (comm.py)
     T_step  = (s−1)·T_grad + T_sync + T_opt + T_straggle          DDP / ZeRO-1/2
     T_step  = s·(T_grad ⊕ T_gather) + T_opt + T_straggle          ZeRO-3 / FSDP
@@ -12,15 +10,9 @@
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
 ``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
-FP32 rate. The batch-independent work is the weight traffic ``W`` (GPU side) and the host-side
-dispatch ``D``: count × ``KERNEL_DISPATCH_S`` where the profile counted the micro-step's kernels,
-else the flat ``MICRO_STEP_OVERHEAD_S``. Eager PyTorch dispatches asynchronously (the host
-enqueues kernels while the GPU runs earlier ones), so with a count the micro-step takes
-``max(D, G(m))``: a launch-bound step takes ``D`` however fast the GPU, a GEMM-heavy one ``G``
-whatever ``D`` is. Without a count ``D`` stays the additive 1 ms (such workloads predict as
-before). ``D`` is CPU time, the same on every GPU type: a calibration carried to another GPU
-type scales it by what was fitted where it was measured (``overhead_scale``), not by the
-target's factors.
+FP32 rate. ``a`` = host-side overhead + weight traffic; the overhead (kernel dispatch, CPU time)
+is the same on every GPU type, so a calibration carried to another GPU scales it by what was
+fitted where it was measured (``overhead_scale``), not by the target's factors.
 ``comm_scale`` scales communication (the straggler share stays at its prior: one or two
 multi-GPU runs cannot tell it from bandwidth). Pure arithmetic, no allocation beyond the
 result: the recommender calls this thousands of times.
@@ -58,11 +50,9 @@ class Calibration:
     latency_per_sample_flops: float = 0.0
     #: Scale of the optimizer step; None = ``compute_scale``.
     optimizer_scale: float | None = None
-    #: Scale of the host-side dispatch ``D`` (CPU time, the same on every GPU); None =
-    #: ``compute_scale × fixed_scale``, as inside the fit. After the fit, a measured key of a
-    #: workload with a kernel count gets the dispatch scale its split identified
-    #: (fitting.split_dispatch_overlap), and a calibration carried to another GPU type the
-    #: scale of the keys it borrows, so dispatch seconds do not move.
+    #: Scale of the host-side overhead in ``a`` (kernel dispatch: CPU time, the same on every
+    #: GPU); None = ``compute_scale × fixed_scale``, as on the measured GPU. A calibration carried
+    #: to another GPU type sets it to the measured product, so dispatch seconds do not move.
     overhead_scale: float | None = None
 
 
@@ -91,21 +81,14 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     # splits each kernel but still dispatches all of them.
     kernels = workload.kernels_per_micro_step
     overhead = micro_step_overhead_s(kernels / pp if kernels else None)
-    host = (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead
+    a = (kr * weight_traffic_time_s(params_shard, hardware, precision)
+         + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
     b = k * per_sample_time_prior_s(workload, hardware, precision) / shards
-    if kernels:
-        # Counted kernels: the host enqueues them while the GPU runs earlier ones, so the
-        # micro-step takes the longer of the two sides (below), not their sum.
-        t_grad = kr * weight_traffic_time_s(params_shard, hardware, precision) + b * micro_batch
-    else:
-        a = kr * weight_traffic_time_s(params_shard, hardware, precision) + host
-        t_grad = a + b * micro_batch
+    t_grad = a + b * micro_batch
     if calib.latency_fixed_flops or calib.latency_per_sample_flops:
         # Each stage runs its share of the kernels; tensor parallelism splits each kernel.
         t_grad += latency_time_s(calib.latency_fixed_flops / pp,
                                  calib.latency_per_sample_flops / shards, micro_batch, hardware)
-    if kernels:
-        t_grad = max(host, t_grad)
     opt_params = params_shard / dp if layout.dp_strategy in ("zero1", "zero2", "zero3",
                                                             "fsdp") else params_shard
     k_opt = k if calib.optimizer_scale is None else calib.optimizer_scale
