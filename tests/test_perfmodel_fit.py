@@ -159,13 +159,13 @@ def test_cpu_only_observation_falls_back_to_prior_with_a_wide_interval():
 
 def test_prior_only_interval_is_the_prior_width_and_measured_stays_narrow():
     # No observation, one GPU: no other width applies, so the 90% interval is exactly
-    # exp(±1.645 × SIGMA_PRIOR_ONLY) around the roofline: ×5.18 / ÷5.18 at σ = 1.0.
+    # exp(±1.645 × SIGMA_PRIOR_ONLY) around the roofline: ×3.43 / ÷3.43 at σ = 0.75.
     cfg = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=256)
     p = fit(RESNET, [], HW).predict(cfg, A100)
     assert p.basis == "prior"
-    assert p.log_sigma == pytest.approx(1.0)
-    assert p.high / p.throughput_samples_per_s == pytest.approx(math.exp(1.6448536269514722))
-    assert p.throughput_samples_per_s / p.low == pytest.approx(math.exp(1.6448536269514722))
+    assert p.log_sigma == pytest.approx(0.75)
+    assert p.high / p.throughput_samples_per_s == pytest.approx(3.4339, rel=1e-4)
+    assert p.throughput_samples_per_s / p.low == pytest.approx(3.4339, rel=1e-4)
     # One run on that GPU: the measured interval is the fit's own spread, not the prior's.
     obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=1, throughput_samples_per_s=2470.0,
                        micro_batch=256)]

@@ -291,10 +291,17 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
 
 
 def dispatch_bound_s(workload: Workload) -> float:
-    """Most batch-independent latency (seconds) one micro-step can have: its kernels
-    dispatched one after another at ``KERNEL_DISPATCH_S`` each — the profiled count
-    (``kernels_per_micro_step``) where the workload has one, else ``KERNELS_PER_LAYER_STEP``
-    per layer (a guess that misses recurrent loops: a 570-step decoder launches thousands)."""
+    """Cap (seconds) on the batch-independent share of a micro-step's time beyond the
+    roofline: its kernels one after another at ``KERNEL_DISPATCH_S`` each — the profiled
+    count (``kernels_per_micro_step``) where the workload has one, else
+    ``KERNELS_PER_LAYER_STEP`` per layer (a guess that misses recurrent loops: a 570-step
+    decoder launches thousands).
+
+    With a count, the prior's per-micro-step overhead already holds the host-side dispatch
+    (count × ``KERNEL_DISPATCH_S``); this cap is for GPU-side latency on top of it (each
+    kernel occupies the GPU for some µs however small it is: launch latency, a partial wave),
+    bounded by the same per-kernel figure. Measured against the max(dispatch, GPU) form, the
+    additive one predicts the accuracy benchmark better (commit 6cfc7ed)."""
     if workload.kernels_per_micro_step:
         return workload.kernels_per_micro_step * KERNEL_DISPATCH_S
     layers = model_shape(workload).num_layers
