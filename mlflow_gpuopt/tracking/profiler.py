@@ -144,7 +144,7 @@ def _kernel_count_mode_class() -> type:
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
             if not isinstance(func, OpOverload):  # a higher-order operator: run it as is
-                self.higher_order_ops.add(str(getattr(func, "name", lambda: func)()))
+                self.higher_order_ops.add(getattr(func, "__name__", repr(func)))
                 return func(*args, **(kwargs or {}))
             kernel = self._is_kernel.get(func)
             if kernel is None:
