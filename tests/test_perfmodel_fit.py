@@ -119,7 +119,7 @@ def test_transferred_prediction_at_another_micro_batch_widens_the_interval():
 
 
 def test_transferred_prediction_with_identified_split_has_no_batch_term_at_measured_batches():
-    # Two batches measured on V100: on A100 a batch between them is 1 doubling from the
+    # Two batches measured on V100: on A100 a batch between them (64) is 2 doublings from the
     # nearest, a batch equal to one of them adds nothing.
     obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, throughput_samples_per_s=t,
                        micro_batch=m) for m, t in ((16, 900.0), (256, 1200.0))]
