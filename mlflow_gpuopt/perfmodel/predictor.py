@@ -57,11 +57,12 @@ class Predictor:
         notes = []
         if opt_assumed:
             notes.append("optimizer unknown: Adam's 8 bytes/param of state assumed")
+        prior = "FLOPs / peak at a prior efficiency" + (
+            " plus the counted kernels' dispatch" if workload.kernels_per_micro_step else "")
         if result.cpu_only:
-            notes.append("only CPU measurements: GPU speed from FLOPs / peak at a prior "
-                         "efficiency (wide interval)")
+            notes.append(f"only CPU measurements: GPU speed from {prior} (wide interval)")
         elif not result.log_compute_scale:
-            notes.append("no measurements: GPU speed from FLOPs / peak at a prior efficiency")
+            notes.append(f"no measurements: GPU speed from {prior}")
         self._notes = tuple(notes)
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
         self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}

@@ -282,9 +282,10 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
                  f"interconnect {interconnect(win)}.")
     lines.extend(f"Note: {n}." for n in win.notes)
     if p.basis == "prior":
-        lines.append("Note: no run was measured on a GPU; speed is FLOPs per sample over the "
-                     "GPU's peak at a prior efficiency (wide interval). One short tracked run "
-                     "on any GPU narrows it.")
+        lines.append("Note: no run was measured on a GPU; speed comes from the profile "
+                     "(FLOPs, memory traffic, kernels launched) against the GPU's datasheet at "
+                     "a prior efficiency (wide interval). One short tracked run on any GPU "
+                     "narrows it.")
     elif p.extrapolated:
         lines.append("Note: no run was measured on this GPU type; the prediction is "
                      "transferred from the measured GPUs (wider interval).")
