@@ -31,13 +31,13 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import mlflow  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+import mlflow
+import torch
+import torch.nn as nn
 
-import mlflow_gpuopt as gpuopt  # noqa: E402
-from mlflow_gpuopt.tracking.profiler import WorkloadProfiler  # noqa: E402
-from mlflow_gpuopt.tracking.steps import StepClock  # noqa: E402
+import mlflow_gpuopt as gpuopt
+from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
+from mlflow_gpuopt.tracking.steps import StepClock
 
 
 def make(width: int, batch: int):

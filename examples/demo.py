@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import train_tiny_gpt  # noqa: E402
+import train_tiny_gpt
 
 
 def show_run(run_id: str) -> dict:

@@ -15,13 +15,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402, N812 - PyTorch's conventional alias
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402, N817 - usual name
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817 - usual name
 
-import _dist_common as dc  # noqa: E402
-from _common import base_parser, setup_mlflow  # noqa: E402
+import _dist_common as dc
+from _common import base_parser, setup_mlflow
 
 
 def main(argv: list[str] | None = None) -> str | None:

@@ -14,11 +14,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402, N812 - PyTorch's conventional alias
+import torch
+import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
-from _common import base_parser, setup_mlflow  # noqa: E402
-from train_resnet import ResNetConfig, SmallResNet, synthetic_batch  # noqa: E402
+from _common import base_parser, setup_mlflow
+from train_resnet import ResNetConfig, SmallResNet, synthetic_batch
 
 
 def make_module(cfg: ResNetConfig):

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402, N812 - PyTorch's conventional alias
+import torch
+import torch.nn as nn
+import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
-from _common import base_parser, setup_mlflow  # noqa: E402
+from _common import base_parser, setup_mlflow
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def attach(module: ModuleType) -> bool:
 
             cli.add_command(gpuopt, name=_COMMAND_NAME)
         return True
-    except Exception:  # noqa: BLE001 - never break `mlflow`
+    except Exception:  # never break `mlflow`
         logger.debug("could not attach `mlflow gpuopt`", exc_info=True)
         return False
 
@@ -51,11 +51,11 @@ class _AttachingLoader(importlib.abc.Loader):
     def __init__(self, wrapped: importlib.abc.Loader) -> None:
         self._wrapped = wrapped
 
-    def create_module(self, spec):  # noqa: D102 - importlib API
+    def create_module(self, spec):  # importlib API
         create = getattr(self._wrapped, "create_module", None)
         return create(spec) if create is not None else None
 
-    def exec_module(self, module: ModuleType) -> None:  # noqa: D102 - importlib API
+    def exec_module(self, module: ModuleType) -> None:  # importlib API
         # The module's own loader must stay visible to tools that inspect it.
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._wrapped
@@ -70,7 +70,7 @@ class _AttachingLoader(importlib.abc.Loader):
 class _CliFinder(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the loader of ``mlflow.cli`` found by the other finders."""
 
-    def find_spec(self, fullname, path, target=None):  # noqa: D102 - importlib API
+    def find_spec(self, fullname, path, target=None):  # importlib API
         if fullname != _TARGET:
             return None
         try:
@@ -84,7 +84,7 @@ class _CliFinder(importlib.abc.MetaPathFinder):
                     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
                         spec.loader = _AttachingLoader(spec.loader)
                     return spec
-        except Exception:  # noqa: BLE001 - fall back to the normal import
+        except Exception:  # fall back to the normal import
             logger.debug("gpuopt import hook failed; importing mlflow.cli normally",
                          exc_info=True)
         return None
@@ -112,5 +112,5 @@ def install() -> None:
         if _finder is None and module is None:
             _finder = _CliFinder()
             sys.meta_path.insert(0, _finder)
-    except Exception:  # noqa: BLE001 - never break `import mlflow`
+    except Exception:  # never break `import mlflow`
         logger.debug("could not install the gpuopt CLI hook", exc_info=True)

@@ -10,13 +10,13 @@ try:  # attach `mlflow gpuopt` when (and if) mlflow.cli is imported; never break
     from mlflow_gpuopt import _mlflow_cli_hook
 
     _mlflow_cli_hook.install()
-except Exception:  # noqa: BLE001 - a plugin must not make `import mlflow` fail
+except Exception:  # a plugin must not make `import mlflow` fail
     pass
 
 
 try:  # MLflow's base class; already imported when MLflow loads this entry point
     from mlflow.tracking.context.abstract_context import RunContextProvider as _ProviderBase
-except Exception:  # noqa: BLE001 - fall back to a duck-typed provider
+except Exception:  # fall back to a duck-typed provider
     _ProviderBase = object  # type: ignore[assignment,misc]
 
 
@@ -35,5 +35,5 @@ class HardwareRunContextProvider(_ProviderBase):  # type: ignore[misc,valid-type
             from mlflow_gpuopt.devices.fingerprint import hardware_fingerprint
 
             return hardware_fingerprint().tags()
-        except Exception:  # noqa: BLE001 - tagging must never break mlflow.start_run
+        except Exception:  # tagging must never break mlflow.start_run
             return {}

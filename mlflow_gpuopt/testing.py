@@ -67,7 +67,7 @@ def make_fake_pynvml(gpus: list[FakeGPU]) -> types.ModuleType:
     m.NVML_ERROR_UNKNOWN = 999
     m.NVML_CLOCK_SM = 1
 
-    class NVMLError(Exception):  # noqa: N818 - pynvml's own name
+    class NVMLError(Exception):  # pynvml's own name
         def __init__(self, value: int) -> None:
             super().__init__(value)
             self.value = value

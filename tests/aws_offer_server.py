@@ -65,7 +65,7 @@ class OfferServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:  # http.server's name
                 start = time.monotonic()
                 with outer._lock:
                     index = outer._count

@@ -47,7 +47,7 @@ class Browser:
     # --- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> Browser:
         self.profile.mkdir(parents=True, exist_ok=True)
-        log = open(self.profile / "chromium.log", "wb")  # noqa: SIM115 - handed to the child
+        log = open(self.profile / "chromium.log", "wb")  # handed to the child
         self._proc = subprocess.Popen(
             [self.exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
              "--no-first-run", "--disable-background-networking", "--disable-sync",

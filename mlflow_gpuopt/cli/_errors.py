@@ -10,5 +10,5 @@ class UsageError(click.ClickException):
 
     exit_code = 2
 
-    def show(self, file=None) -> None:  # noqa: D102 - click API
+    def show(self, file=None) -> None:  # click API
         click.echo(f"Error: {self.format_message()}", err=True, file=file)

@@ -19,7 +19,7 @@ from mlflow_gpuopt.cli._errors import UsageError
 class _Unreachable(click.ClickException):
     exit_code = 1
 
-    def show(self, file=None) -> None:  # noqa: D102 - click API
+    def show(self, file=None) -> None:  # click API
         click.echo(f"Error: {self.format_message()}", err=True, file=file)
 
 

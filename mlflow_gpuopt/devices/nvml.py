@@ -151,7 +151,7 @@ class NvmlGPUs(GPUs):
             try:
                 if p.nvmlDeviceGetNvLinkState(self._handles[index], link):
                     return True
-            except Exception:  # noqa: BLE001 - link absent, not supported, old pynvml
+            except Exception:  # link absent, not supported, old pynvml
                 continue
         return False
 

@@ -126,18 +126,18 @@ def instrument(model, meter: CommMeter) -> str:
         return "single"
     try:
         from torch.nn.parallel import DistributedDataParallel
-    except Exception:  # noqa: BLE001 - torch without distributed support
+    except Exception:  # torch without distributed support
         return "single"
     if isinstance(model, DistributedDataParallel):
         try:
             model.register_comm_hook(None, _ddp_hook(meter))
-        except Exception as exc:  # noqa: BLE001 - e.g. a hook the user registered already
+        except Exception as exc:  # e.g. a hook the user registered already
             logger.warning("gpuopt: cannot time DDP all-reduce (%s); communication not measured",
                            exc)
         return "ddp"
     try:
         from torch.distributed.fsdp import FSDPModule
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "single"
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not fsdp_modules:
@@ -147,7 +147,7 @@ def instrument(model, meter: CommMeter) -> str:
         try:
             module.set_custom_all_gather(all_gather)
             module.set_custom_reduce_scatter(reduce_scatter)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             logger.warning("gpuopt: cannot time FSDP collectives (%s)", exc)
             break
     return "fsdp"

@@ -76,7 +76,7 @@ def _torch_rank(rank: int, world: int) -> tuple[int, int]:
 
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
-    except Exception:  # noqa: BLE001 - fall back to the launcher's environment
+    except Exception:  # fall back to the launcher's environment
         pass
     return rank, world
 

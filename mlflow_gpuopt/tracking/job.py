@@ -175,7 +175,7 @@ def backend() -> str:
 
         if dist.is_available() and dist.is_initialized():
             return str(dist.get_backend())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         logger.debug("gpuopt: no process group backend: %s", exc)
     return "none"
 
@@ -214,7 +214,7 @@ def _nvlink_active(gpu_ids: list[int]) -> bool:
 
     try:
         gpus = NvmlGPUs()
-    except Exception:  # noqa: BLE001 - no NVML: nothing seen
+    except Exception:  # no NVML: nothing seen
         return False
     try:
         return any(gpus.nvlink_active(i) for i in (gpu_ids or [0]) if i < len(gpus))

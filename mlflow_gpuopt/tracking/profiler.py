@@ -254,7 +254,7 @@ def _storage_ptr(t: Any) -> int | None:
     try:
         local = t.to_local() if hasattr(t, "to_local") else t
         return local.untyped_storage().data_ptr()
-    except Exception:  # noqa: BLE001 - not measurable: leave it out
+    except Exception:  # not measurable: leave it out
         return None
 
 

@@ -68,7 +68,7 @@ class RankGatherer:
         if self.rank == 0 and self._on_round is not None:
             try:
                 self._on_round([row[:_DONE] for row in matrix])
-            except Exception as exc:  # noqa: BLE001 - logging must not stop the rounds
+            except Exception as exc:  # logging must not stop the rounds
                 logger.warning("gpuopt: could not log the gathered ranks: %s", exc)
         return all(row[_DONE] >= 0.5 for row in matrix)
 
@@ -78,7 +78,7 @@ class RankGatherer:
                 self._stop.wait(self._interval_s)
                 if self._round(done=self._stop.is_set()):
                     return
-        except Exception as exc:  # noqa: BLE001 - a dead peer or a destroyed group
+        except Exception as exc:  # a dead peer or a destroyed group
             self._failed = True
             logger.warning("gpuopt: gathering metrics from other ranks stopped: %s", exc)
 
