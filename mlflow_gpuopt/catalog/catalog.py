@@ -59,6 +59,7 @@ class Catalog:
         region: str | None = None,
         min_gpu_memory_gb: float | None = None,
         spot: bool | None = None,
+        max_gpu_count: int | None = None,
     ) -> list[Offer]:
         """Offers matching every filter given, cheapest $/GPU-h first.
 
@@ -71,6 +72,7 @@ class Catalog:
             min_gpu_memory_gb: keep offers whose per-GPU memory is at least this (GB).
             spot: ``True`` keeps only offers that sell spot/preemptible capacity; ``False`` or
                 ``None`` filter nothing (every offer has an on-demand price).
+            max_gpu_count: keep offers whose instance holds at most this many GPUs.
         """
         out = list(self.offers)
         if provider is not None:
@@ -94,4 +96,6 @@ class Catalog:
             out = [o for o in out if o.gpu_memory_gb >= min_gpu_memory_gb]
         if spot:
             out = [o for o in out if o.spot_price_per_hour_usd is not None]
+        if max_gpu_count is not None:
+            out = [o for o in out if o.gpu_count <= max_gpu_count]
         return sorted(out, key=lambda o: (o.price_per_gpu_hour_usd, o.provider, o.instance_type))

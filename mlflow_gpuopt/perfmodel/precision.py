@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mlflow_gpuopt.catalog.schema import PRECISIONS
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 #: Bytes of one activation / weight element stored in this precision (tf32 is stored as fp32).
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}

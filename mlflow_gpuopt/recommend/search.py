@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.cost import evaluate
@@ -44,8 +45,6 @@ from mlflow_gpuopt.recommend.types import (
     Target,
 )
 
-#: Region of offers that are not tied to one (Lambda, Colab): they match any region asked.
-GLOBAL_REGION = "global"
 _DATA_PARALLEL_LADDER = ("ddp", "zero1", "zero2", "fsdp")
 #: Models at least this big also get tensor/pipeline-parallel plans.
 LARGE_MODEL_PARAMS = 1_000_000_000
@@ -82,23 +81,21 @@ def allowed_precisions(workload_precision: str, spec: GpuSpec) -> tuple[str, ...
     return (p,)
 
 
-def filter_offers(offers: Iterable[Offer], space: SearchSpace) -> list[Offer]:
-    """Offers allowed by providers / region / spot; raises :class:`NoOffersError` if none."""
-    offers = list(offers)
+def filter_offers(offers: Iterable[Offer], space: SearchSpace,
+                  gpus: Mapping[str, GpuSpec] | None = None) -> list[Offer]:
+    """Offers allowed by providers / region / spot / GPUs per instance (see
+    :meth:`Catalog.query`), cheapest $/GPU-h first; raises :class:`NoOffersError` if none, or
+    if no offer is in the region asked (region-independent offers alone do not make a region
+    real)."""
+    catalog = Catalog(tuple(offers), gpus or {})
     region = space.region.lower() if space.region else None
-    if region and not any(o.region.lower() == region for o in offers):
+    if region and not any(o.region.lower() == region for o in catalog.offers):
         raise NoOffersError(f"no catalog offers in region {space.region}")
-    out = []
-    for o in offers:
-        if space.providers and o.provider not in space.providers:
-            continue
-        if region and o.region.lower() not in (region, GLOBAL_REGION):
-            continue
-        if space.spot is True and o.spot_price_per_hour_usd is None:
-            continue
-        if space.max_gpus is not None and o.gpu_count > space.max_gpus:
-            continue
-        out.append(o)
+    try:
+        out = catalog.query(provider=space.providers or None, region=space.region,
+                            spot=space.spot, max_gpu_count=space.max_gpus)
+    except ValueError as exc:  # an unknown provider
+        raise NoOffersError(str(exc)) from None
     if not out:
         asked = []
         if space.providers:
@@ -432,7 +429,7 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
     Raises :class:`NoOffersError` when the search space selects no offer at all.
     """
     started = time.perf_counter()
-    chosen = filter_offers(offers, space)
+    chosen = filter_offers(offers, space, gpus)
     search = _Search(predictor, workload, target, space, costing)
     hw_cache: dict[tuple, Hardware] = {}
     for offer in chosen:
