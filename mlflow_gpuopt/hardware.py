@@ -8,9 +8,12 @@ generation; the node network from the offer, else a conservative default.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
+from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import PRECISIONS, GpuSpec, Offer
-from mlflow_gpuopt.perfmodel.types import Hardware
+from mlflow_gpuopt.perfmodel.fitting import is_cpu
+from mlflow_gpuopt.perfmodel.types import Hardware, Observation
 
 logger = logging.getLogger(__name__)
 
@@ -59,3 +62,22 @@ def hardware_for_gpu(spec: GpuSpec, *, gpus_per_node: int, offer: Offer | None =
         inter_node_bytes_per_s=inter_gbps * 1e9 / 8.0,
         gpus_per_node=int(offer.gpu_count if offer is not None else gpus_per_node),
     )
+
+
+def measured_hardware(observations: Iterable[Observation], catalog: Catalog
+                      ) -> dict[str, Hardware]:
+    """The models' view of each GPU the runs measured (keyed by the runs' GPU name), in a
+    node as large as the largest one measured on that GPU (a smaller node could not hold the
+    larger run). CPU runs need none.
+
+    Raises:
+        UnknownGpuError: a run measured a GPU the catalog does not know (the model cannot
+            place its measurement without the GPU's peaks and links).
+    """
+    observations = list(observations)
+    out: dict[str, Hardware] = {}
+    for gpu in dict.fromkeys(o.gpu for o in observations if not is_cpu(o.gpu)):
+        per_node = max(max(1, o.gpu_count // max(1, o.nodes))
+                       for o in observations if o.gpu == gpu)
+        out[gpu] = hardware_for_gpu(catalog.gpu(gpu), gpus_per_node=per_node)
+    return out

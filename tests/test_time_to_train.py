@@ -137,7 +137,7 @@ def test_predict_human_output_says_where_the_time_goes(args):
     (["--tokens", "2Q"], "--tokens"),
     (["--epochs", "3"], "--epochs needs --dataset-size"),
     (["--dataset-size", "1M"], "--dataset-size goes with --epochs"),
-    (["--samples", "1M", "--steps", "10"], "give one of"),
+    (["--samples", "1M", "--steps", "10"], "give exactly one target"),
     (["--samples", "0"], "positive"),
 ])
 def test_predict_target_errors_exit_2_with_one_line(args, extra, message):

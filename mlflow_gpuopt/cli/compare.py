@@ -13,6 +13,7 @@ import sys
 import click
 
 from mlflow_gpuopt.cli._errors import UsageError
+from mlflow_gpuopt.cli.options import load_catalog_or_fail
 
 
 def _price_per_gpu_hour(device: str, catalog) -> tuple[float | None, str]:
@@ -23,15 +24,12 @@ def _price_per_gpu_hour(device: str, catalog) -> tuple[float | None, str]:
     if is_cpu(device):
         return None, "CPU run: no catalog price"
     try:
-        gpu = catalog.resolve_gpu(device)
+        offers = catalog.query(gpu=device)  # cheapest $/GPU-h first
     except UnknownGpuError:
         return None, f"{device} is not in the catalog"
-    offers = [o for o in catalog.offers if o.gpu == gpu and o.pricing == "on_demand"]
-    if not offers:
-        offers = [o for o in catalog.offers if o.gpu == gpu]
-    if not offers:
-        return None, f"no catalog offer with {gpu}"
-    best = min(offers, key=lambda o: o.price_per_gpu_hour_usd)
+    best = next((o for o in offers if o.pricing == "on_demand"), offers[0] if offers else None)
+    if best is None:
+        return None, f"no catalog offer with {catalog.resolve_gpu(device)}"
     return best.price_per_gpu_hour_usd, f"{best.provider} {best.instance_type}"
 
 
@@ -79,7 +77,6 @@ def compare(experiment, run_ids, dataset_size, as_json):
         size = parse_count(dataset_size, what="--dataset-size") if dataset_size else None
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
-    from mlflow_gpuopt.catalog import CatalogError, load_catalog
     from mlflow_gpuopt.mlflow_io.measured import (
         MeasuredRunError,
         measured_runs,
@@ -89,9 +86,9 @@ def compare(experiment, run_ids, dataset_size, as_json):
     try:
         runs = (measured_runs_in_experiment(experiment) if experiment
                 else measured_runs(run_ids))
-        catalog = load_catalog()
-    except (MeasuredRunError, CatalogError) as exc:
+    except MeasuredRunError as exc:
         raise UsageError(str(exc)) from None
+    catalog = load_catalog_or_fail()
     rows = compare_rows(runs, catalog, size)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -16,6 +16,12 @@ import re
 import click
 
 from mlflow_gpuopt.cli._errors import UsageError
+from mlflow_gpuopt.cli.options import (
+    load_catalog_or_fail,
+    parse_target,
+    resolve_gpu_or_fail,
+    target_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,22 +55,6 @@ def parse_strategy(text: str) -> tuple[str, int, int]:
     if dp is None:
         dp = "tp" if tp != 1 and pp == 1 else ("pp" if pp != 1 else "ddp")
     return dp, tp, pp
-
-
-def _catalog():
-    from mlflow_gpuopt.catalog import CatalogError, load_catalog
-
-    try:
-        return load_catalog()
-    except CatalogError as exc:
-        raise UsageError(f"the GPU catalog cannot be read: {exc}") from None
-
-
-def _resolve(catalog, name: str) -> str:
-    try:
-        return catalog.resolve_gpu(name)
-    except ValueError as exc:  # UnknownGpuError names the closest matches
-        raise UsageError(str(exc)) from None
 
 
 def _max_gpus_per_node(catalog, gpu: str) -> int | None:
@@ -102,33 +92,6 @@ def _inputs(run_ids, workload_path, observations_path, catalog):
     except WorkloadFileError as exc:
         raise UsageError(str(exc)) from None
     return workload, observations
-
-
-def _target_samples(samples, epochs, dataset_size, tokens, steps, workload, samples_per_step):
-    """Samples for the ``--samples | --epochs --dataset-size | --tokens | --steps`` target,
-    or None when none was given."""
-    from mlflow_gpuopt.perfmodel import PerfModelError, samples_for_target
-    from mlflow_gpuopt.quantities import QuantityError, parse_count
-
-    if dataset_size is not None and epochs is None:
-        raise UsageError("--dataset-size goes with --epochs")
-    if all(v is None for v in (samples, epochs, tokens, steps)):
-        return None
-    try:
-        return samples_for_target(
-            samples=parse_count(samples, what="--samples") if samples is not None else None,
-            epochs=parse_count(epochs, what="--epochs") if epochs is not None else None,
-            dataset_size=(parse_count(dataset_size, what="--dataset-size")
-                          if dataset_size is not None else None),
-            tokens=parse_count(tokens, what="--tokens") if tokens is not None else None,
-            tokens_per_sample=workload.tokens_per_sample,
-            steps=parse_count(steps, what="--steps") if steps is not None else None,
-            samples_per_step=samples_per_step)
-    except (QuantityError, PerfModelError) as exc:
-        msg = (str(exc).replace("give one training target,", "give one of --samples, --epochs, "
-                                "--tokens, --steps,")
-               .replace("epochs need the dataset size", "--epochs needs --dataset-size"))
-        raise UsageError(msg) from None
 
 
 def _fmt_hours(h: float) -> str:
@@ -206,23 +169,20 @@ def _human(result: dict) -> str:
               help="Gradient-accumulation steps (default: the measured one).")
 @click.option("--precision", default=None, help="fp32, tf32, fp16 or bf16 (default: measured).")
 @click.option("--activation-checkpointing", is_flag=True, help="Recompute activations.")
-@click.option("--samples", default=None, help="Target: samples to train on (e.g. 1.2B).")
-@click.option("--epochs", default=None, help="Target: epochs (with --dataset-size).")
-@click.option("--dataset-size", default=None, help="Samples per epoch (with --epochs).")
-@click.option("--tokens", default=None,
-              help="Target: tokens (e.g. 2B; needs the workload's tokens_per_sample).")
-@click.option("--steps", default=None, help="Target: optimizer steps (x the global batch).")
+@target_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
             grad_accum, precision, activation_checkpointing, samples, epochs, dataset_size,
             tokens, steps, as_json) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
-    from mlflow_gpuopt.hardware import hardware_for_gpu
+    from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
     from mlflow_gpuopt.perfmodel import ParallelConfig, PerfModelError, fit, normalize_precision
 
-    catalog = _catalog()
-    target = _resolve(catalog, gpu)
+    training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
+                                   tokens=tokens, steps=steps, required=False)
+    catalog = load_catalog_or_fail()
+    target = resolve_gpu_or_fail(catalog, gpu)
     workload, observations = _inputs(run_ids, workload_path, observations_path, catalog)
 
     # A node larger than any known machine is a typo more often than a machine: at most
@@ -251,12 +211,7 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         except PerfModelError as exc:
             raise UsageError(str(exc)) from None
 
-    hardware = {}
-    for obs in observations:
-        if obs.gpu == "cpu" or obs.gpu in hardware:
-            continue
-        per = max(o.gpu_count // max(1, o.nodes) for o in observations if o.gpu == obs.gpu)
-        hardware[obs.gpu] = hardware_for_gpu(catalog.gpus[obs.gpu], gpus_per_node=per)
+    hardware = measured_hardware(observations, catalog)
     target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node)
     config = ParallelConfig(
         gpus_per_node=per_node, nodes=nodes, strategy=dp_strategy,
@@ -289,13 +244,13 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         "observations_used": len(observations), "run_ids": list(run_ids),
         "assumptions": list(p.assumptions),
     }
-    target = _target_samples(samples, epochs, dataset_size, tokens, steps, workload,
-                             p.samples_per_step)
-    if target is not None:
+    if training_target is not None:
         from mlflow_gpuopt.perfmodel import time_to_train
 
+        total = training_target.total_samples(tokens_per_sample=workload.tokens_per_sample,
+                                              samples_per_step=p.samples_per_step)
         try:
-            t = time_to_train(p, samples=target)
+            t = time_to_train(p, samples=total)
         except PerfModelError as exc:
             raise UsageError(str(exc)) from None
         result.update({

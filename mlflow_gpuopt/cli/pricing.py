@@ -8,6 +8,7 @@ import json
 import click
 
 from mlflow_gpuopt.cli._errors import UsageError
+from mlflow_gpuopt.cli.options import load_catalog_or_fail
 
 #: Keys of ``pricing show --json`` (design.md's contract first, then the rest of the offer).
 JSON_KEYS = (
@@ -89,13 +90,11 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: 
     Colab); an unknown region is an error listing the known ones. ``--spot`` keeps offers with
     a spot price.
     """
-    from mlflow_gpuopt.catalog import load_catalog
-
+    cat = load_catalog_or_fail()
     try:
-        cat = load_catalog()
         offers = cat.query(provider=list(providers) or None, gpu=gpu, region=region,
                            spot=True if spot else None)
-    except ValueError as exc:  # CatalogError, UnknownGpuError, unknown provider
+    except ValueError as exc:  # UnknownGpuError, unknown provider
         raise UsageError(str(exc)) from None
     known_regions = sorted({o.region for o in cat.offers})
     if region is not None and region.lower() not in {r.lower() for r in known_regions}:

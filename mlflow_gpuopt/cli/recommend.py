@@ -8,68 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import sys
 
 import click
 
+from mlflow_gpuopt.catalog.schema import PROVIDERS
 from mlflow_gpuopt.cli._errors import UsageError
-
-logger = logging.getLogger(__name__)
-
-PROVIDER_CHOICES = ("aws", "gcp", "lambda", "colab", "azure")
-
-
-def _target_samples(workload, samples_per_step, *, samples, epochs, dataset_size, tokens,
-                    steps):
-    """(total samples, description) from whichever target form was given.
-
-    The flags are checked here, each with its own message; the arithmetic is
-    :func:`mlflow_gpuopt.perfmodel.samples_for_target`. ``samples_per_step`` is the measured
-    global batch (samples per optimizer step, for ``--steps``). With ``workload`` None (before
-    any run is read) only the flags are checked and the total is None.
-    """
-    from mlflow_gpuopt.perfmodel import PerfModelError, samples_for_target
-    from mlflow_gpuopt.quantities import format_count, parse_count
-
-    forms = [name for name, v in (("--samples", samples), ("--epochs", epochs),
-                                  ("--tokens", tokens), ("--steps", steps)) if v is not None]
-    if dataset_size is not None and epochs is None:
-        raise UsageError("--dataset-size goes with --epochs (e.g. --epochs 90 "
-                         "--dataset-size 1281167)")
-    if len(forms) != 1:
-        raise UsageError("give exactly one target: --samples N, --epochs E --dataset-size N, "
-                         f"--tokens T or --steps S (got {', '.join(forms) or 'none'})")
-    if samples is not None:
-        n = parse_count(samples, what="--samples")
-        target, description = {"samples": n}, f"{format_count(n)} samples"
-    elif epochs is not None:
-        if dataset_size is None:
-            raise UsageError("--epochs needs --dataset-size N (samples per epoch)")
-        e = parse_count(epochs, what="--epochs")
-        d = parse_count(dataset_size, what="--dataset-size")
-        target = {"epochs": e, "dataset_size": d}
-        description = f"{e:g} epochs × {format_count(d)} samples"
-    elif tokens is not None:
-        t = parse_count(tokens, what="--tokens")
-        if workload is not None and not workload.tokens_per_sample:
-            raise UsageError("--tokens needs a run whose profile has tokens_per_sample "
-                             "(sequence length); use --samples or --steps instead")
-        target = {"tokens": t,
-                  "tokens_per_sample": workload.tokens_per_sample if workload else None}
-        description = f"{format_count(t)} tokens"
-    else:
-        s = parse_count(steps, what="--steps")
-        target = {"steps": s, "samples_per_step": samples_per_step}
-        description = f"{format_count(s)} optimizer steps"
-    if workload is None:
-        return None, description
-    try:
-        return samples_for_target(**target), description
-    except PerfModelError as exc:
-        raise UsageError(str(exc)) from None
-
+from mlflow_gpuopt.cli.options import load_catalog_or_fail, parse_target, target_options
 
 def _global_batch(workload, observations) -> int:
     mb = workload.micro_batch or 1
@@ -116,15 +62,10 @@ def _print_table(doc, out) -> None:
               help="Measured run(s) to fit (repeat for several).")
 @click.option("--experiment", metavar="NAME",
               help="Fit all measured runs of the newest run's workload in this experiment.")
-@click.option("--samples", metavar="N", help="Total samples to train on (2e9, 2B, 1.5M).")
-@click.option("--epochs", metavar="E", help="Epochs (with --dataset-size).")
-@click.option("--dataset-size", metavar="N", help="Samples per epoch (with --epochs).")
-@click.option("--tokens", metavar="T", help="Total tokens (needs the run's sequence length).")
-@click.option("--steps", metavar="S",
-              help="Optimizer steps at the measured run's global batch.")
+@target_options
 @click.option("--deadline", metavar="DURATION", help="Wall-clock deadline: 24h, 90m, 2d, 1d12h.")
 @click.option("--provider", "providers", multiple=True,
-              type=click.Choice(PROVIDER_CHOICES, case_sensitive=False),
+              type=click.Choice(PROVIDERS, case_sensitive=False),
               help="Only these providers (repeat for several).")
 @click.option("--region", metavar="R", help="Only offers in this region.")
 @click.option("--spot/--no-spot", default=None,
@@ -150,33 +91,26 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
                          if run_ids else "give --run-id ID or --experiment NAME")
     try:
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
-        _target_samples(None, None, samples=samples, epochs=epochs,
-                        dataset_size=dataset_size, tokens=tokens, steps=steps)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
+    training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
+                                   tokens=tokens, steps=steps, required=True)
 
-    from mlflow_gpuopt.catalog import CatalogError, load_catalog
     from mlflow_gpuopt.recommend import NoOffersError, SearchSpace, filter_offers
 
-    try:
-        catalog = load_catalog()
-    except CatalogError as exc:
-        raise UsageError(f"cannot load the price catalog: {exc}") from None
+    catalog = load_catalog_or_fail()
     space = SearchSpace(providers=tuple(p.lower() for p in providers) or None, region=region,
                         spot=spot, max_gpus=max_gpus, max_nodes=max_nodes)
     try:
-        filter_offers(catalog.offers, space)
+        filter_offers(catalog.offers, space, catalog.gpus)
     except NoOffersError as exc:
         raise UsageError(str(exc)) from None
 
     # 2. Read the runs (read-only).
     workload, observations, run_ids = _load_inputs(run_ids, experiment)
-    try:
-        total, description = _target_samples(
-            workload, _global_batch(workload, observations), samples=samples, epochs=epochs,
-            dataset_size=dataset_size, tokens=tokens, steps=steps)
-    except QuantityError as exc:
-        raise UsageError(str(exc)) from None
+    total = training_target.total_samples(
+        tokens_per_sample=workload.tokens_per_sample,
+        samples_per_step=_global_batch(workload, observations))
 
     # 3. Fit and search (pure).
     from mlflow_gpuopt.recommend import Target, recommend as run_search, recommendation_dict
@@ -184,7 +118,7 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
     predictor = _fit(workload, observations, catalog)
     target = Target(total_samples=total, deadline_hours=deadline_h, confidence=confidence,
                     per_rank_batch=(workload.micro_batch or 1) * (workload.grad_accum or 1),
-                    description=description)
+                    description=training_target.description)
     rec = run_search(predictor, workload, catalog.offers, catalog.gpus, target,
                      hardware_for=_hardware_for, space=space)
     doc = recommendation_dict(rec, top=top)
@@ -238,24 +172,12 @@ def _load_inputs(run_ids, experiment):
 
 def _fit(workload, observations, catalog):
     from mlflow_gpuopt.catalog import UnknownGpuError
-    from mlflow_gpuopt.hardware import hardware_for_gpu
+    from mlflow_gpuopt.hardware import measured_hardware
     from mlflow_gpuopt.perfmodel import PerfModelError, fit
-    from mlflow_gpuopt.perfmodel.fitting import is_cpu
 
-    hardware = {}
-    for o in observations:
-        if is_cpu(o.gpu) or o.gpu in hardware:
-            continue
-        try:
-            spec = catalog.gpu(o.gpu)
-        except UnknownGpuError:
-            logger.warning("measured GPU %s is not in the catalog; its run is used as CPU-less "
-                           "prior only", o.gpu)
-            continue
-        hardware[o.gpu] = hardware_for_gpu(spec, gpus_per_node=max(1, o.gpu_count // o.nodes))
     try:
-        return fit(workload, observations, hardware)
-    except PerfModelError as exc:
+        return fit(workload, observations, measured_hardware(observations, catalog))
+    except (PerfModelError, UnknownGpuError) as exc:
         raise UsageError(f"cannot fit the scaling model to these runs: {exc}") from None
 
 
