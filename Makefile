@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 2
 
 .PHONY: demo test setup browser clean bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU build of PyTorch from local disk; must come first so nothing pulls a CUDA build.

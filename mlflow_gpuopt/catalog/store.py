@@ -1,5 +1,6 @@
-"""Where the catalog lives: the shipped snapshot (``pricing/`` via importlib.resources) and
-the user's cache of refreshed prices, which takes precedence provider by provider.
+"""Where the catalog lives: the shipped snapshot (the repository's ``pricing/`` folder,
+installed as ``mlflow_gpuopt/pricing_data/``) and the user's cache of refreshed prices,
+which takes precedence provider by provider.
 
 The cache directory is ``$GPUOPT_CACHE_DIR`` or ``~/.cache/mlflow-gpuopt``; refreshed files go
 to ``<cache>/catalog-v<CATALOG_SCHEMA_VERSION>/<provider>.csv`` so a schema change never reads
@@ -16,11 +17,15 @@ import tempfile
 import threading
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.errors import CatalogError
 from mlflow_gpuopt.catalog.rows import parse_gpus_csv, parse_offers_csv
 from mlflow_gpuopt.catalog.schema import CATALOG_SCHEMA_VERSION, PROVIDERS, GpuSpec
+
+if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+
+    from importlib.resources.abc import Traversable
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +33,8 @@ CACHE_DIR_ENV = "GPUOPT_CACHE_DIR"
 MAX_AGE_ENV = "GPUOPT_PRICING_MAX_AGE_DAYS"
 DEFAULT_MAX_AGE_DAYS = 30.0
 SHIPPED = "shipped snapshot"
+#: Where a wheel holds the snapshot, inside the package (pyproject.toml maps it to pricing/).
+PACKAGED_SNAPSHOT = "pricing_data"
 
 _lock = threading.Lock()
 _loaded: dict[tuple, Catalog] = {}
@@ -62,9 +69,22 @@ def max_age_days_setting(max_age_days: float | None = None) -> float:
     return out
 
 
+def snapshot_dir() -> Traversable:
+    """The folder of the shipped snapshot that belongs to this copy of the package.
+
+    An installed wheel holds it as package data (``mlflow_gpuopt/pricing_data/``); a source
+    checkout (``PYTHONPATH``, an editable install) reads the repository's ``pricing/`` folder
+    next to the package, so each checkout reads its own data.
+    """
+    packaged = resources.files("mlflow_gpuopt").joinpath(PACKAGED_SNAPSHOT)
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "pricing"
+
+
 def shipped_text(name: str) -> str:
-    """Text of one file of the shipped snapshot (``pricing/<name>``)."""
-    return resources.files("pricing").joinpath(name).read_text(encoding="utf-8")
+    """Text of one file of the shipped snapshot (``pricing/<name>`` in the repository)."""
+    return snapshot_dir().joinpath(name).read_text(encoding="utf-8")
 
 
 def load_gpus() -> dict[str, GpuSpec]:

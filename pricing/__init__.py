@@ -1,1 +1,0 @@
-"""The shipped, dated, sourced price and hardware snapshot (data, not code)."""
