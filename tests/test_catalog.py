@@ -130,6 +130,9 @@ def test_query_filters(cat):
     spot = cat.query(spot=True)
     assert spot and all(o.spot_price_per_hour_usd for o in spot)
     assert len(cat.query(spot=False)) == len(cat.offers)
+    small = cat.query(max_gpu_count=1)
+    assert small and all(o.gpu_count == 1 for o in small)
+    assert len(small) == sum(o.gpu_count <= 1 for o in cat.offers) < len(cat.offers)
     prices = [o.price_per_gpu_hour_usd for o in cat.query(gpu="H100")]
     assert prices == sorted(prices)
     with pytest.raises(ValueError, match="unknown provider"):
