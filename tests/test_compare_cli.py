@@ -44,7 +44,7 @@ def env(tracking_uri):
     (["--run-id", "{plain}"], "has no gpuopt measurements"),
     (["--run-id", "{plain}", "--dataset-size", "lots"], "cannot read --dataset-size"),
     (["--run-id", "{plain}", "--experiment", "Default"], "not both"),
-    ([], "give --experiment NAME or --run-id ID"),
+    ([], "give --run-id ID or --experiment NAME"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(env, args, message):
     environ, client, plain = env

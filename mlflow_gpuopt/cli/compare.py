@@ -13,7 +13,7 @@ import sys
 import click
 
 from mlflow_gpuopt.cli._errors import UsageError
-from mlflow_gpuopt.cli.options import load_catalog_or_fail
+from mlflow_gpuopt.cli.options import check_run_source, load_catalog_or_fail
 
 
 def _price_per_gpu_hour(device: str, catalog) -> tuple[float | None, str]:
@@ -35,10 +35,12 @@ def _price_per_gpu_hour(device: str, catalog) -> tuple[float | None, str]:
 
 def compare_rows(runs, catalog, dataset_size: float | None) -> list[dict]:
     """One JSON-ready row per measured run (pure over its inputs)."""
+    from mlflow_gpuopt.perfmodel.fitting import is_cpu
+
     rows = []
     for r in runs:
         per_gpu, where = _price_per_gpu_hour(r.device, catalog)
-        gpus = max(1, r.world_size, r.device_count * r.nodes if r.device != "cpu" else 1)
+        gpus = max(1, r.world_size, r.device_count * r.nodes if not is_cpu(r.device) else 1)
         thr = r.throughput_samples_per_s
         per_m = per_epoch = None
         if per_gpu is not None and thr:
@@ -70,9 +72,7 @@ def compare(experiment, run_ids, dataset_size, as_json):
     """Measured runs side by side: hardware, throughput, MFU, cost per M samples / epoch."""
     from mlflow_gpuopt.quantities import QuantityError, parse_count
 
-    if bool(experiment) == bool(run_ids):
-        raise UsageError("give --experiment NAME or --run-id ID (one or more), not both"
-                         if experiment else "give --experiment NAME or --run-id ID")
+    check_run_source(run_ids, experiment)
     try:
         size = parse_count(dataset_size, what="--dataset-size") if dataset_size else None
     except QuantityError as exc:

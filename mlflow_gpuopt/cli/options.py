@@ -1,6 +1,6 @@
 """What the ``predict``, ``recommend`` and ``compare`` commands share: the training-target
-flags, loading the catalog and naming a GPU in it, each turned into one line and exit code 2
-when the input is bad.
+flags, where the runs come from, loading the catalog and naming a GPU in it, each turned into
+one line and exit code 2 when the input is bad.
 
 The flags are checked here, before anything is read, with messages that name the flags; the
 arithmetic is :func:`mlflow_gpuopt.perfmodel.samples_for_target`, whose own errors (a value
@@ -104,6 +104,13 @@ def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str |
             steps=parse_count(steps, what="--steps") if steps is not None else None)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
+
+
+def check_run_source(run_ids, experiment) -> None:
+    """Runs come from ``--run-id`` (repeatable) or ``--experiment``: exactly one of them."""
+    if bool(run_ids) == bool(experiment):
+        raise UsageError("give --run-id ID (one or more) or --experiment NAME, not both"
+                         if run_ids else "give --run-id ID or --experiment NAME")
 
 
 def load_catalog_or_fail():

@@ -15,7 +15,12 @@ import click
 
 from mlflow_gpuopt.catalog.schema import PROVIDERS
 from mlflow_gpuopt.cli._errors import UsageError
-from mlflow_gpuopt.cli.options import load_catalog_or_fail, parse_target, target_options
+from mlflow_gpuopt.cli.options import (
+    check_run_source,
+    load_catalog_or_fail,
+    parse_target,
+    target_options,
+)
 
 def _global_batch(workload, observations) -> int:
     mb = workload.micro_batch or 1
@@ -86,9 +91,7 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
     # 1. Everything that can be checked without reading anything.
-    if bool(run_ids) == bool(experiment):
-        raise UsageError("give --run-id ID (one or more) or --experiment NAME, not both"
-                         if run_ids else "give --run-id ID or --experiment NAME")
+    check_run_source(run_ids, experiment)
     try:
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
     except QuantityError as exc:
