@@ -363,3 +363,75 @@ def test_time_is_whole_optimizer_steps():
         assert c.hours - c.startup_hours == pytest.approx(
             steps * c.prediction.step_time_s / 3600, rel=1e-9)
         assert c.hours_low <= c.hours <= c.hours_high
+
+
+def _global(c):
+    cfg = c.config
+    return cfg.micro_batch * cfg.grad_accum * (cfg.gpus // (cfg.tp * cfg.pp))
+
+
+def test_plans_keep_the_measured_global_batch():
+    """Measured at micro-batch 64 on one GPU: every plan trains 64 samples per step."""
+    workload = replace(RESNET, micro_batch=64)
+    target = Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=64, global_batch=64)
+    rec = run(workload, target)
+    assert rec.candidates and all(_global(c) == 64 for c in rec.candidates)
+    ddp8 = [c for c in rec.candidates if c.gpus == 8 and c.config.strategy == "ddp"]
+    assert ddp8 and all((c.config.micro_batch, c.config.grad_accum) == (8, 1) for c in ddp8)
+    doc = recommendation_dict(rec)
+    assert doc["batch_policy"] == {"global_batch": 64, "mode": "kept", "per_rank_batch": None}
+    assert all(c["global_batch"] == 64 for c in doc["candidates"])
+    assert "global batch 64 samples per optimizer step kept as measured" in " ".join(rec.notes)
+    assert any(line.startswith("Batch: global batch 64 (the measured run's, kept) = "
+                               f"micro-batch {rec.winner.config.micro_batch}")
+               for line in rec.explanation)
+    # the per-GPU batch of today's behaviour, only when asked: 8 GPUs train 8 × 64 per step
+    per_gpu = run(workload, replace(target, global_batch=None))
+    assert recommendation_dict(per_gpu)["batch_policy"]["mode"] == "per-gpu"
+    assert {_global(c) for c in per_gpu.candidates if c.gpus == 8} == {512}
+
+
+def test_a_one_gpu_plan_at_the_global_batch_is_considered():
+    """Measured with DDP on 2 GPUs at micro-batch 32: one GPU trains all 64 per step."""
+    workload = replace(RESNET, micro_batch=32)
+    target = Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=32, global_batch=64)
+    rec = run(workload, target, space=SearchSpace(providers=("lambda", "aws")))
+    singles = [c for c in rec.candidates if c.gpus == 1]
+    assert singles
+    for c in singles:
+        assert c.config.micro_batch * c.config.grad_accum == 64
+    assert all(_global(c) == 64 for c in rec.candidates)
+
+
+def test_a_global_batch_that_does_not_split_leaves_those_plans_out():
+    workload = replace(RESNET, micro_batch=12)
+    asked = Target(1e6, deadline_hours=None, per_rank_batch=12, global_batch=12,
+                   global_batch_asked=True)
+    rec = run(workload, asked, with_scaling=False)
+    from mlflow_gpuopt.recommend.search import UNEVEN_BATCH_REASON
+
+    assert rec.dropped[UNEVEN_BATCH_REASON] > 0  # 8 ranks cannot share 12 samples
+    assert rec.candidates
+    for c in rec.candidates:  # 8 GPUs only as tensor/pipeline parallel with fewer replicas
+        assert 12 % (c.gpus // (c.config.tp * c.config.pp)) == 0
+    assert all(_global(c) == 12 for c in rec.candidates)
+    assert recommendation_dict(rec)["batch_policy"]["mode"] == "set"
+
+
+def test_divisors_come_from_prime_factors_not_a_scan():
+    from mlflow_gpuopt.recommend.batching import divisors, largest_divisor_at_most
+
+    p, q = 1_000_000_000_039, 998_244_353  # primes
+    assert largest_divisor_at_most(2 * p, 10**9) == 2
+    assert largest_divisor_at_most(8 * p * q, 10) == 8
+    assert largest_divisor_at_most(8 * p * q, q * 4) == q * 4
+    assert largest_divisor_at_most(96, 1000) == 96 and largest_divisor_at_most(96, 0) == 1
+    for n in (1, 12, 360, 97, 2**20):
+        assert divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)
+    # a global batch of 2 × 10¹² + 78 samples: the search splits it, it does not spin on it
+    workload = replace(RESNET, micro_batch=2 * p)
+    rec = run(workload, Target(1e6, deadline_hours=None, per_rank_batch=2 * p,
+                               global_batch=2 * p), with_scaling=False)
+    assert rec.candidates
+    for c in rec.candidates:
+        assert c.config.micro_batch in (1, 2) and _global(c) == 2 * p

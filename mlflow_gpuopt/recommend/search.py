@@ -7,10 +7,11 @@ The search is pruned so the whole catalog takes well under half a second:
   FSDP); once one fits the whole per-GPU batch without accumulation, the later ones could
   only add communication, so they are skipped; tensor/pipeline parallelism is tried only for
   large models or when no data-parallel strategy fits;
-* the micro-batch is the largest divisor of the per-GPU batch that fits in memory (asked
-  once per shape with ``max_micro_batch``), with accumulation making up the rest, so the
-  training script's batch per GPU is unchanged; activation checkpointing is tried only when
-  not even a micro-batch of one fits;
+* the global batch (samples per optimizer step) is kept: each plan's data-parallel ranks
+  split it, and the micro-batch is the largest divisor of a rank's share that fits in memory
+  (asked once per shape with ``max_micro_batch``), with accumulation making up the rest
+  (``Target.global_batch``; with it unset, each GPU keeps the measured per-GPU batch
+  instead); activation checkpointing is tried only when not even a micro-batch of one fits;
 * node counts double (1, 2, 4, …) and stop once doubling gains less than 5 % throughput.
 """
 
@@ -24,8 +25,10 @@ from dataclasses import replace
 
 from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
+from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
 from mlflow_gpuopt.recommend.cost import evaluate
 from mlflow_gpuopt.recommend.explain import (
+    batch_note,
     explain_winner,
     hours_text,
     launch_line,
@@ -56,6 +59,8 @@ _SAME_SPEED = 1.05
 DOMINATED_REASON = ("dominated: a cheaper plan on the same provider, GPU and pricing is as "
                     "fast (±5%)")
 _SCALING_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+#: The ``dropped`` reason for shapes whose data-parallel ranks cannot share the global batch.
+UNEVEN_BATCH_REASON = "the global batch does not split evenly over the data-parallel ranks"
 
 
 class NoOffersError(ValueError):
@@ -134,13 +139,6 @@ def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
     return out
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
 def _shapes(offer: Offer, nodes: int) -> list[tuple[str, int, int]]:
     """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs."""
     per_node = offer.gpu_count
@@ -185,7 +183,10 @@ class _Search:
         With ``must_beat_mb``, a shape whose micro-batch is no larger is skipped: a later
         rung of the memory ladder only helps if it lets a bigger micro-batch fit.
         """
-        batch = max(1, self.target.per_rank_batch)
+        batch = self.target.rank_batch(offer.gpu_count * nodes // (tp * pp))
+        if batch is None:
+            self.dropped[UNEVEN_BATCH_REASON] += 1
+            return None
         for ac in (False, True):
             base = ParallelConfig(gpus_per_node=offer.gpu_count, nodes=nodes, strategy=strategy,
                                   micro_batch=1, grad_accum=batch, precision=precision,
@@ -196,7 +197,7 @@ class _Search:
                 m_max = 0
             if m_max < 1:
                 continue
-            mb = _largest_divisor_at_most(batch, m_max)
+            mb = largest_divisor_at_most(batch, m_max)
             if mb <= must_beat_mb:
                 self.dropped["dominated (same micro-batch, more communication)"] += 1
                 return None
@@ -347,7 +348,7 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
 def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int,
                    batch: int, precision: str) -> Prediction | None:
     """The first data-parallel shape that fits (DDP, then ZeRO-1/2, FSDP; activation
-    checkpointing last), with the per-GPU batch split so it fits in memory."""
+    checkpointing last), with the per-GPU ``batch`` split so it fits in memory."""
     n = per_node * nodes
     for ac in (False, True):
         for strategy in (("single",) if n == 1 else _DATA_PARALLEL_LADDER):
@@ -358,7 +359,7 @@ def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int
                 m_max = int(predictor.max_micro_batch(base, hw))
                 if m_max < 1:
                     continue
-                mb = _largest_divisor_at_most(batch, m_max)
+                mb = largest_divisor_at_most(batch, m_max)
                 p = predictor.predict(replace(base, micro_batch=mb, grad_accum=batch // mb), hw)
             except (ValueError, ArithmeticError):
                 continue
@@ -369,10 +370,12 @@ def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int
 
 def scaling_points(predictor: Predictor, workload: Workload, offers: Sequence[Offer],
                    gpus: Mapping[str, GpuSpec], hardware_for: HardwareFor,
-                   max_gpus: int = 64) -> tuple[ScalingPoint, ...]:
-    """Predicted throughput vs GPU count per GPU type: data parallel at the workload's
-    per-GPU batch, with the least-sharded strategy that fits (so a model too big for DDP
-    still gets a curve)."""
+                   max_gpus: int = 64, global_batch: int | None = None,
+                   ) -> tuple[ScalingPoint, ...]:
+    """Predicted throughput vs GPU count per GPU type: data parallel with the least-sharded
+    strategy that fits (so a model too big for DDP still gets a curve), at ``global_batch``
+    split over the GPUs (counts that do not divide it are left out) or, with it None, at the
+    workload's per-GPU batch on every GPU."""
     best_offer: dict[str, Offer] = {}
     for o in offers:
         prev = best_offer.get(o.gpu)
@@ -398,7 +401,11 @@ def scaling_points(predictor: Predictor, workload: Workload, offers: Sequence[Of
             nodes = n // per_node
             if nodes > 1 and (o.inter_node_gbps <= 0 or nodes > o.max_nodes):
                 break
-            p = _scaling_point(predictor, hw, per_node, nodes, batch, precs[-1])
+            if global_batch is not None and global_batch % n:
+                continue
+            p = _scaling_point(predictor, hw, per_node, nodes,
+                               global_batch // n if global_batch is not None else batch,
+                               precs[-1])
             if p is None:
                 continue
             points.append(ScalingPoint(gpu=gpu, gpus=n,
@@ -487,7 +494,9 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
                 eff[id(c)] = _single_gpu_efficiency(predictor, c, hardware_for(spec, c.offer))
         explanation = explain_winner(winner, runner_up, target, eff)
     scaling = (scaling_points(predictor, workload, chosen, gpus, hardware_for,
-                              space.max_gpus or 64) if with_scaling else ())
+                              space.max_gpus or 64, target.global_batch)
+               if with_scaling else ())
+    notes.append(batch_note(target))
     notes.append(f"searched {search.searched} plans over {len(chosen)} offers in "
                  f"{time.perf_counter() - started:.2f} s")
     return Recommendation(
