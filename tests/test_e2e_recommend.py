@@ -170,6 +170,28 @@ def test_plans_keep_the_global_batch_unless_asked(store, monkeypatch):
         assert c["micro_batch"] * c["grad_accum"] == measured
 
 
+def test_colab_pay_as_you_go_costs_whole_packs_of_100_cu(store, monkeypatch):
+    """A small job on the shipped catalog: Colab pay-as-you-go sells 100 CU for $9.99 at
+    least, so no plan costs cents for a fraction of a CU."""
+    env, run_id, client = store
+    from mlflow_gpuopt.cli import gpuopt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    res = CliRunner().invoke(gpuopt, ["recommend", "--run-id", run_id, "--samples", "2000",
+                                      "--provider", "colab", "--no-log", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    payg = [c for c in doc["candidates"] if c["instance_type"].startswith("colab-payg")]
+    assert payg
+    for c in payg:
+        assert c["predicted_cost_usd"] == pytest.approx(9.99)
+        assert c["cost_low_usd"] == pytest.approx(9.99)
+        assert "bought as 1 pack of 100 CU × $9.99" in c["cost_basis"]
+        assert c["cost_basis"] in c["why"]
+    assert all(c["predicted_cost_usd"] >= 9.99 - 1e-9 for c in doc["candidates"])
+    assert any(line.startswith("Cost: ") and "$9.99" in line for line in doc["explanation"])
+
+
 def test_nothing_meets_the_deadline_exits_0_with_fastest_and_cheapest(store, monkeypatch):
     env, run_id, client = store
     from mlflow_gpuopt.cli import gpuopt

@@ -161,16 +161,22 @@ def test_colab_plans_differ_short_job_pays_the_whole_month():
     plans = _by_instance(rec)
     payg, pro = plans["colab-payg"], plans.get("colab-pro")
     assert payg.pricing == "on_demand" and "pay-as-you-go" in payg.cost_basis
-    # a short job: pay-as-you-go pays the CUs it burns, Pro/Pro+ the whole monthly fee
+    # a short job burns ~0.1 CU, but pay-as-you-go sells 100 CU ($10 at $0.10/CU) at least;
+    # Pro/Pro+ cost the whole monthly fee
     cu = payg.hours * 11.77
-    assert payg.cost_usd == pytest.approx(cu * 0.1, rel=0.05) and payg.cost_usd < 1
+    assert cu < 100 and payg.cost_usd == pytest.approx(100 * 0.1)
+    assert payg.cost_low_usd == payg.cost_high_usd == pytest.approx(10.0)
+    assert "bought as 1 pack of 100 CU × $10.00 (Colab's smallest purchase" in payg.cost_basis
+    assert payg.cost_basis in rec.whys[rec.candidates.index(payg)]
     from mlflow_gpuopt.recommend.cost import compute_unit_cost
 
     assert compute_unit_cost(payg.hours, COLAB[1])[0] == pytest.approx(9.99)
     assert compute_unit_cost(payg.hours, COLAB[2])[0] == pytest.approx(49.99)
     assert pro is not None and pro.pricing == "subscription"
     assert pro.cost_usd == pytest.approx(9.99) and "1 month × $9.99" in pro.cost_basis
-    assert rec.candidates[0] is payg and rec.candidates[1] is pro
+    assert rec.candidates[0] is pro and rec.candidates[1] is payg  # $9.99 < one $10 pack
+    assert any(line.startswith("Cost: subscription: 1 month × $9.99")
+               for line in rec.explanation)
     # Pro+ is the same GPU at the same speed for more money than Pro: not worth a row
     assert "colab-proplus" not in plans
     assert rec.dropped["dominated: a cheaper plan on the same provider, GPU and pricing is "
@@ -181,16 +187,22 @@ def test_colab_subscription_buys_extra_units_beyond_the_month():
     from mlflow_gpuopt.recommend.cost import HOURS_PER_MONTH, compute_unit_cost
 
     pro, plus = COLAB[1], COLAB[2]
-    hours = 100.0  # 1177 CU: Pro 9.99 + 1077 × 0.1, Pro+ 49.99 + 677 × 0.1
-    assert compute_unit_cost(hours, pro)[0] == pytest.approx(9.99 + 1077 * 0.1)
+    # 1177 CU: Pro 9.99 + 1077 more CU in 11 packs of 100, Pro+ 49.99 + 677 more in 7 packs
+    hours = 100.0
+    assert compute_unit_cost(hours, pro)[0] == pytest.approx(9.99 + 11 * 10.0)
     usd, text = compute_unit_cost(hours, plus)
-    assert usd == pytest.approx(49.99 + 677 * 0.1)
-    assert "677 more CU" in text
+    assert usd == pytest.approx(49.99 + 7 * 10.0)
+    assert "677 more CU bought as 7 packs of 100 CU × $10.00" in text
     # a job longer than a month pays the fee of every month it spans, with their CUs
     long = HOURS_PER_MONTH * 1.5
     cu = long * 11.77
-    assert compute_unit_cost(long, plus)[0] == pytest.approx(2 * 49.99 + (cu - 1000) * 0.1)
-    assert compute_unit_cost(long, COLAB[0])[0] == pytest.approx(cu * 0.1)
+    assert compute_unit_cost(long, plus)[0] == pytest.approx(
+        2 * 49.99 + math.ceil((cu - 1000) / 100) * 10.0)
+    assert compute_unit_cost(long, COLAB[0])[0] == pytest.approx(math.ceil(cu / 100) * 10.0)
+    # the last whole second under 100 CU is one pack, the next billed second is two
+    seconds = math.floor(100 / 11.77 * 3600)
+    assert compute_unit_cost(seconds / 3600, COLAB[0])[0] == pytest.approx(10.0)
+    assert compute_unit_cost((seconds + 1) / 3600, COLAB[0])[0] == pytest.approx(20.0)
 
 
 def test_spot_is_cheaper_but_slower_and_less_certain_than_on_demand():
