@@ -447,3 +447,37 @@ def test_divisors_come_from_prime_factors_not_a_scan():
     assert rec.candidates
     for c in rec.candidates:
         assert c.config.micro_batch in (1, 2) and _global(c) == 2 * p
+
+
+class _PrecisionBlind(AnalyticPredictor):
+    """A model whose step does not speed up with TF32 (e.g. a memory-bound workload)."""
+
+    def predict(self, cfg, hw):
+        return super().predict(replace(cfg, precision="fp32"), hw)
+
+
+def test_exact_ties_are_listed_once_with_the_measured_precision():
+    workload = replace(RESNET, precision="fp32", name="resnet50-fp32")
+    target = Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=256)
+
+    def search():
+        return recommend(_PrecisionBlind(workload), workload, OFFERS, GPUS, target,
+                         hardware_for=hardware_for, with_scaling=False)
+
+    rec = search()
+    from mlflow_gpuopt.recommend.search import TIE_REASON
+
+    assert rec.dropped[TIE_REASON] > 0  # tf32 plans on A100/H100, as fast and as dear as fp32
+    seen = set()
+    for c in rec.candidates:
+        key = (c.offer.instance_type, c.nodes, c.pricing, round(c.hours, 9),
+               round(c.cost_usd, 6))
+        assert key not in seen, c.launch
+        seen.add(key)
+        assert c.config.precision == "fp32"  # the precision the script was measured in
+    again = search()
+    assert [c.launch for c in again.candidates] == [c.launch for c in rec.candidates]
+    # where TF32 does speed the step up, both stay: they are different plans
+    real = run(workload, target, with_scaling=False)
+    assert TIE_REASON not in real.dropped
+    assert {"fp32", "tf32"} <= {c.config.precision for c in real.candidates}

@@ -59,6 +59,10 @@ _SAME_SPEED = 1.05
 DOMINATED_REASON = ("dominated: a cheaper plan on the same provider, GPU and pricing is as "
                     "fast (±5%)")
 _SCALING_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+#: The ``dropped`` reason for plans :func:`drop_exact_ties` removes.
+TIE_REASON = ("same time and cost as a listed plan on the same offer (e.g. tf32 where it runs "
+              "as fast as fp32)")
+_STRATEGY_ORDER = ("single", "ddp", "zero1", "zero2", "fsdp", "zero3", "tp", "pp")
 #: The ``dropped`` reason for shapes whose data-parallel ranks cannot share the global batch.
 UNEVEN_BATCH_REASON = "the global batch does not split evenly over the data-parallel ranks"
 
@@ -278,6 +282,41 @@ def _dedupe_key(c: Candidate) -> tuple:
             cfg.micro_batch, cfg.grad_accum, cfg.precision, c.pricing)
 
 
+def _exact(x: float) -> str:
+    """A float as a tie key: equal to 12 significant figures (sums in another order agree)."""
+    return f"{x:.12g}"
+
+
+def drop_exact_ties(ranked: Sequence[Candidate], own_precision: str,
+                    ) -> tuple[tuple[Candidate, ...], int]:
+    """List plans with identical time, cost and P(deadline) on the same offer, nodes and
+    pricing once; returns (kept in order, how many dropped).
+
+    Of the tied plans the one kept is the simplest to run: the script's own precision, then
+    the simpler strategy (one GPU, DDP, ZeRO-1, …), no activation checkpointing, the larger
+    micro-batch; the order does not depend on the search's order.
+    """
+    own = (own_precision or "fp32").lower()
+
+    def simplicity(c: Candidate) -> tuple:
+        cfg = c.config
+        strategy = (_STRATEGY_ORDER.index(cfg.strategy) if cfg.strategy in _STRATEGY_ORDER
+                    else len(_STRATEGY_ORDER))
+        return ((cfg.precision or own) != own, strategy, cfg.tp * cfg.pp,
+                cfg.activation_checkpointing, -(cfg.micro_batch or 0), cfg.precision or "",
+                c.offer.region)
+
+    chosen: dict[tuple, Candidate] = {}
+    for c in ranked:
+        key = (c.offer.provider, c.offer.instance_type, c.nodes, c.pricing, _exact(c.hours),
+               _exact(c.cost_usd), _exact(c.p_meets_deadline))
+        if key not in chosen or simplicity(c) < simplicity(chosen[key]):
+            chosen[key] = c
+    keep = {id(c) for c in chosen.values()}
+    out = tuple(c for c in ranked if id(c) in keep)
+    return out, len(ranked) - len(out)
+
+
 def collapse_dominated(ranked: Sequence[Candidate],
                        keep: Sequence[Candidate] = ()) -> tuple[tuple[Candidate, ...], int]:
     """Drop plans a cheaper sibling makes pointless; returns (kept in order, how many dropped).
@@ -460,6 +499,9 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         if k not in best or _rank_key(c) < _rank_key(best[k]):
             best[k] = c
     ranked = tuple(sorted(best.values(), key=_rank_key))
+    ranked, n_ties = drop_exact_ties(ranked, workload.precision)
+    if n_ties:
+        search.dropped[TIE_REASON] += n_ties
     front = pareto_front(ranked)
     ranked, n_dominated = collapse_dominated(ranked, keep=front)
     if n_dominated:
