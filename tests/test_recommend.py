@@ -481,3 +481,34 @@ def test_exact_ties_are_listed_once_with_the_measured_precision():
     real = run(workload, target, with_scaling=False)
     assert TIE_REASON not in real.dropped
     assert {"fp32", "tf32"} <= {c.config.precision for c in real.candidates}
+
+
+def test_scaling_chart_has_one_line_per_gpu_and_instance_family():
+    """Each line joins only shapes one family is sold as, and its label names the family."""
+    from mlflow_gpuopt.recommend.search import instance_family
+    from mlflow_gpuopt.report.charts import scaling_png, scaling_series
+
+    lambda_v100 = offer("lambda", "gpu_8x_v100", "V100-SXM2-16GB", 8, 4.4, region="global",
+                        link="nvlink", link_gbs=300, net_gbps=0, max_nodes=1)
+    offers = [*OFFERS, lambda_v100]
+    rec = run(offers=offers, target=Target(1e7, deadline_hours=None, per_rank_batch=256))
+    series = scaling_series(rec.scaling)
+    keys = [(s.gpu, s.provider, s.family) for s in series]
+    assert len(keys) == len(set(keys))
+    by = dict(zip(keys, series, strict=True))
+    p3 = by[("V100-SXM2-16GB", "aws", "p3")]
+    assert p3.gpus[:3] == (1, 8, 16)
+    assert p3.shapes[:3] == ("p3.2xlarge × 1", "p3.16xlarge × 1", "p3.16xlarge × 2")
+    assert "aws p3" in p3.label and "V100-SXM2-16GB" in p3.label
+    assert by[("V100-SXM2-16GB", "lambda", "gpu_Nx_v100")].gpus == (8,)  # one node, no network
+    kinds = {o.instance_type: (o.gpu, o.provider, instance_family(o)) for o in offers}
+    for s in series:
+        assert list(s.gpus) == sorted(set(s.gpus))
+        for shape in s.shapes:  # never a point of another family on this line
+            assert kinds[shape.split(" × ")[0]] == (s.gpu, s.provider, s.family)
+    assert {p["family"] for p in recommendation_dict(rec)["scaling"]} >= {"p3", "gpu_Nx_v100"}
+    assert scaling_png(rec.scaling)[:4] == b"\x89PNG"
+    # at a kept global batch, GPU counts that cannot share it have no point
+    kept = run(offers=offers, target=Target(1e7, deadline_hours=None, per_rank_batch=24,
+                                            global_batch=24))
+    assert kept.scaling and all(24 % p.gpus == 0 for p in kept.scaling)

@@ -95,5 +95,7 @@ def recommendation_dict(rec: Recommendation, top: int = 20) -> dict[str, Any]:
         "feasible": len(rec.candidates),
         "scaling": [{"gpu": p.gpu, "gpus": p.gpus,
                      "throughput_samples_per_s": p.throughput_samples_per_s,
-                     "low": p.low, "high": p.high} for p in rec.scaling],
+                     "low": p.low, "high": p.high, "provider": p.provider,
+                     "family": p.family, "instance_type": p.instance_type,
+                     "nodes": p.nodes} for p in rec.scaling],
     }

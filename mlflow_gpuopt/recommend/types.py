@@ -151,13 +151,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ScalingPoint:
-    """Predicted throughput of one GPU type at one GPU count (for the scaling chart)."""
+    """Predicted throughput of one GPU type at one GPU count on one instance family (for the
+    scaling chart): ``instance_type`` × ``nodes`` is the machine shape the point was
+    predicted on, ``family`` the instance family it belongs to (``p4d``, ``a2-highgpu``)."""
 
     gpu: str
     gpus: int
     throughput_samples_per_s: float
     low: float
     high: float
+    provider: str = ""
+    family: str = ""
+    instance_type: str = ""
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
