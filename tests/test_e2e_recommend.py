@@ -135,6 +135,63 @@ def test_table_output_and_no_log(store, monkeypatch):
     assert json.loads(res.output)["target"]["total_samples"] == pytest.approx(50_000 * batch)
 
 
+def test_plans_keep_the_global_batch_unless_asked(store, monkeypatch):
+    env, run_id, client = store
+    from mlflow_gpuopt.cli import gpuopt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    params = client.get_run(run_id).data.params  # one CPU rank: global batch = mb × accum
+    measured = int(params["gpuopt.micro_batch"]) * int(params.get("gpuopt.grad_accum", "1"))
+
+    def doc(*extra):
+        res = CliRunner().invoke(gpuopt, ["recommend", "--run-id", run_id, "--steps", "1000",
+                                          "--no-log", "--json", "--top", "50", *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)
+
+    kept = doc()
+    assert kept["batch_policy"] == {"global_batch": measured, "mode": "kept",
+                                    "per_rank_batch": None}
+    assert {c["global_batch"] for c in kept["candidates"]} == {measured}
+    assert any(c["gpus"] > 1 for c in kept["candidates"])
+    assert any(line.startswith(f"Batch: global batch {measured} ")
+               for line in kept["explanation"])
+    for c in kept["candidates"]:
+        ranks = c["gpus"] // (c["tp"] * c["pp"])
+        assert c["micro_batch"] * c["grad_accum"] * ranks == measured
+    asked = doc("--global-batch", str(4 * measured))
+    assert asked["batch_policy"]["mode"] == "set"
+    assert {c["global_batch"] for c in asked["candidates"]} == {4 * measured}
+    assert asked["target"]["total_samples"] == pytest.approx(1000 * 4 * measured)
+    per_gpu = doc("--keep-micro-batch")
+    assert per_gpu["batch_policy"] == {"global_batch": None, "mode": "per-gpu",
+                                       "per_rank_batch": measured}
+    for c in per_gpu["candidates"]:
+        assert c["micro_batch"] * c["grad_accum"] == measured
+
+
+def test_colab_pay_as_you_go_costs_whole_packs_of_100_cu(store, monkeypatch):
+    """A small job on the shipped catalog: Colab pay-as-you-go sells 100 CU for $9.99 at
+    least, so no plan costs cents for a fraction of a CU."""
+    env, run_id, client = store
+    from mlflow_gpuopt.cli import gpuopt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    res = CliRunner().invoke(gpuopt, ["recommend", "--run-id", run_id, "--samples", "2000",
+                                      "--provider", "colab", "--no-log", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    payg = [c for c in doc["candidates"] if c["instance_type"].startswith("colab-payg")]
+    assert payg
+    for c in payg:
+        assert c["predicted_cost_usd"] == pytest.approx(9.99)
+        assert c["cost_low_usd"] == pytest.approx(9.99)
+        assert "bought as 1 pack of 100 CU × $9.99" in c["cost_basis"]
+        assert c["cost_basis"] in c["why"]
+    assert all(c["predicted_cost_usd"] >= 9.99 - 1e-9 for c in doc["candidates"])
+    assert any(line.startswith("Cost: ") and "$9.99" in line for line in doc["explanation"])
+
+
 def test_nothing_meets_the_deadline_exits_0_with_fastest_and_cheapest(store, monkeypatch):
     env, run_id, client = store
     from mlflow_gpuopt.cli import gpuopt
@@ -164,6 +221,9 @@ def test_nothing_meets_the_deadline_exits_0_with_fastest_and_cheapest(store, mon
     (["--run-id", "{run}"], "exactly one target"),
     (["--run-id", "{run}", "--experiment", "x", "--samples", "1"], "not both"),
     (["--samples", "1M"], "--run-id ID or --experiment NAME"),
+    (["--run-id", "{run}", "--samples", "1M", "--global-batch", "32", "--keep-micro-batch"],
+     "--global-batch N or --keep-micro-batch, not both"),
+    (["--run-id", "{run}", "--samples", "1M", "--global-batch", "0"], "--global-batch"),
     (["--run-id", "{run}", "--samples", "1M", "--provider", "lambda", "--region", "mars-1"],
      "no catalog offers in region mars-1"),
     (["--run-id", "{run}", "--samples", "1M", "--provider", "colab", "--spot"],

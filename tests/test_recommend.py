@@ -161,16 +161,22 @@ def test_colab_plans_differ_short_job_pays_the_whole_month():
     plans = _by_instance(rec)
     payg, pro = plans["colab-payg"], plans.get("colab-pro")
     assert payg.pricing == "on_demand" and "pay-as-you-go" in payg.cost_basis
-    # a short job: pay-as-you-go pays the CUs it burns, Pro/Pro+ the whole monthly fee
+    # a short job burns ~0.1 CU, but pay-as-you-go sells 100 CU ($10 at $0.10/CU) at least;
+    # Pro/Pro+ cost the whole monthly fee
     cu = payg.hours * 11.77
-    assert payg.cost_usd == pytest.approx(cu * 0.1, rel=0.05) and payg.cost_usd < 1
+    assert cu < 100 and payg.cost_usd == pytest.approx(100 * 0.1)
+    assert payg.cost_low_usd == payg.cost_high_usd == pytest.approx(10.0)
+    assert "bought as 1 pack of 100 CU × $10.00 (Colab's smallest purchase" in payg.cost_basis
+    assert payg.cost_basis in rec.whys[rec.candidates.index(payg)]
     from mlflow_gpuopt.recommend.cost import compute_unit_cost
 
     assert compute_unit_cost(payg.hours, COLAB[1])[0] == pytest.approx(9.99)
     assert compute_unit_cost(payg.hours, COLAB[2])[0] == pytest.approx(49.99)
     assert pro is not None and pro.pricing == "subscription"
     assert pro.cost_usd == pytest.approx(9.99) and "1 month × $9.99" in pro.cost_basis
-    assert rec.candidates[0] is payg and rec.candidates[1] is pro
+    assert rec.candidates[0] is pro and rec.candidates[1] is payg  # $9.99 < one $10 pack
+    assert any(line.startswith("Cost: subscription: 1 month × $9.99")
+               for line in rec.explanation)
     # Pro+ is the same GPU at the same speed for more money than Pro: not worth a row
     assert "colab-proplus" not in plans
     assert rec.dropped["dominated: a cheaper plan on the same provider, GPU and pricing is "
@@ -181,16 +187,22 @@ def test_colab_subscription_buys_extra_units_beyond_the_month():
     from mlflow_gpuopt.recommend.cost import HOURS_PER_MONTH, compute_unit_cost
 
     pro, plus = COLAB[1], COLAB[2]
-    hours = 100.0  # 1177 CU: Pro 9.99 + 1077 × 0.1, Pro+ 49.99 + 677 × 0.1
-    assert compute_unit_cost(hours, pro)[0] == pytest.approx(9.99 + 1077 * 0.1)
+    # 1177 CU: Pro 9.99 + 1077 more CU in 11 packs of 100, Pro+ 49.99 + 677 more in 7 packs
+    hours = 100.0
+    assert compute_unit_cost(hours, pro)[0] == pytest.approx(9.99 + 11 * 10.0)
     usd, text = compute_unit_cost(hours, plus)
-    assert usd == pytest.approx(49.99 + 677 * 0.1)
-    assert "677 more CU" in text
+    assert usd == pytest.approx(49.99 + 7 * 10.0)
+    assert "677 more CU bought as 7 packs of 100 CU × $10.00" in text
     # a job longer than a month pays the fee of every month it spans, with their CUs
     long = HOURS_PER_MONTH * 1.5
     cu = long * 11.77
-    assert compute_unit_cost(long, plus)[0] == pytest.approx(2 * 49.99 + (cu - 1000) * 0.1)
-    assert compute_unit_cost(long, COLAB[0])[0] == pytest.approx(cu * 0.1)
+    assert compute_unit_cost(long, plus)[0] == pytest.approx(
+        2 * 49.99 + math.ceil((cu - 1000) / 100) * 10.0)
+    assert compute_unit_cost(long, COLAB[0])[0] == pytest.approx(math.ceil(cu / 100) * 10.0)
+    # the last whole second under 100 CU is one pack, the next billed second is two
+    seconds = math.floor(100 / 11.77 * 3600)
+    assert compute_unit_cost(seconds / 3600, COLAB[0])[0] == pytest.approx(10.0)
+    assert compute_unit_cost((seconds + 1) / 3600, COLAB[0])[0] == pytest.approx(20.0)
 
 
 def test_spot_is_cheaper_but_slower_and_less_certain_than_on_demand():
@@ -363,3 +375,140 @@ def test_time_is_whole_optimizer_steps():
         assert c.hours - c.startup_hours == pytest.approx(
             steps * c.prediction.step_time_s / 3600, rel=1e-9)
         assert c.hours_low <= c.hours <= c.hours_high
+
+
+def _global(c):
+    cfg = c.config
+    return cfg.micro_batch * cfg.grad_accum * (cfg.gpus // (cfg.tp * cfg.pp))
+
+
+def test_plans_keep_the_measured_global_batch():
+    """Measured at micro-batch 64 on one GPU: every plan trains 64 samples per step."""
+    workload = replace(RESNET, micro_batch=64)
+    target = Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=64, global_batch=64)
+    rec = run(workload, target)
+    assert rec.candidates and all(_global(c) == 64 for c in rec.candidates)
+    ddp8 = [c for c in rec.candidates if c.gpus == 8 and c.config.strategy == "ddp"]
+    assert ddp8 and all((c.config.micro_batch, c.config.grad_accum) == (8, 1) for c in ddp8)
+    doc = recommendation_dict(rec)
+    assert doc["batch_policy"] == {"global_batch": 64, "mode": "kept", "per_rank_batch": None}
+    assert all(c["global_batch"] == 64 for c in doc["candidates"])
+    assert "global batch 64 samples per optimizer step kept as measured" in " ".join(rec.notes)
+    assert any(line.startswith("Batch: global batch 64 (the measured run's, kept) = "
+                               f"micro-batch {rec.winner.config.micro_batch}")
+               for line in rec.explanation)
+    # the per-GPU batch of today's behaviour, only when asked: 8 GPUs train 8 × 64 per step
+    per_gpu = run(workload, replace(target, global_batch=None))
+    assert recommendation_dict(per_gpu)["batch_policy"]["mode"] == "per-gpu"
+    assert {_global(c) for c in per_gpu.candidates if c.gpus == 8} == {512}
+
+
+def test_a_one_gpu_plan_at_the_global_batch_is_considered():
+    """Measured with DDP on 2 GPUs at micro-batch 32: one GPU trains all 64 per step."""
+    workload = replace(RESNET, micro_batch=32)
+    target = Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=32, global_batch=64)
+    rec = run(workload, target, space=SearchSpace(providers=("lambda", "aws")))
+    singles = [c for c in rec.candidates if c.gpus == 1]
+    assert singles
+    for c in singles:
+        assert c.config.micro_batch * c.config.grad_accum == 64
+    assert all(_global(c) == 64 for c in rec.candidates)
+
+
+def test_a_global_batch_that_does_not_split_leaves_those_plans_out():
+    workload = replace(RESNET, micro_batch=12)
+    asked = Target(1e6, deadline_hours=None, per_rank_batch=12, global_batch=12,
+                   global_batch_asked=True)
+    rec = run(workload, asked, with_scaling=False)
+    from mlflow_gpuopt.recommend.search import UNEVEN_BATCH_REASON
+
+    assert rec.dropped[UNEVEN_BATCH_REASON] > 0  # 8 ranks cannot share 12 samples
+    assert rec.candidates
+    for c in rec.candidates:  # 8 GPUs only as tensor/pipeline parallel with fewer replicas
+        assert 12 % (c.gpus // (c.config.tp * c.config.pp)) == 0
+    assert all(_global(c) == 12 for c in rec.candidates)
+    assert recommendation_dict(rec)["batch_policy"]["mode"] == "set"
+
+
+def test_divisors_come_from_prime_factors_not_a_scan():
+    from mlflow_gpuopt.recommend.batching import divisors, largest_divisor_at_most
+
+    p, q = 1_000_000_000_039, 998_244_353  # primes
+    assert largest_divisor_at_most(2 * p, 10**9) == 2
+    assert largest_divisor_at_most(8 * p * q, 10) == 8
+    assert largest_divisor_at_most(8 * p * q, q * 4) == q * 4
+    assert largest_divisor_at_most(96, 1000) == 96 and largest_divisor_at_most(96, 0) == 1
+    for n in (1, 12, 360, 97, 2**20):
+        assert divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)
+    # a global batch of 2 × 10¹² + 78 samples: the search splits it, it does not spin on it
+    workload = replace(RESNET, micro_batch=2 * p)
+    rec = run(workload, Target(1e6, deadline_hours=None, per_rank_batch=2 * p,
+                               global_batch=2 * p), with_scaling=False)
+    assert rec.candidates
+    for c in rec.candidates:
+        assert c.config.micro_batch in (1, 2) and _global(c) == 2 * p
+
+
+class _PrecisionBlind(AnalyticPredictor):
+    """A model whose step does not speed up with TF32 (e.g. a memory-bound workload)."""
+
+    def predict(self, cfg, hw):
+        return super().predict(replace(cfg, precision="fp32"), hw)
+
+
+def test_exact_ties_are_listed_once_with_the_measured_precision():
+    workload = replace(RESNET, precision="fp32", name="resnet50-fp32")
+    target = Target(90 * 1_281_167, deadline_hours=None, per_rank_batch=256)
+
+    def search():
+        return recommend(_PrecisionBlind(workload), workload, OFFERS, GPUS, target,
+                         hardware_for=hardware_for, with_scaling=False)
+
+    rec = search()
+    from mlflow_gpuopt.recommend.search import TIE_REASON
+
+    assert rec.dropped[TIE_REASON] > 0  # tf32 plans on A100/H100, as fast and as dear as fp32
+    seen = set()
+    for c in rec.candidates:
+        key = (c.offer.instance_type, c.nodes, c.pricing, round(c.hours, 9),
+               round(c.cost_usd, 6))
+        assert key not in seen, c.launch
+        seen.add(key)
+        assert c.config.precision == "fp32"  # the precision the script was measured in
+    again = search()
+    assert [c.launch for c in again.candidates] == [c.launch for c in rec.candidates]
+    # where TF32 does speed the step up, both stay: they are different plans
+    real = run(workload, target, with_scaling=False)
+    assert TIE_REASON not in real.dropped
+    assert {"fp32", "tf32"} <= {c.config.precision for c in real.candidates}
+
+
+def test_scaling_chart_has_one_line_per_gpu_and_instance_family():
+    """Each line joins only shapes one family is sold as, and its label names the family."""
+    from mlflow_gpuopt.recommend.search import instance_family
+    from mlflow_gpuopt.report.charts import scaling_png, scaling_series
+
+    lambda_v100 = offer("lambda", "gpu_8x_v100", "V100-SXM2-16GB", 8, 4.4, region="global",
+                        link="nvlink", link_gbs=300, net_gbps=0, max_nodes=1)
+    offers = [*OFFERS, lambda_v100]
+    rec = run(offers=offers, target=Target(1e7, deadline_hours=None, per_rank_batch=256))
+    series = scaling_series(rec.scaling)
+    keys = [(s.gpu, s.provider, s.family) for s in series]
+    assert len(keys) == len(set(keys))
+    by = dict(zip(keys, series, strict=True))
+    p3 = by[("V100-SXM2-16GB", "aws", "p3")]
+    assert p3.gpus[:3] == (1, 8, 16)
+    assert p3.shapes[:3] == ("p3.2xlarge × 1", "p3.16xlarge × 1", "p3.16xlarge × 2")
+    assert "aws p3" in p3.label and "V100-SXM2-16GB" in p3.label
+    assert by[("V100-SXM2-16GB", "lambda", "gpu_Nx_v100")].gpus == (8,)  # one node, no network
+    kinds = {o.instance_type: (o.gpu, o.provider, instance_family(o)) for o in offers}
+    for s in series:
+        assert list(s.gpus) == sorted(set(s.gpus))
+        for shape in s.shapes:  # never a point of another family on this line
+            assert kinds[shape.split(" × ")[0]] == (s.gpu, s.provider, s.family)
+    assert {p["family"] for p in recommendation_dict(rec)["scaling"]} >= {"p3", "gpu_Nx_v100"}
+    assert scaling_png(rec.scaling)[:4] == b"\x89PNG"
+    # at a kept global batch, GPU counts that cannot share it have no point
+    kept = run(offers=offers, target=Target(1e7, deadline_hours=None, per_rank_batch=24,
+                                            global_batch=24))
+    assert kept.scaling and all(24 % p.gpus == 0 for p in kept.scaling)

@@ -2,7 +2,9 @@
 
 For each run: hardware, throughput, MFU, and the cost per million samples (and per epoch with
 ``--dataset-size``) at the cheapest catalog on-demand price for that GPU, counted per GPU the
-run used. CPU runs have no catalog price and say so.
+run used. CPU runs have no catalog price and say so. Every tracked run is listed, profiled or
+not: a figure the run lacks (FLOPs per sample, MFU, throughput) is a blank (``—``; ``null``
+in JSON), never a reason to leave the run out.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def compare_rows(runs, catalog, dataset_size: float | None) -> list[dict]:
         rows.append({
             "run_id": r.run_id, "run_name": r.run_name, "device": r.device,
             "gpus": gpus, "nodes": r.nodes, "strategy": r.strategy, "precision": r.precision,
-            "micro_batch": r.micro_batch, "throughput_samples_per_s": thr, "mfu": r.mfu,
+            "micro_batch": r.micro_batch, "flops_per_sample": r.flops_per_sample,
+            "throughput_samples_per_s": thr, "mfu": r.mfu,
             "step_time_p50_s": r.step_time_p50_s, "peak_memory_bytes": r.peak_memory_bytes,
             "price_per_gpu_hour_usd": per_gpu, "priced_as": where,
             "usd_per_million_samples": per_m, "usd_per_epoch": per_epoch,
@@ -84,8 +87,8 @@ def compare(experiment, run_ids, dataset_size, as_json):
     )
 
     try:
-        runs = (measured_runs_in_experiment(experiment) if experiment
-                else measured_runs(run_ids))
+        runs = (measured_runs_in_experiment(experiment, require_profile=False) if experiment
+                else measured_runs(run_ids, require_profile=False))
     except MeasuredRunError as exc:
         raise UsageError(str(exc)) from None
     catalog = load_catalog_or_fail()
@@ -93,13 +96,16 @@ def compare(experiment, run_ids, dataset_size, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    head = ("run", "device", "GPUs", "strategy", "prec", "samples/s", "MFU", "step p50",
+    head = ("run", "device", "GPUs", "strategy", "prec", "GFLOP/sample", "samples/s", "MFU",
+            "step p50",
             "$/M samples", "$/epoch" if size else "", "priced as")
     table = [head]
     for r in rows:
         table.append((
             r["run_name"] or r["run_id"][:8], r["device"], str(r["gpus"]), r["strategy"] or "—",
-            r["precision"] or "—", _fmt(r["throughput_samples_per_s"], ",.1f"),
+            r["precision"] or "—",
+            _fmt(r["flops_per_sample"] and r["flops_per_sample"] / 1e9, ",.3g"),
+            _fmt(r["throughput_samples_per_s"], ",.1f"),
             _fmt(r["mfu"], ".1%"), _fmt(r["step_time_p50_s"] and r["step_time_p50_s"] * 1e3,
                                         ".1f") + (" ms" if r["step_time_p50_s"] else ""),
             _fmt(r["usd_per_million_samples"], ",.3g"),

@@ -28,7 +28,8 @@ def target_options(func: Callable) -> Callable:
         click.option("--tokens", metavar="T",
                      help="Target: tokens (e.g. 2B; needs the workload's tokens_per_sample)."),
         click.option("--steps", metavar="S",
-                     help="Target: optimizer steps at the measured run's global batch."),
+                     help="Target: optimizer steps at the global batch (the measured run's, "
+                          "or --global-batch)."),
     )):
         func = option(func)
     return func

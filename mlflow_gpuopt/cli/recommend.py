@@ -23,10 +23,13 @@ from mlflow_gpuopt.cli.options import (
 )
 
 def _global_batch(workload, observations) -> int:
-    mb = workload.micro_batch or 1
-    accum = workload.grad_accum or 1
-    ranks = max((o.gpu_count for o in observations), default=1)
-    return max(1, mb * accum * ranks)
+    """Samples per optimizer step of the measured run (the first run, whose profile is the
+    workload): its micro-batch × accumulation × data-parallel ranks (its GPUs)."""
+    first = observations[0] if observations else None
+    mb = (first and first.micro_batch) or workload.micro_batch or 1
+    accum = (first and first.grad_accum) or workload.grad_accum or 1
+    ranks = first.gpu_count if first else 1
+    return max(1, mb * accum * max(1, ranks))
 
 
 def _print_table(doc, out) -> None:
@@ -83,15 +86,24 @@ def _print_table(doc, out) -> None:
               help="A plan meets the deadline when P(time <= deadline) is at least this.")
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
               help="How many ranked plans to show / return.")
+@click.option("--global-batch", "global_batch", type=click.IntRange(min=1), metavar="N",
+              help="Samples per optimizer step every plan keeps (default: the measured "
+                   "run's micro-batch × accumulation × GPUs).")
+@click.option("--keep-micro-batch", is_flag=True,
+              help="Keep the measured per-GPU batch on every GPU instead, so the global "
+                   "batch grows with the GPU count.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
 def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps, deadline,
-              providers, region, spot, max_gpus, max_nodes, confidence, top, as_json, no_log):
+              providers, region, spot, max_gpus, max_nodes, confidence, top, global_batch,
+              keep_micro_batch, as_json, no_log):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train."""
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
     # 1. Everything that can be checked without reading anything.
     check_run_source(run_ids, experiment)
+    if global_batch is not None and keep_micro_batch:
+        raise UsageError("give --global-batch N or --keep-micro-batch, not both")
     try:
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
     except QuantityError as exc:
@@ -111,9 +123,10 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
 
     # 2. Read the runs (read-only).
     workload, observations, run_ids = _load_inputs(run_ids, experiment)
+    measured_batch = _global_batch(workload, observations)
     total = training_target.total_samples(
         tokens_per_sample=workload.tokens_per_sample,
-        samples_per_step=_global_batch(workload, observations))
+        samples_per_step=global_batch or measured_batch)
 
     # 3. Fit and search (pure).
     from mlflow_gpuopt.recommend import Target, recommend as run_search, recommendation_dict
@@ -121,7 +134,9 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
     predictor = _fit(workload, observations, catalog)
     target = Target(total_samples=total, deadline_hours=deadline_h, confidence=confidence,
                     per_rank_batch=(workload.micro_batch or 1) * (workload.grad_accum or 1),
-                    description=training_target.description)
+                    description=training_target.description,
+                    global_batch=None if keep_micro_batch else global_batch or measured_batch,
+                    global_batch_asked=global_batch is not None)
     rec = run_search(predictor, workload, catalog.offers, catalog.gpus, target,
                      hardware_for=_hardware_for, space=space)
     doc = recommendation_dict(rec, top=top)

@@ -1,7 +1,10 @@
 """Read measured gpuopt runs for ``recommend --experiment`` and ``compare`` (read-only).
 
-A "measured run" is one that ``gpuopt.track()`` wrote: it has the ``gpuopt.flops_per_sample``
-param. Recommendation and candidate runs (tag ``gpuopt.kind``) are never measured runs.
+A "measured run" is one that ``gpuopt.track()`` wrote with a profile: it has the
+``gpuopt.flops_per_sample`` param. A "tracked run" is any run ``gpuopt.track()`` wrote (a
+``gpuopt.`` param or the ``gpuopt.tracked`` tag), profiled or not: ``compare`` lists those,
+with blanks where a figure is missing. Recommendation and candidate runs (tag
+``gpuopt.kind``) are neither.
 """
 
 from __future__ import annotations
@@ -62,13 +65,23 @@ def _measured(run) -> MeasuredRun:
     )
 
 
-def _is_measured(run) -> bool:
-    return ("gpuopt.flops_per_sample" in run.data.params
+def _is_tracked(run) -> bool:
+    return ((run.data.tags.get("gpuopt.tracked") == "true"
+             or any(k.startswith("gpuopt.") for k in run.data.params))
             and run.data.tags.get("gpuopt.kind") not in ("recommendation", "candidate"))
 
 
-def measured_runs_in_experiment(name: str, client=None) -> list[MeasuredRun]:
-    """Measured runs of experiment ``name``, newest first (raises if none or no experiment)."""
+def _is_measured(run, require_profile: bool = True) -> bool:
+    return _is_tracked(run) and (not require_profile
+                                 or "gpuopt.flops_per_sample" in run.data.params)
+
+
+def measured_runs_in_experiment(name: str, client=None, *,
+                                require_profile: bool = True) -> list[MeasuredRun]:
+    """Measured runs of experiment ``name``, newest first (raises if none or no experiment).
+
+    With ``require_profile`` False, every tracked run, with or without a FLOPs figure.
+    """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -82,7 +95,7 @@ def measured_runs_in_experiment(name: str, client=None) -> list[MeasuredRun]:
     except MlflowException as exc:  # e.g. the tracking server is unreachable: one line
         raise MeasuredRunError(f"cannot read experiment {name!r}: "
                                f"{str(exc).splitlines()[0]}") from None
-    out = [_measured(r) for r in runs if _is_measured(r)]
+    out = [_measured(r) for r in runs if _is_measured(r, require_profile)]
     if not out:
         raise MeasuredRunError(
             f"experiment {name!r} has no runs with gpuopt measurements; record one with "
@@ -90,8 +103,10 @@ def measured_runs_in_experiment(name: str, client=None) -> list[MeasuredRun]:
     return out
 
 
-def measured_runs(run_ids: Sequence[str], client=None) -> list[MeasuredRun]:
-    """The measured runs ``run_ids`` (raises for an unknown id or a run without gpuopt data)."""
+def measured_runs(run_ids: Sequence[str], client=None, *,
+                  require_profile: bool = True) -> list[MeasuredRun]:
+    """The measured runs ``run_ids`` (raises for an unknown id or a run without gpuopt data;
+    with ``require_profile`` False, a tracked run without a FLOPs figure is read too)."""
     from mlflow import MlflowClient
 
     from mlflow_gpuopt.mlflow_io.runs import RunInputError, get_run
@@ -103,7 +118,7 @@ def measured_runs(run_ids: Sequence[str], client=None) -> list[MeasuredRun]:
             run = get_run(client, rid)
         except RunInputError as exc:  # unknown id, or a store that cannot be read: one line
             raise MeasuredRunError(str(exc)) from None
-        if not _is_measured(run):
+        if not _is_measured(run, require_profile):
             raise MeasuredRunError(
                 f"run {rid} has no gpuopt measurements; record them with "
                 "`with gpuopt.track(model=..., optimizer=...):` around the training loop")

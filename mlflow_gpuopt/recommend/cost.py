@@ -9,11 +9,14 @@ into a probability.
 
 Colab is billed in compute units (CU), not hours (:func:`compute_unit_cost`):
 
-* pay-as-you-go (no monthly fee in the catalog row) costs CU used × $/CU; its ``pricing``
-  is ``on_demand`` (design.md's values are on_demand | spot | subscription);
+* pay-as-you-go (no monthly fee in the catalog row) is sold in packs of
+  :data:`COMPUTE_UNITS_PER_PACK` CU at the row's $/CU (100 CU for $9.99, the smallest
+  purchase), so a job costs whole packs: ceil(CU used ÷ 100) × $9.99, and a 10-minute job
+  pays $9.99, not the cents its CUs are worth. Its ``pricing`` is ``on_demand`` (design.md's
+  values are on_demand | spot | subscription);
 * Pro / Pro+ (``subscription_usd_per_month`` set) cost the monthly fee for every month the
-  job spans, which includes ``compute_units_per_month`` CU; CUs beyond those are bought at
-  the row's $/CU. A short job on Pro+ therefore costs the whole $49.99. Its ``pricing`` is
+  job spans, which includes ``compute_units_per_month`` CU; CUs beyond those are bought in
+  the same packs. A short job on Pro+ therefore costs the whole $49.99. Its ``pricing`` is
   ``subscription``.
 """
 
@@ -25,13 +28,17 @@ from mlflow_gpuopt.catalog.schema import Offer
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.time_to_train import time_to_train
 from mlflow_gpuopt.perfmodel.types import ParallelConfig, Prediction
-from mlflow_gpuopt.recommend.explain import preemption_text
+from mlflow_gpuopt.recommend.explain import preemption_text, sig
 from mlflow_gpuopt.recommend.types import Candidate, Costing, Target
 
 #: Below this the deadline is treated as impossible (avoids log of tiny numbers).
 _EPS_HOURS = 1e-9
 #: Average hours in a month (365.25 × 24 / 12): how often a subscription's fee recurs.
 HOURS_PER_MONTH = 730.5
+#: Colab sells compute units in packs of 100 (100 CU for $9.99, TechCrunch 2022-09-29, as
+#: the Colab rows' ``source`` cites; the row's ``usd_per_compute_unit`` is the pack price ÷
+#: 100): the smallest purchase, and extra CU on Pro/Pro+ come in the same packs.
+COMPUTE_UNITS_PER_PACK = 100
 
 
 def normal_cdf(z: float) -> float:
@@ -60,25 +67,39 @@ def compute_units_used(wall_hours: float, offer: Offer) -> float:
     return billed_hours(wall_hours, offer) * cu_h
 
 
+def _packs(cu: float) -> int:
+    """Packs of :data:`COMPUTE_UNITS_PER_PACK` CU that buy ``cu`` (none for none)."""
+    return max(0, math.ceil(cu / COMPUTE_UNITS_PER_PACK - 1e-9))
+
+
 def compute_unit_cost(wall_hours: float, offer: Offer) -> tuple[float, str]:
     """($, how it was computed) for a Colab job of ``wall_hours`` on ``offer``.
 
-    Pay-as-you-go: CU × $/CU. Subscription: one monthly fee per month the job spans (its
-    CUs included), plus any further CUs at $/CU.
+    Pay-as-you-go: whole packs of 100 CU at the pack price (at least one). Subscription: one
+    monthly fee per month the job spans (its CUs included), plus whole packs for any
+    further CUs.
     """
     cu = compute_units_used(wall_hours, offer)
     rate = _usd_per_compute_unit(offer)
+    pack_usd = COMPUTE_UNITS_PER_PACK * rate
     fee = offer.subscription_usd_per_month
     if not fee:
-        return cu * rate, f"pay-as-you-go: ~{cu:,.0f} CU × ${rate:.4g}/CU"
+        packs = max(1, _packs(cu))
+        return packs * pack_usd, (
+            f"pay-as-you-go: job uses ~{sig(cu)} CU, bought as {packs} pack"
+            f"{'s' if packs > 1 else ''} of {COMPUTE_UNITS_PER_PACK} CU × ${pack_usd:,.2f} "
+            f"(Colab's smallest purchase; ~{sig(packs * COMPUTE_UNITS_PER_PACK - cu)} CU "
+            "left over)")
     months = max(1, math.ceil(wall_hours / HOURS_PER_MONTH - 1e-9))
     included = months * (offer.compute_units_per_month or 0.0)
     extra = max(0.0, cu - included)
+    packs = _packs(extra)
     text = (f"subscription: {months} month{'s' if months > 1 else ''} × ${fee:,.2f} "
-            f"({included:,.0f} CU included), job uses ~{cu:,.0f} CU")
-    if extra > 0:
-        text += f", {extra:,.0f} more CU × ${rate:.4g}/CU"
-    return months * fee + extra * rate, text
+            f"({included:,.0f} CU included), job uses ~{sig(cu)} CU")
+    if packs:
+        text += (f", {extra:,.0f} more CU bought as {packs} pack{'s' if packs > 1 else ''} "
+                 f"of {COMPUTE_UNITS_PER_PACK} CU × ${pack_usd:,.2f}")
+    return months * fee + packs * pack_usd, text
 
 
 class _WallModel:

@@ -119,6 +119,39 @@ def launch_line(candidate: Candidate) -> str:
     return f"{head} train.py  # DistributedDataParallel, {common}"
 
 
+def data_parallel_ranks(config: ParallelConfig) -> int:
+    """Replicas that each take a share of the global batch (GPUs ÷ (tensor × pipeline))."""
+    return max(1, config.gpus // (config.tp * config.pp))
+
+
+def global_batch(config: ParallelConfig) -> int:
+    """Samples per optimizer step: micro-batch × accumulation × data-parallel ranks."""
+    return (config.micro_batch or 1) * config.grad_accum * data_parallel_ranks(config)
+
+
+def batch_note(target: Target) -> str:
+    """What the plans did with the batch (kept, set or per-GPU), in words."""
+    if target.batch_mode == "per-gpu":
+        return (f"per-GPU batch {target.per_rank_batch:,} kept on every GPU: each plan's "
+                "global batch is that × its data-parallel ranks, so it grows with the GPU "
+                "count (a different training hyper-parameter on more GPUs)")
+    how = "kept as measured" if target.batch_mode == "kept" else "as asked"
+    return (f"global batch {target.global_batch:,} samples per optimizer step {how}: every "
+            "plan splits it into micro-batch × accumulation × data-parallel ranks (plans "
+            "whose ranks do not divide it are left out)")
+
+
+def batch_line(c: Candidate, target: Target) -> str:
+    """'Batch: global batch 64 = micro-batch 8 × accumulation 1 × 8 data-parallel ranks …'."""
+    cfg = c.config
+    dp = data_parallel_ranks(cfg)
+    how = {"kept": "the measured run's, kept", "set": "as asked",
+           "per-gpu": "the per-GPU batch kept, so it grows with the GPUs"}[target.batch_mode]
+    return (f"Batch: global batch {global_batch(cfg):,} ({how}) = micro-batch "
+            f"{cfg.micro_batch} × accumulation {cfg.grad_accum} × {dp} data-parallel "
+            f"rank{'s' if dp > 1 else ''}.")
+
+
 def describe(c: Candidate) -> str:
     """'2 × p4d.24xlarge (16 × A100-40GB-SXM4) on aws us-east-1, DDP, bf16, on-demand'."""
     strategy = _STRATEGY_WORDS.get(c.config.strategy, c.config.strategy)
@@ -244,6 +277,7 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
     ]
     if win.cost_basis:
         lines.append(f"Cost: {win.cost_basis}.")
+    lines.append(batch_line(win, target))
     e_win = efficiency.get(id(win))
     if runner_up is not None:
         e_run = efficiency.get(id(runner_up))

@@ -7,16 +7,18 @@ The search is pruned so the whole catalog takes well under half a second:
   FSDP); once one fits the whole per-GPU batch without accumulation, the later ones could
   only add communication, so they are skipped; tensor/pipeline parallelism is tried only for
   large models or when no data-parallel strategy fits;
-* the micro-batch is the largest divisor of the per-GPU batch that fits in memory (asked
-  once per shape with ``max_micro_batch``), with accumulation making up the rest, so the
-  training script's batch per GPU is unchanged; activation checkpointing is tried only when
-  not even a micro-batch of one fits;
+* the global batch (samples per optimizer step) is kept: each plan's data-parallel ranks
+  split it, and the micro-batch is the largest divisor of a rank's share that fits in memory
+  (asked once per shape with ``max_micro_batch``), with accumulation making up the rest
+  (``Target.global_batch``; with it unset, each GPU keeps the measured per-GPU batch
+  instead); activation checkpointing is tried only when not even a micro-batch of one fits;
 * node counts double (1, 2, 4, …) and stop once doubling gains less than 5 % throughput.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,8 +27,10 @@ from dataclasses import replace
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
+from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
 from mlflow_gpuopt.recommend.cost import evaluate
 from mlflow_gpuopt.recommend.explain import (
+    batch_note,
     explain_winner,
     hours_text,
     launch_line,
@@ -55,6 +59,12 @@ _SAME_SPEED = 1.05
 DOMINATED_REASON = ("dominated: a cheaper plan on the same provider, GPU and pricing is as "
                     "fast (±5%)")
 _SCALING_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+#: The ``dropped`` reason for plans :func:`drop_exact_ties` removes.
+TIE_REASON = ("same time and cost as a listed plan on the same offer (e.g. tf32 where it runs "
+              "as fast as fp32)")
+_STRATEGY_ORDER = ("single", "ddp", "zero1", "zero2", "fsdp", "zero3", "tp", "pp")
+#: The ``dropped`` reason for shapes whose data-parallel ranks cannot share the global batch.
+UNEVEN_BATCH_REASON = "the global batch does not split evenly over the data-parallel ranks"
 
 
 class NoOffersError(ValueError):
@@ -131,13 +141,6 @@ def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
     return out
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
 def _shapes(offer: Offer, nodes: int) -> list[tuple[str, int, int]]:
     """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs."""
     per_node = offer.gpu_count
@@ -182,7 +185,10 @@ class _Search:
         With ``must_beat_mb``, a shape whose micro-batch is no larger is skipped: a later
         rung of the memory ladder only helps if it lets a bigger micro-batch fit.
         """
-        batch = max(1, self.target.per_rank_batch)
+        batch = self.target.rank_batch(offer.gpu_count * nodes // (tp * pp))
+        if batch is None:
+            self.dropped[UNEVEN_BATCH_REASON] += 1
+            return None
         for ac in (False, True):
             base = ParallelConfig(gpus_per_node=offer.gpu_count, nodes=nodes, strategy=strategy,
                                   micro_batch=1, grad_accum=batch, precision=precision,
@@ -193,7 +199,7 @@ class _Search:
                 m_max = 0
             if m_max < 1:
                 continue
-            mb = _largest_divisor_at_most(batch, m_max)
+            mb = largest_divisor_at_most(batch, m_max)
             if mb <= must_beat_mb:
                 self.dropped["dominated (same micro-batch, more communication)"] += 1
                 return None
@@ -274,6 +280,41 @@ def _dedupe_key(c: Candidate) -> tuple:
             cfg.micro_batch, cfg.grad_accum, cfg.precision, c.pricing)
 
 
+def _exact(x: float) -> str:
+    """A float as a tie key: equal to 12 significant figures (sums in another order agree)."""
+    return f"{x:.12g}"
+
+
+def drop_exact_ties(ranked: Sequence[Candidate], own_precision: str,
+                    ) -> tuple[tuple[Candidate, ...], int]:
+    """List plans with identical time, cost and P(deadline) on the same offer, nodes and
+    pricing once; returns (kept in order, how many dropped).
+
+    Of the tied plans the one kept is the simplest to run: the script's own precision, then
+    the simpler strategy (one GPU, DDP, ZeRO-1, …), no activation checkpointing, the larger
+    micro-batch; the order does not depend on the search's order.
+    """
+    own = (own_precision or "fp32").lower()
+
+    def simplicity(c: Candidate) -> tuple:
+        cfg = c.config
+        strategy = (_STRATEGY_ORDER.index(cfg.strategy) if cfg.strategy in _STRATEGY_ORDER
+                    else len(_STRATEGY_ORDER))
+        return ((cfg.precision or own) != own, strategy, cfg.tp * cfg.pp,
+                cfg.activation_checkpointing, -(cfg.micro_batch or 0), cfg.precision or "",
+                c.offer.region)
+
+    chosen: dict[tuple, Candidate] = {}
+    for c in ranked:
+        key = (c.offer.provider, c.offer.instance_type, c.nodes, c.pricing, _exact(c.hours),
+               _exact(c.cost_usd), _exact(c.p_meets_deadline))
+        if key not in chosen or simplicity(c) < simplicity(chosen[key]):
+            chosen[key] = c
+    keep = {id(c) for c in chosen.values()}
+    out = tuple(c for c in ranked if id(c) in keep)
+    return out, len(ranked) - len(out)
+
+
 def collapse_dominated(ranked: Sequence[Candidate],
                        keep: Sequence[Candidate] = ()) -> tuple[tuple[Candidate, ...], int]:
     """Drop plans a cheaper sibling makes pointless; returns (kept in order, how many dropped).
@@ -344,7 +385,7 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
 def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int,
                    batch: int, precision: str) -> Prediction | None:
     """The first data-parallel shape that fits (DDP, then ZeRO-1/2, FSDP; activation
-    checkpointing last), with the per-GPU batch split so it fits in memory."""
+    checkpointing last), with the per-GPU ``batch`` split so it fits in memory."""
     n = per_node * nodes
     for ac in (False, True):
         for strategy in (("single",) if n == 1 else _DATA_PARALLEL_LADDER):
@@ -355,7 +396,7 @@ def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int
                 m_max = int(predictor.max_micro_batch(base, hw))
                 if m_max < 1:
                     continue
-                mb = _largest_divisor_at_most(batch, m_max)
+                mb = largest_divisor_at_most(batch, m_max)
                 p = predictor.predict(replace(base, micro_batch=mb, grad_accum=batch // mb), hw)
             except (ValueError, ArithmeticError):
                 continue
@@ -364,43 +405,90 @@ def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int
     return None
 
 
+def instance_family(offer: Offer) -> str:
+    """The instance family an offer belongs to: its type without the size.
+
+    ``p4d.24xlarge`` -> ``p4d``, ``a2-highgpu-8g`` -> ``a2-highgpu``, ``gpu_8x_a100`` ->
+    ``gpu_Nx_a100``, ``Standard_ND96asr_v4`` -> ``Standard_NDasr_v4``; every Colab tier is
+    ``colab`` (the same runtime, paid differently).
+    """
+    it = offer.instance_type
+    if offer.provider == "aws":
+        return it.split(".", 1)[0]
+    if offer.provider == "gcp":
+        return re.sub(r"-\d+g?$", "", it)
+    if offer.provider == "lambda":
+        return re.sub(r"_\d+x_", "_Nx_", it)
+    if offer.provider == "azure":
+        return re.sub(r"^(Standard_[A-Za-z]+?)\d+", r"\1", it)
+    if offer.provider == "colab":
+        return "colab"
+    return it
+
+
+def _family_shapes(offers: Sequence[Offer], max_gpus: int) -> list[tuple[int, Offer, int]]:
+    """(GPUs, offer, nodes) a family can really be rented as: each node size it sells, then
+    whole nodes of its largest networked size, doubling, up to ``max_gpus``."""
+    by_count: dict[int, Offer] = {}
+    for o in offers:
+        prev = by_count.get(o.gpu_count)
+        rank = (o.inter_node_gbps, o.max_nodes, o.intra_node_gb_per_s, o.instance_type, o.region)
+        if prev is None or rank > (prev.inter_node_gbps, prev.max_nodes,
+                                   prev.intra_node_gb_per_s, prev.instance_type, prev.region):
+            by_count[o.gpu_count] = o
+    shapes = {n: (o, 1) for n, o in by_count.items() if n <= max_gpus}
+    multi = [o for o in by_count.values() if o.inter_node_gbps > 0 and o.max_nodes > 1]
+    if multi:
+        big = max(multi, key=lambda o: o.gpu_count)
+        nodes = 2
+        while nodes <= big.max_nodes and big.gpu_count * nodes <= max_gpus:
+            shapes.setdefault(big.gpu_count * nodes, (big, nodes))
+            nodes *= 2
+    return [(n, o, nodes) for n, (o, nodes) in sorted(shapes.items())]
+
+
 def scaling_points(predictor: Predictor, workload: Workload, offers: Sequence[Offer],
                    gpus: Mapping[str, GpuSpec], hardware_for: HardwareFor,
-                   max_gpus: int = 64) -> tuple[ScalingPoint, ...]:
-    """Predicted throughput vs GPU count per GPU type: data parallel at the workload's
-    per-GPU batch, with the least-sharded strategy that fits (so a model too big for DDP
-    still gets a curve)."""
-    best_offer: dict[str, Offer] = {}
+                   max_gpus: int = 64, global_batch: int | None = None,
+                   ) -> tuple[ScalingPoint, ...]:
+    """Predicted throughput vs GPU count per GPU type and instance family.
+
+    Each point is a shape the family is sold as (one node of each size, then whole nodes of
+    its largest networked size), so a line never joins points of different machines; data
+    parallel with the least-sharded strategy that fits (so a model too big for DDP still
+    gets a curve), at ``global_batch`` split over the GPUs (counts that do not divide it are
+    left out) or, with it None, at the workload's per-GPU batch on every GPU.
+    """
+    families: dict[tuple[str, str, str], list[Offer]] = {}
     for o in offers:
-        prev = best_offer.get(o.gpu)
-        rank = (o.gpu_count, o.inter_node_gbps, o.intra_node_gb_per_s)
-        if prev is None or rank > (prev.gpu_count, prev.inter_node_gbps, prev.intra_node_gb_per_s):
-            best_offer[o.gpu] = o
+        families.setdefault((o.gpu, o.provider, instance_family(o)), []).append(o)
     batch = max(1, (workload.micro_batch or 1) * (workload.grad_accum or 1))
     points = []
-    for gpu, o in sorted(best_offer.items()):
+    hw_cache: dict[tuple, Hardware] = {}
+    for (gpu, provider, family), members in sorted(families.items()):
         spec = gpus.get(gpu)
         if spec is None:
             continue
         precs = allowed_precisions(workload.precision, spec)
         if not precs:
             continue
-        hw = hardware_for(spec, o)
-        for n in _SCALING_GPU_COUNTS:
-            if n > max_gpus:
-                break
-            per_node = min(n, o.gpu_count)
-            if n % per_node:
+        for n, o, nodes in _family_shapes(members, max_gpus):
+            if global_batch is not None and global_batch % n:
                 continue
-            nodes = n // per_node
-            if nodes > 1 and (o.inter_node_gbps <= 0 or nodes > o.max_nodes):
-                break
-            p = _scaling_point(predictor, hw, per_node, nodes, batch, precs[-1])
+            key = (o.instance_type, o.region, o.provider)
+            hw = hw_cache.get(key)
+            if hw is None:
+                hw = hw_cache[key] = hardware_for(spec, o)
+            p = _scaling_point(predictor, hw, o.gpu_count, nodes,
+                               global_batch // n if global_batch is not None else batch,
+                               precs[-1])
             if p is None:
                 continue
             points.append(ScalingPoint(gpu=gpu, gpus=n,
                                        throughput_samples_per_s=p.throughput_samples_per_s,
-                                       low=p.low, high=p.high))
+                                       low=p.low, high=p.high, provider=provider,
+                                       family=family, instance_type=o.instance_type,
+                                       nodes=nodes))
     return tuple(points)
 
 
@@ -450,6 +538,9 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         if k not in best or _rank_key(c) < _rank_key(best[k]):
             best[k] = c
     ranked = tuple(sorted(best.values(), key=_rank_key))
+    ranked, n_ties = drop_exact_ties(ranked, workload.precision)
+    if n_ties:
+        search.dropped[TIE_REASON] += n_ties
     front = pareto_front(ranked)
     ranked, n_dominated = collapse_dominated(ranked, keep=front)
     if n_dominated:
@@ -484,7 +575,9 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
                 eff[id(c)] = _single_gpu_efficiency(predictor, c, hardware_for(spec, c.offer))
         explanation = explain_winner(winner, runner_up, target, eff)
     scaling = (scaling_points(predictor, workload, chosen, gpus, hardware_for,
-                              space.max_gpus or 64) if with_scaling else ())
+                              space.max_gpus or 64, target.global_batch)
+               if with_scaling else ())
+    notes.append(batch_note(target))
     notes.append(f"searched {search.searched} plans over {len(chosen)} offers in "
                  f"{time.perf_counter() - started:.2f} s")
     return Recommendation(

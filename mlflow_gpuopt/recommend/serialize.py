@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlflow_gpuopt.recommend.explain import strategy_label
+from mlflow_gpuopt.recommend.explain import global_batch, strategy_label
 from mlflow_gpuopt.recommend.types import Candidate, Recommendation, Target
 
 CANDIDATE_KEYS = (
@@ -27,6 +27,17 @@ def target_dict(t: Target) -> dict[str, Any]:
             "confidence": t.confidence, "per_rank_batch": t.per_rank_batch,
             "description": t.description,
             "checkpoint_interval_hours": t.checkpoint_interval_hours}
+
+
+def batch_policy_dict(t: Target) -> dict[str, Any]:
+    """``{"global_batch", "mode", "per_rank_batch"}``: what every plan did with the batch.
+
+    ``mode`` is ``kept`` (the measured global batch), ``set`` (the user's) or ``per-gpu``
+    (each GPU keeps ``per_rank_batch``; ``global_batch`` is then None, as it differs per
+    plan: see each candidate's ``global_batch``).
+    """
+    return {"global_batch": t.global_batch, "mode": t.batch_mode,
+            "per_rank_batch": t.per_rank_batch if t.global_batch is None else None}
 
 
 def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, Any]:
@@ -47,6 +58,7 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
         # extras
         "region": c.offer.region, "gpus_per_node": cfg.gpus_per_node,
         "strategy_label": strategy_label(cfg), "tp": cfg.tp, "pp": cfg.pp,
+        "global_batch": global_batch(cfg),
         "activation_checkpointing": cfg.activation_checkpointing,
         "price_per_hour_usd": round(c.price_per_hour_usd, 4),
         "usd_per_million_samples": round(c.usd_per_million_samples, 6),
@@ -74,7 +86,8 @@ def recommendation_dict(rec: Recommendation, top: int = 20) -> dict[str, Any]:
         return candidate_dict(c, r, rec.whys.get((r or 0) - 1, ""))
 
     return {
-        "target": target_dict(rec.target), "candidates": cands, "pareto": pareto,
+        "target": target_dict(rec.target), "batch_policy": batch_policy_dict(rec.target),
+        "candidates": cands, "pareto": pareto,
         "meets_deadline": rec.winner is not None,
         "winner": small(rec.winner), "fastest": small(rec.fastest),
         "cheapest": small(rec.cheapest), "explanation": list(rec.explanation),
@@ -82,5 +95,7 @@ def recommendation_dict(rec: Recommendation, top: int = 20) -> dict[str, Any]:
         "feasible": len(rec.candidates),
         "scaling": [{"gpu": p.gpu, "gpus": p.gpus,
                      "throughput_samples_per_s": p.throughput_samples_per_s,
-                     "low": p.low, "high": p.high} for p in rec.scaling],
+                     "low": p.low, "high": p.high, "provider": p.provider,
+                     "family": p.family, "instance_type": p.instance_type,
+                     "nodes": p.nodes} for p in rec.scaling],
     }

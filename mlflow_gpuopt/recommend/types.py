@@ -34,9 +34,15 @@ class Target:
     """What the user wants trained, by when and how sure they want to be.
 
     ``total_samples`` is the whole job (epochs × dataset, tokens ÷ sequence length, or steps
-    × measured global batch). ``per_rank_batch`` is the per-GPU batch of the measured script
-    (micro-batch × accumulation): launching the same script on more GPUs keeps it, so each
-    plan splits it into micro-batch × accumulation that fits in memory.
+    × measured global batch).
+
+    The batch each plan trains with: with ``global_batch`` set (samples per optimizer step,
+    a training hyper-parameter), every plan keeps it, split as micro-batch × accumulation ×
+    data-parallel ranks (a plan whose ranks do not divide it is left out);
+    ``global_batch_asked`` says whether the user asked for it (``recommend --global-batch``)
+    or it is the measured run's. With ``global_batch`` None, each GPU keeps
+    ``per_rank_batch`` (the measured micro-batch × accumulation), so the global batch grows
+    with the GPU count (``recommend --keep-micro-batch``).
     """
 
     total_samples: float
@@ -45,6 +51,25 @@ class Target:
     per_rank_batch: int = 1
     description: str = ""  # how the user said it, e.g. "90 epochs x 1.28M samples"
     checkpoint_interval_hours: float = 0.5  # spot / Colab restarts lose half of this on average
+    global_batch: int | None = None  # samples per optimizer step every plan keeps
+    global_batch_asked: bool = False  # True: the user set global_batch, not the measured run
+
+    @property
+    def batch_mode(self) -> str:
+        """``kept`` (the measured global batch), ``set`` (asked for) or ``per-gpu``."""
+        if self.global_batch is None:
+            return "per-gpu"
+        return "set" if self.global_batch_asked else "kept"
+
+    def rank_batch(self, data_parallel_ranks: int) -> int | None:
+        """Samples per data-parallel rank per optimizer step (micro-batch × accumulation);
+        ``None`` where the global batch does not split evenly over the ranks."""
+        if self.global_batch is None:
+            return max(1, self.per_rank_batch)
+        ranks = max(1, data_parallel_ranks)
+        if self.global_batch % ranks:
+            return None
+        return self.global_batch // ranks
 
 
 @dataclass(frozen=True)
@@ -126,13 +151,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ScalingPoint:
-    """Predicted throughput of one GPU type at one GPU count (for the scaling chart)."""
+    """Predicted throughput of one GPU type at one GPU count on one instance family (for the
+    scaling chart): ``instance_type`` × ``nodes`` is the machine shape the point was
+    predicted on, ``family`` the instance family it belongs to (``p4d``, ``a2-highgpu``)."""
 
     gpu: str
     gpus: int
     throughput_samples_per_s: float
     low: float
     high: float
+    provider: str = ""
+    family: str = ""
+    instance_type: str = ""
+    nodes: int = 1
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from mlflow_gpuopt.perfmodel.types import Observation
 from mlflow_gpuopt.recommend.explain import hours_text
@@ -81,19 +82,63 @@ def pareto_png(rec: Recommendation) -> bytes:
     return _png(fig)
 
 
+@dataclass(frozen=True)
+class ScalingSeries:
+    """One predicted line of the scaling chart: one GPU type on one instance family.
+
+    ``gpus`` ascending; ``shapes`` names the machine each point was predicted on
+    (``p4d.24xlarge × 2``), so the line joins only points of the same family.
+    """
+
+    gpu: str
+    provider: str
+    family: str
+    label: str
+    gpus: tuple[int, ...]
+    throughput_samples_per_s: tuple[float, ...]
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    shapes: tuple[str, ...]
+
+
+def scaling_series(points: Sequence[ScalingPoint]) -> list[ScalingSeries]:
+    """The chart's lines: one per (GPU, provider, instance family), labelled with both."""
+    groups: dict[tuple[str, str, str], list[ScalingPoint]] = {}
+    for p in points:
+        groups.setdefault((p.gpu, p.provider, p.family), []).append(p)
+    out = []
+    for (gpu, provider, family), pts in sorted(groups.items()):
+        pts = sorted(pts, key=lambda p: p.gpus)
+        where = " ".join(dict.fromkeys(w for w in (provider, family) if w))  # "colab" once
+        out.append(ScalingSeries(
+            gpu=gpu, provider=provider, family=family,
+            label=f"{gpu} on {where} (predicted)" if where else f"{gpu} (predicted)",
+            gpus=tuple(p.gpus for p in pts),
+            throughput_samples_per_s=tuple(p.throughput_samples_per_s for p in pts),
+            low=tuple(p.low for p in pts), high=tuple(p.high for p in pts),
+            shapes=tuple(f"{p.instance_type} × {p.nodes}" if p.instance_type else ""
+                         for p in pts)))
+    return out
+
+
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+
+
 def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] = ()) -> bytes:
-    """Predicted global throughput vs GPU count per GPU type, with the measured points."""
-    fig = _figure()
+    """Predicted global throughput vs GPU count per GPU type and instance family (colour:
+    GPU; marker and dash: family), with the measured points."""
+    fig = _figure(8.5, 5.0)
     ax = fig.add_subplot(1, 1, 1)
-    names = [p.gpu for p in points] + [o.gpu for o in measured]
+    series = scaling_series(points)
+    names = [s.gpu for s in series] + [o.gpu for o in measured]
     colors = _colors(names)
-    for gpu in sorted({p.gpu for p in points}):
-        pts = sorted((p for p in points if p.gpu == gpu), key=lambda p: p.gpus)
-        xs = [p.gpus for p in pts]
-        ax.plot(xs, [p.throughput_samples_per_s for p in pts], marker=".", color=colors[gpu],
-                label=f"{gpu} (predicted)")
-        ax.fill_between(xs, [p.low for p in pts], [p.high for p in pts], color=colors[gpu],
-                        alpha=0.07, linewidth=0)
+    nth: dict[str, int] = {}
+    for s in series:
+        k = nth[s.gpu] = nth.get(s.gpu, -1) + 1
+        ax.plot(s.gpus, s.throughput_samples_per_s, marker=_MARKERS[k % len(_MARKERS)],
+                markersize=4, linestyle=("-", "--", ":", "-.")[k % 4], color=colors[s.gpu],
+                label=s.label)
+        ax.fill_between(s.gpus, s.low, s.high, color=colors[s.gpu], alpha=0.05, linewidth=0)
     for o in measured:
         ax.scatter([o.gpu_count], [o.throughput_samples_per_s], marker="D", s=46,
                    color=colors.get(o.gpu, "black"), edgecolors="black", zorder=5,
@@ -109,6 +154,7 @@ def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] 
                   bbox_to_anchor=(1.01, 1.0), framealpha=0.85)
     ax.set_xlabel("GPUs (data parallel: DDP, or ZeRO/FSDP where DDP does not fit)")
     ax.set_ylabel("throughput (samples/s)")
-    ax.set_title("Predicted scaling per GPU type (band: interval; diamonds: measured)")
+    ax.set_title("Predicted scaling per GPU type and instance family "
+                 "(band: interval; diamonds: measured)")
     ax.grid(True, which="both", alpha=0.25)
     return _png(fig)
