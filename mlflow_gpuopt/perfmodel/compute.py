@@ -27,6 +27,16 @@ The efficiencies are what libraries reach on large operations: cuBLAS SGEMM abou
 peak, tensor-core GEMMs about 60% of theirs (the operand feed, not the
 math units, limits them), streaming kernels 75% of datasheet bandwidth. Observations then
 calibrate the rest (see :mod:`.fitting`).
+
+What a large GEMM-bound job reaches of peak differs by GPU generation and precision
+(:func:`tensor_efficiency`): Hopper's tensor cores doubled their rate over Ampere's while
+memory, caches and the non-matmul work did not keep pace, and FP8 doubles the peak again
+with the attention and everything around the linear layers still in 16 bit. The 60% above
+is Ampere's (and Volta's/Turing's: the DeepLearningExamples tables it was set on); the other
+generations are scaled by the model-FLOPs utilisation published for large transformer
+training on each, relative to Ampere's (``GENERATION_MFU``). Those figures come from a
+*derivation set* of ``shared/data/llm_training_throughput.tsv`` that
+``benchmarks/bench_llm.py`` never scores (see its docstring).
 """
 
 from __future__ import annotations
@@ -45,6 +55,26 @@ from mlflow_gpuopt.perfmodel.types import Hardware, Workload
 #: matmuls fed at full rate (~60% on real layer shapes).
 COMPUTE_EFFICIENCY_SIMT = 0.85
 COMPUTE_EFFICIENCY_TENSOR = 0.6
+#: Model-FLOPs utilisation (model FLOPs / dense peak of the precision) of large transformer
+#: pre-training, median per (architecture, precision), from the bench_llm derivation set:
+#: - Ampere bf16 0.538: torchtitan docs/performance.md @3faaa1a (2024-08), Llama 2 13B/70B on
+#:   64 A100-80GB, FSDP (MFU 0.505-0.611, 5 rows);
+#: - Hopper bf16 0.46: Megatron-LM README @937571c (2024-07), GPT 1.7B-462B on 48-6144 H100
+#:   (MFU 0.41-0.49, 11 rows);
+#: - Hopper fp8 0.3815: NeMo 24.07 performance_summary.md @8e3d65d (2024-09), GPT3/Llama 2/3/
+#:   Nemotron on 8-512 H100 at FP8, model TFLOP/s / 1978.9 (0.28-0.45, 12 rows).
+#: Blackwell has no row outside the report set: it takes Hopper's figures (same tensor-core
+#: feed design doubled), so bench_llm's B200 rows test that assumption.
+GENERATION_MFU = {("ampere", "bf16"): 0.538, ("hopper", "bf16"): 0.46,
+                  ("hopper", "fp8"): 0.3815}
+#: Architecture of each catalog GPU, by name prefix (the first that matches wins).
+ARCHITECTURE_PREFIXES = (
+    ("V100", "volta"), ("T4", "turing"), ("A100", "ampere"), ("A10G", "ampere"),
+    ("A10", "ampere"), ("A40", "ampere"), ("RTX-A6000", "ampere"), ("RTX-3090", "ampere"),
+    ("L40S", "ada"), ("L4", "ada"), ("RTX-4090", "ada"), ("H100", "hopper"),
+    ("H200", "hopper"), ("B200", "blackwell"), ("MI300X", "cdna3"), ("MI250X", "cdna2"),
+)
+_SAME_AS = {"blackwell": "hopper"}
 #: Share of a sample's DRAM traffic done by the matmul/convolution kernels themselves
 #: (reading inputs and weights, writing outputs), which overlaps their arithmetic; the rest
 #: is normalisation and element-wise kernels, which are bandwidth-bound and add.
@@ -103,10 +133,42 @@ def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float
     return act * TRAFFIC_PER_ACTIVATION_BYTE
 
 
+def architecture(gpu: str) -> str:
+    """``volta|turing|ampere|ada|hopper|blackwell|cdna2|cdna3`` from a catalog GPU name,
+    ``unknown`` for anything else."""
+    name = gpu.strip().upper()
+    for prefix, arch in ARCHITECTURE_PREFIXES:
+        if name.startswith(prefix.upper()):
+            return arch
+    return "unknown"
+
+
+def tensor_efficiency(gpu: str, precision: str) -> float:
+    """Share of the tensor-core dense peak a large GEMM-bound job reaches on ``gpu`` at
+    ``precision``: ``COMPUTE_EFFICIENCY_TENSOR`` (Ampere's) × the generation's published MFU
+    / Ampere's (``GENERATION_MFU``). fp16 takes bf16's figure; FP8 without its own figure
+    takes the generation's 16-bit one × Hopper's fp8/bf16 ratio (0.83: FP8 reaches a smaller
+    share of its doubled peak); a generation without figures keeps Ampere's 60%."""
+    p = normalize_precision(precision)
+    p = "bf16" if p == "fp16" else p
+    arch = architecture(gpu)
+    arch = _SAME_AS.get(arch, arch)
+    ref = GENERATION_MFU[("ampere", "bf16")]
+    mfu = GENERATION_MFU.get((arch, p))
+    if mfu is None and p == "fp8":
+        base = GENERATION_MFU.get((arch, "bf16"), ref)
+        mfu = base * GENERATION_MFU[("hopper", "fp8")] / GENERATION_MFU[("hopper", "bf16")]
+    if mfu is None:
+        return COMPUTE_EFFICIENCY_TENSOR
+    return COMPUTE_EFFICIENCY_TENSOR * mfu / ref
+
+
 def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
-    """Seconds per sample of the FLOP-heavy kernels at the precision's dense peak."""
+    """Seconds per sample of the FLOP-heavy kernels at the precision's dense peak, at the
+    efficiency the GPU's generation reaches (:func:`tensor_efficiency`)."""
     peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
-    eff = (COMPUTE_EFFICIENCY_TENSOR if uses_tensor_cores(hardware.peak_flops_per_s, precision)
+    eff = (tensor_efficiency(hardware.gpu, precision)
+           if uses_tensor_cores(hardware.peak_flops_per_s, precision)
            else COMPUTE_EFFICIENCY_SIMT)
     return workload.flops_per_sample / (peak * eff)
 
