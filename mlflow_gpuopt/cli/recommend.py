@@ -116,6 +116,10 @@ def _print_table(doc, out) -> None:
               help="Measured run(s) to fit (repeat for several).")
 @click.option("--experiment", metavar="NAME",
               help="Fit all measured runs of the newest run's workload in this experiment.")
+@click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
+              help="Plan before a run exists: workload.json (as predict takes); not logged.")
+@click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
+              help="With --workload: measured throughputs CSV (as predict takes).")
 @click.option("--samples", metavar="N", help="Total samples to train on (2e9, 2B, 1.5M).")
 @click.option("--epochs", metavar="E", help="Epochs (with --dataset-size).")
 @click.option("--dataset-size", metavar="N", help="Samples per epoch (with --epochs).")
@@ -130,8 +134,9 @@ def _print_table(doc, out) -> None:
 @click.option("--spot/--no-spot", default=None,
               help="Spot only / on-demand only (default: consider both).")
 @click.option("--max-gpus", type=click.IntRange(min=1), help="At most this many GPUs in total.")
-@click.option("--max-nodes", type=click.IntRange(min=1), default=16, show_default=True,
-              help="At most this many nodes.")
+@click.option("--max-nodes", type=click.IntRange(min=1), default=None,
+              help="At most this many nodes (default: what the catalog's largest clusters "
+                   "allow, 64).")
 @click.option("--confidence", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               default=0.9, show_default=True,
               help="A plan meets the deadline when P(time <= deadline) is at least this.")
@@ -139,15 +144,24 @@ def _print_table(doc, out) -> None:
               help="How many ranked plans to show / return.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
-def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps, deadline,
-              providers, region, spot, max_gpus, max_nodes, confidence, top, as_json, no_log):
-    """Rank instance × GPU count × parallelism by expected cost for a target time-to-train."""
+def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
+              dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
+              max_nodes, confidence, top, as_json, no_log):
+    """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
+
+    From measured runs (--run-id, --experiment), or before any run exists from a workload
+    file (--workload, optionally --observations); the latter is not logged to MLflow (there
+    is no run to nest it under)."""
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
     # 1. Everything that can be checked without reading anything.
-    if bool(run_ids) == bool(experiment):
-        raise UsageError("give --run-id ID (one or more) or --experiment NAME, not both"
-                         if run_ids else "give --run-id ID or --experiment NAME")
+    if observations_path and not workload_path:
+        raise UsageError("--observations needs --workload W.json")
+    if sum(map(bool, (run_ids, experiment, workload_path))) != 1:
+        raise UsageError("give one of --run-id ID (one or more), --experiment NAME or "
+                         "--workload W.json"
+                         if run_ids or experiment or workload_path
+                         else "give --run-id ID, --experiment NAME or --workload W.json")
     try:
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
         _target_samples(None, None, samples=samples, epochs=epochs,
@@ -162,6 +176,8 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
         catalog = load_catalog()
     except CatalogError as exc:
         raise UsageError(f"cannot load the price catalog: {exc}") from None
+    if max_nodes is None:
+        max_nodes = max((o.max_nodes for o in catalog.offers), default=1)
     space = SearchSpace(providers=tuple(p.lower() for p in providers) or None, region=region,
                         spot=spot, max_gpus=max_gpus, max_nodes=max_nodes)
     try:
@@ -170,7 +186,11 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
         raise UsageError(str(exc)) from None
 
     # 2. Read the runs (read-only).
-    workload, observations, run_ids = _load_inputs(run_ids, experiment)
+    if workload_path:
+        workload, observations, run_ids = _load_files(workload_path, observations_path,
+                                                      catalog)
+    else:
+        workload, observations, run_ids = _load_inputs(run_ids, experiment)
     try:
         total, description = _target_samples(
             workload, _global_batch(workload, observations), samples=samples, epochs=epochs,
@@ -189,11 +209,14 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
                      hardware_for=_hardware_for, space=space)
     doc = recommendation_dict(rec, top=top)
     doc["source_run_ids"] = list(run_ids)
+    if workload_path and not no_log:
+        doc.setdefault("notes", []).append(
+            "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
 
     # 4. Log (unless --no-log), then print.
     logged = None
-    if not no_log and rec.candidates:
+    if not no_log and rec.candidates and run_ids:
         logged = _log(doc, rec, observations, run_ids, workload)
         doc["mlflow_run_id"] = logged.run_id
     out = sys.stdout
@@ -213,6 +236,23 @@ def _hardware_for(spec, offer):
     from mlflow_gpuopt.hardware import hardware_for_gpu
 
     return hardware_for_gpu(spec, gpus_per_node=offer.gpu_count, offer=offer)
+
+
+def _load_files(workload_path, observations_path, catalog):
+    """(workload, observations, no run ids) from files, as ``predict`` reads them."""
+    from mlflow_gpuopt.workload_files import (
+        WorkloadFileError,
+        load_observations,
+        load_workload,
+    )
+
+    try:
+        workload = load_workload(workload_path)
+        observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
+                        if observations_path else [])
+    except WorkloadFileError as exc:
+        raise UsageError(str(exc)) from None
+    return workload, list(observations), []
 
 
 def _load_inputs(run_ids, experiment):
@@ -238,7 +278,7 @@ def _load_inputs(run_ids, experiment):
 
 def _fit(workload, observations, catalog):
     from mlflow_gpuopt.catalog import UnknownGpuError
-    from mlflow_gpuopt.hardware import hardware_for_gpu
+    from mlflow_gpuopt.hardware import hardware_for_gpu, multi_node_network
     from mlflow_gpuopt.perfmodel import PerfModelError, fit
     from mlflow_gpuopt.perfmodel.fitting import is_cpu
 
@@ -252,7 +292,10 @@ def _fit(workload, observations, catalog):
             logger.warning("measured GPU %s is not in the catalog; its run is used as CPU-less "
                            "prior only", o.gpu)
             continue
-        hardware[o.gpu] = hardware_for_gpu(spec, gpus_per_node=max(1, o.gpu_count // o.nodes))
+        # A multi-node run talked over what the catalog's multi-node offers of its GPU give.
+        hardware[o.gpu] = hardware_for_gpu(
+            spec, gpus_per_node=max(1, o.gpu_count // o.nodes),
+            inter_node_gbps=multi_node_network(catalog.offers, spec.name).inter_node_gbps)
     try:
         return fit(workload, observations, hardware)
     except PerfModelError as exc:

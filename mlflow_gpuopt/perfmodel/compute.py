@@ -42,7 +42,7 @@ training on each, relative to Ampere's (``GENERATION_MFU``). Those figures come 
 from __future__ import annotations
 
 from mlflow_gpuopt.perfmodel.precision import (
-    ELEMENT_BYTES,
+    ACTIVATION_BYTES,
     is_mixed,
     normalize_precision,
     peak_flops_per_s,
@@ -112,14 +112,15 @@ def activation_bytes_per_sample(workload: Workload, precision: str) -> tuple[flo
     """Stored activations per sample at ``precision`` and whether the number was estimated.
 
     The profile's figure was measured at the workload's own precision; 16-bit activations are
-    half the size of fp32/tf32 ones. Without a profile figure: traffic / 6.
+    half the size of fp32/tf32 ones, FP8 ones 27/34 of 16-bit (``ACTIVATION_BYTES``). Without a profile figure: traffic / 6.
     """
     p = normalize_precision(precision)
     if workload.activation_bytes_per_sample:
         own = normalize_precision(workload.precision)
-        return workload.activation_bytes_per_sample * ELEMENT_BYTES[p] / ELEMENT_BYTES[own], False
+        return (workload.activation_bytes_per_sample * ACTIVATION_BYTES[p]
+                / ACTIVATION_BYTES[own], False)
     traffic = (workload.flops_per_sample / DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32
-               * ELEMENT_BYTES[p] / 4.0)
+               * ACTIVATION_BYTES[p] / 4.0)
     return traffic / TRAFFIC_PER_ACTIVATION_BYTE, True
 
 
@@ -128,7 +129,8 @@ def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float
     p = normalize_precision(precision)
     if workload.memory_traffic_bytes_per_sample:
         own = normalize_precision(workload.precision)
-        return workload.memory_traffic_bytes_per_sample * ELEMENT_BYTES[p] / ELEMENT_BYTES[own]
+        return (workload.memory_traffic_bytes_per_sample * ACTIVATION_BYTES[p]
+                / ACTIVATION_BYTES[own])
     act, _ = activation_bytes_per_sample(workload, p)
     return act * TRAFFIC_PER_ACTIVATION_BYTE
 
