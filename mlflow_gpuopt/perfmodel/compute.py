@@ -112,7 +112,8 @@ def activation_bytes_per_sample(workload: Workload, precision: str) -> tuple[flo
     """Stored activations per sample at ``precision`` and whether the number was estimated.
 
     The profile's figure was measured at the workload's own precision; 16-bit activations are
-    half the size of fp32/tf32 ones, FP8 ones 27/34 of 16-bit (``ACTIVATION_BYTES``). Without a profile figure: traffic / 6.
+    half the size of fp32/tf32 ones, FP8 ones 27/34 of 16-bit (``ACTIVATION_BYTES``).
+    Without a profile figure: traffic / 6.
     """
     p = normalize_precision(precision)
     if workload.activation_bytes_per_sample:
