@@ -27,9 +27,11 @@ optimizer) for the rest. Context parallelism and interleaved (virtual) pipeline 
 not modelled in this branch: rows with cp > 1 are skipped (counted), vp rows are scored with
 the plain 1F1B bubble. Networks: 8 × 400 Gbit/s per node (DGX H100/B200 InfiniBand, Grand
 Teton RDMA), 8 × 200 Gbit/s for the A100 cluster (not stated in the source: DGX A100's HCAs).
-The H100 96 GB (HBM2e) and 95 GB "low TDP" parts run at 500 W: modelled as the H100 SXM spec
-with their memory size (its clocks and bandwidth are not published), so those rows carry that
-error.
+The H100 96 GB (HBM2e) part of torchtitan's Grand Teton hosts runs at a 500 W limit (700 W
+TDP): modelled as the H100 SXM spec with 96 GB and its FLOP/s scaled by the clock a power cap
+leaves, ``(500/700)^(1/3)`` (dynamic power ∝ f·V², V ∝ f); its memory bandwidth is not
+published and kept at the SXM part's. The 95 GB "lower TDP" part states no limit and is kept
+at the SXM figures, so those rows carry that error.
 
 Tasks (median and p90 absolute % error of tokens/s per GPU, and coverage of the 90%
 interval):
@@ -64,14 +66,22 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "llm_training_throughput.tsv"
 
 DERIVATION_SOURCES = ("megatron_readme_2024_h100", "nemo_24.07_perf")
-#: tsv GPU -> (catalog spec, memory GB, node network Gbit/s)
+#: tsv GPU -> (catalog spec, memory GB, node network Gbit/s, power limit W or None)
 GPUS = {
-    "H100-SXM-80GB": ("H100-SXM5-80GB", 80, 3200.0),
-    "H100-SXM-96GB-HBM2e-500W": ("H100-SXM5-80GB", 96, 3200.0),
-    "H100-HBM2e-95GB-lowTDP": ("H100-SXM5-80GB", 95, 3200.0),
-    "A100-80GB": ("A100-80GB-SXM4", 80, 1600.0),
-    "B200": ("B200-SXM-180GB", 180, 3200.0),
+    "H100-SXM-80GB": ("H100-SXM5-80GB", 80, 3200.0, None),
+    "H100-SXM-96GB-HBM2e-500W": ("H100-SXM5-80GB", 96, 3200.0, 500.0),
+    "H100-HBM2e-95GB-lowTDP": ("H100-SXM5-80GB", 95, 3200.0, None),  # limit not stated
+    "A100-80GB": ("A100-80GB-SXM4", 80, 1600.0, None),
+    "B200": ("B200-SXM-180GB", 180, 3200.0, None),
 }
+
+
+def power_capped_clock(limit_w: float | None, tdp_w: float) -> float:
+    """Clock (so FLOP/s) share left under a power limit: dynamic power ∝ f·V² with V ∝ f in
+    the DVFS range, so f ∝ P^(1/3) (a first-order physical estimate, not a fit)."""
+    if not limit_w or limit_w >= tdp_w:
+        return 1.0
+    return (limit_w / tdp_w) ** (1.0 / 3.0)
 GOALS = "goal with a measurement: median <= 10%, p90 <= 25%, coverage >= 80%; none: median <= 25%"
 
 
@@ -204,10 +214,12 @@ def workload(row: Row) -> Workload:
 
 
 def hardware(row: Row):
-    spec_name, mem_gb, net = GPUS[row.gpu]
+    spec_name, mem_gb, net, limit_w = GPUS[row.gpu]
     spec = load_gpus()[spec_name]
     hw = hardware_for_gpu(spec, gpus_per_node=8, inter_node_gbps=net)
-    return replace(hw, memory_bytes=mem_gb * 1e9)
+    clock = power_capped_clock(limit_w, spec.tdp_w)
+    return replace(hw, memory_bytes=mem_gb * 1e9,
+                   peak_flops_per_s={p: v * clock for p, v in hw.peak_flops_per_s.items()})
 
 
 def config(row: Row) -> ParallelConfig:
