@@ -159,9 +159,10 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         raise UsageError("--observations needs --workload W.json")
     if sum(map(bool, (run_ids, experiment, workload_path))) != 1:
         raise UsageError("give one of --run-id ID (one or more), --experiment NAME or "
-                         "--workload W.json"
+                         "--workload W.json, not both"
                          if run_ids or experiment or workload_path
-                         else "give --run-id ID, --experiment NAME or --workload W.json")
+                         else "give --run-id ID or --experiment NAME (or --workload W.json "
+                         "before any run exists)")
     try:
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
         _target_samples(None, None, samples=samples, epochs=epochs,
