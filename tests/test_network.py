@@ -68,12 +68,17 @@ def test_predict_multi_node_h100_uses_rented_network_and_says_which(files, gpus)
     assert p5["instance_type"] == "p5.48xlarge"
     a3 = _predict(files, gpus, "--instance-type", "a3-highgpu-8g")
     assert a3["network"]["inter_node_gbps"] == 1000
+    mega = _predict(files, gpus, "--instance-type", "a3-megagpu-8g")
+    assert mega["network"]["inter_node_gbps"] == 1800
+    nd = _predict(files, gpus, "--instance-type", "Standard_ND96isr_H100_v5")
+    assert nd["network"]["inter_node_gbps"] == 3200
     eth = _predict(files, gpus, "--inter-node-gbps", "100")
     assert eth["network"] == {"inter_node_gbps": 100.0, "source": "--inter-node-gbps",
                               "rdma": None}
     # A faster network is faster, and 100 Gbit/s Ethernet is far slower than either.
     assert (eth["throughput_samples_per_s"] < a3["throughput_samples_per_s"]
-            < p5["throughput_samples_per_s"])
+            < mega["throughput_samples_per_s"] < p5["throughput_samples_per_s"])
+    assert nd["throughput_samples_per_s"] == pytest.approx(p5["throughput_samples_per_s"])
     assert p5["throughput_samples_per_s"] > 2 * eth["throughput_samples_per_s"]
 
 
