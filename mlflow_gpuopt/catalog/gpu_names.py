@@ -26,7 +26,8 @@ from mlflow_gpuopt.catalog.errors import UnknownGpuError
 _NOISE = frozenset(
     {"nvidia", "tesla", "geforce", "rtx", "quadro", "amd", "instinct", "gpu", "tensor", "core"}
 )
-_FORM_SYNONYMS = {"sxm2": "sxm", "sxm3": "sxm", "sxm4": "sxm", "sxm5": "sxm", "hbm3": "sxm",
+_FORM_SYNONYMS = {"sxm2": "sxm", "sxm3": "sxm", "sxm4": "sxm", "sxm5": "sxm", "sxm6": "sxm",
+                  "hbm3": "sxm",
                   "mega": "sxm"}
 _MEM = re.compile(r"^\d+gb$")
 _FORMS = frozenset({"sxm", "pcie"})

@@ -64,6 +64,34 @@ def _max_gpus_per_node(catalog, gpu: str) -> int | None:
     return max(counts) if counts else None
 
 
+def _offer(catalog, name: str, gpu: str):
+    """The catalog offer ``name`` (an instance type) of ``gpu``: its node is what is rented."""
+    found = [o for o in catalog.offers if o.instance_type.lower() == name.strip().lower()]
+    if not found:
+        raise UsageError(f"unknown --instance-type {name!r}; `mlflow gpuopt pricing show "
+                         f"--gpu {gpu}` lists the offers of {gpu}")
+    of_gpu = [o for o in found if o.gpu == gpu]
+    if not of_gpu:
+        raise UsageError(f"--instance-type {name} holds {found[0].gpu}, not {gpu}")
+    return max(of_gpu, key=lambda o: (o.max_nodes, o.inter_node_gbps))
+
+
+def _network(catalog, gpu: str, offer, inter_node_gbps):
+    """The node network the prediction assumes, and where it comes from."""
+    from mlflow_gpuopt.hardware import NetworkChoice, multi_node_network
+
+    if inter_node_gbps is not None:
+        return NetworkChoice(float(inter_node_gbps), "--inter-node-gbps", None)
+    if offer is not None:
+        if offer.max_nodes > 1 and offer.inter_node_gbps > 0:
+            return NetworkChoice(offer.inter_node_gbps,
+                                 f"instance type {offer.provider} {offer.instance_type}",
+                                 offer.inter_node_rdma)
+        return NetworkChoice(0.0, f"instance type {offer.provider} {offer.instance_type} "
+                             "(single node only)", False)
+    return multi_node_network(catalog.offers, gpu)
+
+
 def _inputs(run_ids, workload_path, observations_path, catalog):
     from mlflow_gpuopt.workload_files import (
         WorkloadFileError,
@@ -128,6 +156,10 @@ def _human(result: dict) -> str:
                  f"{_fmt_bytes(m['activations_bytes'])}, workspace "
                  f"{_fmt_bytes(m['workspace_bytes'])})")
     lines.append(f"  largest micro-batch that fits: {result['max_micro_batch']}")
+    net = result.get("network")
+    if net and result["nodes"] > 1:
+        lines.append(f"  network      {net['inter_node_gbps']:,.0f} Gbit/s per node "
+                     f"({net['source']})")
     if "time_to_train_hours" in result:
         b = result["time_breakdown_hours"]
         total = result["time_to_train_hours"]
@@ -167,13 +199,18 @@ def _human(result: dict) -> str:
               help="Per-GPU micro-batch (default: the measured one).")
 @click.option("--grad-accum", type=click.IntRange(min=1), default=None,
               help="Gradient-accumulation steps (default: the measured one).")
-@click.option("--precision", default=None, help="fp32, tf32, fp16 or bf16 (default: measured).")
+@click.option("--precision", default=None,
+              help="fp32, tf32, fp16, bf16 or fp8 (default: measured).")
 @click.option("--activation-checkpointing", is_flag=True, help="Recompute activations.")
+@click.option("--instance-type", default=None,
+              help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
+@click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Node network, Gbit/s per node (default: the catalog's multi-node offers).")
 @target_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
-            grad_accum, precision, activation_checkpointing, samples, epochs, dataset_size,
-            tokens, steps, as_json) -> None:
+            grad_accum, precision, activation_checkpointing, instance_type, inter_node_gbps,
+            samples, epochs, dataset_size, tokens, steps, as_json) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
@@ -183,12 +220,13 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
                                    tokens=tokens, steps=steps, required=False)
     catalog = load_catalog_or_fail()
     target = resolve_gpu_or_fail(catalog, gpu)
+    offer = _offer(catalog, instance_type, target) if instance_type else None
     workload, observations = _inputs(run_ids, workload_path, observations_path, catalog)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
     # node (a 16-GPU DGX-2).
-    catalog_max = _max_gpus_per_node(catalog, target)
+    catalog_max = offer.gpu_count if offer is not None else _max_gpus_per_node(catalog, target)
     seen = [o.gpu_count // max(1, o.nodes) for o in observations if o.gpu == target]
     node_max = max([8, catalog_max or 0, *seen])
     if nodes is None:
@@ -196,6 +234,11 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     if gpus % nodes:
         raise UsageError(f"--gpus {gpus} does not split evenly over --nodes {nodes}")
     per_node = gpus // nodes
+    if offer is not None and nodes > 1 and (offer.inter_node_gbps <= 0
+                                            or nodes > offer.max_nodes):
+        raise UsageError(f"--instance-type {offer.instance_type} runs on at most "
+                         f"{offer.max_nodes if offer.inter_node_gbps > 0 else 1} node(s), "
+                         f"not {nodes}")
     if per_node > node_max:
         raise UsageError(f"--gpus {gpus} over --nodes {nodes} is {per_node} {target} per node; "
                          f"no {target} machine in the catalog or the runs has more than "
@@ -210,9 +253,15 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
             precision = normalize_precision(precision)
         except PerfModelError as exc:
             raise UsageError(str(exc)) from None
+    if (precision or normalize_precision(workload.precision)) == "fp8" \
+            and not catalog.gpus[target].fp8_tflops:
+        raise UsageError(f"{target} has no FP8 tensor cores; use --precision bf16 (FP8 runs on "
+                         "H100/H200/B200, L4/L40S/RTX-4090 and MI300X)")
 
     hardware = measured_hardware(observations, catalog)
-    target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node)
+    network = _network(catalog, target, offer, inter_node_gbps)
+    target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node, offer=offer,
+                                 inter_node_gbps=network.inter_node_gbps)
     config = ParallelConfig(
         gpus_per_node=per_node, nodes=nodes, strategy=dp_strategy,
         micro_batch=micro_batch or workload.micro_batch,
@@ -242,7 +291,8 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         "time_breakdown": {"compute_s": p.compute_s, "exposed_comm_s": p.exposed_comm_s,
                            "bubble_s": p.bubble_s},
         "observations_used": len(observations), "run_ids": list(run_ids),
-        "assumptions": list(p.assumptions),
+        "assumptions": list(p.assumptions), "network": network.as_dict(),
+        "instance_type": offer.instance_type if offer is not None else None,
     }
     if training_target is not None:
         from mlflow_gpuopt.perfmodel import time_to_train

@@ -70,6 +70,10 @@ def _print_table(doc, out) -> None:
               help="Measured run(s) to fit (repeat for several).")
 @click.option("--experiment", metavar="NAME",
               help="Fit all measured runs of the newest run's workload in this experiment.")
+@click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
+              help="Plan before a run exists: workload.json (as predict takes); not logged.")
+@click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
+              help="With --workload: measured throughputs CSV (as predict takes).")
 @target_options
 @click.option("--deadline", metavar="DURATION", help="Wall-clock deadline: 24h, 90m, 2d, 1d12h.")
 @click.option("--provider", "providers", multiple=True,
@@ -79,8 +83,9 @@ def _print_table(doc, out) -> None:
 @click.option("--spot/--no-spot", default=None,
               help="Spot only / on-demand only (default: consider both).")
 @click.option("--max-gpus", type=click.IntRange(min=1), help="At most this many GPUs in total.")
-@click.option("--max-nodes", type=click.IntRange(min=1), default=16, show_default=True,
-              help="At most this many nodes.")
+@click.option("--max-nodes", type=click.IntRange(min=1), default=None,
+              help="At most this many nodes (default: what the catalog's largest clusters "
+                   "allow, 64).")
 @click.option("--confidence", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               default=0.9, show_default=True,
               help="A plan meets the deadline when P(time <= deadline) is at least this.")
@@ -94,14 +99,27 @@ def _print_table(doc, out) -> None:
                    "batch grows with the GPU count.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
-def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps, deadline,
-              providers, region, spot, max_gpus, max_nodes, confidence, top, global_batch,
-              keep_micro_batch, as_json, no_log):
-    """Rank instance × GPU count × parallelism by expected cost for a target time-to-train."""
+def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
+              dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
+              max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log):
+    """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
+
+    From measured runs (--run-id, --experiment), or before any run exists from a workload
+    file (--workload, optionally --observations); the latter is not logged to MLflow (there
+    is no run to nest it under)."""
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
     # 1. Everything that can be checked without reading anything.
-    check_run_source(run_ids, experiment)
+    if observations_path and not workload_path:
+        raise UsageError("--observations needs --workload W.json")
+    if not (run_ids or experiment or workload_path):
+        raise UsageError("give --run-id ID or --experiment NAME (or --workload W.json before "
+                         "any run exists)")
+    if workload_path and (run_ids or experiment):
+        raise UsageError("give one of --run-id ID (one or more), --experiment NAME or "
+                         "--workload W.json, not both")
+    if not workload_path:
+        check_run_source(run_ids, experiment)
     if global_batch is not None and keep_micro_batch:
         raise UsageError("give --global-batch N or --keep-micro-batch, not both")
     try:
@@ -114,6 +132,8 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
     from mlflow_gpuopt.recommend import NoOffersError, SearchSpace, filter_offers
 
     catalog = load_catalog_or_fail()
+    if max_nodes is None:
+        max_nodes = max((o.max_nodes for o in catalog.offers), default=1)
     space = SearchSpace(providers=tuple(p.lower() for p in providers) or None, region=region,
                         spot=spot, max_gpus=max_gpus, max_nodes=max_nodes)
     try:
@@ -122,7 +142,11 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
         raise UsageError(str(exc)) from None
 
     # 2. Read the runs (read-only).
-    workload, observations, run_ids = _load_inputs(run_ids, experiment)
+    if workload_path:
+        workload, observations, run_ids = _load_files(workload_path, observations_path,
+                                                      catalog)
+    else:
+        workload, observations, run_ids = _load_inputs(run_ids, experiment)
     measured_batch = _global_batch(workload, observations)
     total = training_target.total_samples(
         tokens_per_sample=workload.tokens_per_sample,
@@ -141,11 +165,14 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
                      hardware_for=_hardware_for, space=space)
     doc = recommendation_dict(rec, top=top)
     doc["source_run_ids"] = list(run_ids)
+    if workload_path and not no_log:
+        doc.setdefault("notes", []).append(
+            "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
 
     # 4. Log (unless --no-log), then print.
     logged = None
-    if not no_log and rec.candidates:
+    if not no_log and rec.candidates and run_ids:
         logged = _log(doc, rec, observations, run_ids, workload)
         doc["mlflow_run_id"] = logged.run_id
     out = sys.stdout
@@ -165,6 +192,23 @@ def _hardware_for(spec, offer):
     from mlflow_gpuopt.hardware import hardware_for_gpu
 
     return hardware_for_gpu(spec, gpus_per_node=offer.gpu_count, offer=offer)
+
+
+def _load_files(workload_path, observations_path, catalog):
+    """(workload, observations, no run ids) from files, as ``predict`` reads them."""
+    from mlflow_gpuopt.workload_files import (
+        WorkloadFileError,
+        load_observations,
+        load_workload,
+    )
+
+    try:
+        workload = load_workload(workload_path)
+        observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
+                        if observations_path else [])
+    except WorkloadFileError as exc:
+        raise UsageError(str(exc)) from None
+    return workload, list(observations), []
 
 
 def _load_inputs(run_ids, experiment):

@@ -2,6 +2,23 @@
 all-reduces, pipeline point-to-point and bubble, and Pollux's overlap with compute.
 
 All times are seconds; bandwidths bytes/s, one direction, per GPU unless named otherwise.
+
+Across nodes, NCCL picks per call the fastest of its algorithms (its tuner); two are modelled
+and the faster is taken (:func:`dp_allreduce_s`):
+
+- a flat ring through every rank, NVLink inside a node and the network between nodes
+  (``t = 2(n−1)/n·S/B + 2(n−1)·α``, nccl-tests ``doc/PERFORMANCE.md``;
+  ``shared/reference/models.md`` 5.4);
+- hierarchical, as NCCL runs it on NVLink + network systems (NCCL's ``CollNet``/``NVLS``
+  tree and PXN paths, and Horovod/BlueConnect's hierarchical all-reduce): reduce-scatter
+  inside the node over NVLink, an all-reduce of 1/r of the data between nodes (ring, or the
+  double binary tree with ``2·⌈log2 n⌉`` latency steps, models.md 5.3), all-gather inside.
+
+The network is multi-rail where the provider gives one NIC per GPU (AWS p5: 32 × 100 Gbit/s
+EFA = 8 × 400; Azure ND H100 v5 and GCP a3-ultra: 8 × 400 Gbit/s): every GPU sends on its own
+NIC, so a GPU's inter-node bandwidth is the node's network / GPUs per node while all GPUs of
+the node communicate at once (as they do in a data-parallel step, one ring or sub-group per
+GPU), and a single ring that crosses the network uses all of them as NCCL's channels.
 """
 
 from __future__ import annotations
@@ -38,6 +55,51 @@ def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_bytes_per_s: float,
             + 2.0 * (ranks - 1) * latency_s)
 
 
+def tree_allreduce_s(nbytes: float, ranks: int, bandwidth_bytes_per_s: float,
+                     latency_s: float = INTER_NODE_LATENCY_S) -> float:
+    """NCCL's double binary tree all-reduce: each half of the data goes up (reduce) and down
+    (broadcast) one binary tree, so the bandwidth term equals the ring's ``2·S/B`` at large
+    ``n`` while latency grows with ``2·⌈log2 n⌉·α`` instead of ``2(n−1)·α``."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * nbytes / bandwidth_bytes_per_s + 2.0 * math.ceil(math.log2(ranks)) * latency_s
+
+
+def nic_bytes_per_s_per_gpu(hardware: Hardware) -> float:
+    """One GPU's share of the node network when every GPU of the node communicates at once
+    (multi-rail: its own NIC; one shared NIC: the same share of it)."""
+    return hardware.inter_node_bytes_per_s / max(1, hardware.gpus_per_node)
+
+
+def hierarchical_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware) -> float:
+    """Reduce-scatter over NVLink among the ``r`` ranks of the group in one node, all-reduce of
+    ``S/r`` between the ``dp/r`` nodes (ring or tree, whichever is faster) on each GPU's share
+    of the network, then all-gather over NVLink."""
+    r = max(1, layout.dp_ranks_per_node)
+    n_nodes = max(1, layout.dp // r)
+    intra = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY
+    nic = nic_bytes_per_s_per_gpu(hardware) * BUS_EFFICIENCY
+    inside = 0.0
+    if r > 1:
+        inside = 2.0 * ((r - 1) / r * nbytes / intra + (r - 1) * INTRA_NODE_LATENCY_S)
+    part = nbytes / r
+    between = min(ring_allreduce_s(part, n_nodes, nic, INTER_NODE_LATENCY_S),
+                  tree_allreduce_s(part, n_nodes, nic, INTER_NODE_LATENCY_S))
+    return inside + between
+
+
+def dp_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware) -> float:
+    """All-reduce of ``nbytes`` over the data-parallel group: a ring inside one node; across
+    nodes the faster of the flat ring and the hierarchical algorithm (NCCL's tuner)."""
+    if layout.dp <= 1 or nbytes <= 0:
+        return 0.0
+    bw, lat = dp_link(hardware, layout)
+    flat = ring_allreduce_s(nbytes, layout.dp, bw, lat)
+    if not layout.dp_spans_nodes:
+        return flat
+    return min(flat, hierarchical_allreduce_s(nbytes, layout, hardware))
+
+
 def dp_link(hardware: Hardware, layout: Layout) -> tuple[float, float]:
     """Effective (bandwidth, latency) of the data-parallel ring.
 
@@ -65,13 +127,13 @@ def dp_sync_s(params_per_replica: float, bytes_per_param: int, layout: Layout,
               hardware: Hardware) -> float:
     """One data-parallel synchronisation of the gradients of one model shard.
 
-    DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``).
+    DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``); the
+    all-reduce as NCCL runs it (:func:`dp_allreduce_s`).
     """
     if layout.dp <= 1:
         return 0.0
-    bw, lat = dp_link(hardware, layout)
     volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
-    return volume * ring_allreduce_s(params_per_replica * bytes_per_param, layout.dp, bw, lat)
+    return volume * dp_allreduce_s(params_per_replica * bytes_per_param, layout, hardware)
 
 
 def sharded_params(layout: Layout) -> bool:
@@ -97,7 +159,7 @@ def pp_p2p_s(boundary_bytes: float, layout: Layout, hardware: Hardware) -> float
     if layout.pp <= 1:
         return 0.0
     if layout.pp_spans_nodes:
-        bw = hardware.inter_node_bytes_per_s * BUS_EFFICIENCY / max(1, hardware.gpus_per_node)
+        bw = nic_bytes_per_s_per_gpu(hardware) * BUS_EFFICIENCY
         lat = INTER_NODE_LATENCY_S
     else:
         bw, lat = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY, INTRA_NODE_LATENCY_S

@@ -27,12 +27,22 @@ The efficiencies are what libraries reach on large operations: cuBLAS SGEMM abou
 peak, tensor-core GEMMs about 60% of theirs (the operand feed, not the
 math units, limits them), streaming kernels 75% of datasheet bandwidth. Observations then
 calibrate the rest (see :mod:`.fitting`).
+
+What a large GEMM-bound job reaches of peak differs by GPU generation and precision
+(:func:`tensor_efficiency`): Hopper's tensor cores doubled their rate over Ampere's while
+memory, caches and the non-matmul work did not keep pace, and FP8 doubles the peak again
+with the attention and everything around the linear layers still in 16 bit. The 60% above
+is Ampere's (and Volta's/Turing's: the DeepLearningExamples tables it was set on); the other
+generations are scaled by the model-FLOPs utilisation published for large transformer
+training on each, relative to Ampere's (``GENERATION_MFU``). Those figures come from a
+*derivation set* of ``shared/data/llm_training_throughput.tsv`` that
+``benchmarks/bench_llm.py`` never scores (see its docstring).
 """
 
 from __future__ import annotations
 
 from mlflow_gpuopt.perfmodel.precision import (
-    ELEMENT_BYTES,
+    ACTIVATION_BYTES,
     is_mixed,
     normalize_precision,
     peak_flops_per_s,
@@ -45,6 +55,30 @@ from mlflow_gpuopt.perfmodel.types import Hardware, Workload
 #: matmuls fed at full rate (~60% on real layer shapes).
 COMPUTE_EFFICIENCY_SIMT = 0.85
 COMPUTE_EFFICIENCY_TENSOR = 0.6
+#: Model-FLOPs utilisation (model FLOPs / dense peak of the precision) of large transformer
+#: pre-training, median per (architecture, precision), from the bench_llm derivation set:
+#: - Ampere bf16 0.538: torchtitan docs/performance.md @3faaa1a (2024-08), Llama 2 13B/70B on
+#:   64 A100-80GB, FSDP (MFU 0.505-0.611, 5 rows);
+#: - Hopper bf16 0.46: Megatron-LM README @937571c (2024-07), GPT 1.7B-462B on 48-6144 H100
+#:   (MFU 0.41-0.49, 11 rows);
+#: - Hopper fp8 0.409: NeMo 24.07 performance_summary.md @8e3d65d (2024-09), GPT3/Llama 2/3/
+#:   Nemotron on 8-512 H100 at FP8 (model TFLOP/s / 1978.9 = 0.28-0.45, median 0.38, 12
+#:   rows). FP8 runs only the linear layers; attention stays bf16 (:func:`matmul_time_s`), so
+#:   per row the linear layers' figure m8 solves ``1/MFU = (1−a)/m8 + 2a/m16`` with ``a`` the
+#:   attention share of the FLOPs (``12·L·h·s / (6N + 12·L·h·s)``) and m16 Hopper bf16's 0.46;
+#:   median of the 12 rows 0.409 (0.29-0.46).
+#: Blackwell has no row outside the report set: it takes Hopper's figures (same tensor-core
+#: feed design doubled), so bench_llm's B200 rows test that assumption.
+GENERATION_MFU = {("ampere", "bf16"): 0.538, ("hopper", "bf16"): 0.46,
+                  ("hopper", "fp8"): 0.409}
+#: Architecture of each catalog GPU, by name prefix (the first that matches wins).
+ARCHITECTURE_PREFIXES = (
+    ("V100", "volta"), ("T4", "turing"), ("A100", "ampere"), ("A10G", "ampere"),
+    ("A10", "ampere"), ("A40", "ampere"), ("RTX-A6000", "ampere"), ("RTX-3090", "ampere"),
+    ("L40S", "ada"), ("L4", "ada"), ("RTX-4090", "ada"), ("H100", "hopper"),
+    ("H200", "hopper"), ("B200", "blackwell"), ("MI300X", "cdna3"), ("MI250X", "cdna2"),
+)
+_SAME_AS = {"blackwell": "hopper"}
 #: Share of a sample's DRAM traffic done by the matmul/convolution kernels themselves
 #: (reading inputs and weights, writing outputs), which overlaps their arithmetic; the rest
 #: is normalisation and element-wise kernels, which are bandwidth-bound and add.
@@ -82,14 +116,16 @@ def activation_bytes_per_sample(workload: Workload, precision: str) -> tuple[flo
     """Stored activations per sample at ``precision`` and whether the number was estimated.
 
     The profile's figure was measured at the workload's own precision; 16-bit activations are
-    half the size of fp32/tf32 ones. Without a profile figure: traffic / 6.
+    half the size of fp32/tf32 ones, FP8 ones 27/34 of 16-bit (``ACTIVATION_BYTES``).
+    Without a profile figure: traffic / 6.
     """
     p = normalize_precision(precision)
     if workload.activation_bytes_per_sample:
         own = normalize_precision(workload.precision)
-        return workload.activation_bytes_per_sample * ELEMENT_BYTES[p] / ELEMENT_BYTES[own], False
+        return (workload.activation_bytes_per_sample * ACTIVATION_BYTES[p]
+                / ACTIVATION_BYTES[own], False)
     traffic = (workload.flops_per_sample / DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32
-               * ELEMENT_BYTES[p] / 4.0)
+               * ACTIVATION_BYTES[p] / 4.0)
     return traffic / TRAFFIC_PER_ACTIVATION_BYTE, True
 
 
@@ -98,17 +134,73 @@ def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float
     p = normalize_precision(precision)
     if workload.memory_traffic_bytes_per_sample:
         own = normalize_precision(workload.precision)
-        return workload.memory_traffic_bytes_per_sample * ELEMENT_BYTES[p] / ELEMENT_BYTES[own]
+        return (workload.memory_traffic_bytes_per_sample * ACTIVATION_BYTES[p]
+                / ACTIVATION_BYTES[own])
     act, _ = activation_bytes_per_sample(workload, p)
     return act * TRAFFIC_PER_ACTIVATION_BYTE
 
 
-def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
-    """Seconds per sample of the FLOP-heavy kernels at the precision's dense peak."""
+def architecture(gpu: str) -> str:
+    """``volta|turing|ampere|ada|hopper|blackwell|cdna2|cdna3`` from a catalog GPU name,
+    ``unknown`` for anything else."""
+    name = gpu.strip().upper()
+    for prefix, arch in ARCHITECTURE_PREFIXES:
+        if name.startswith(prefix.upper()):
+            return arch
+    return "unknown"
+
+
+def tensor_efficiency(gpu: str, precision: str) -> float:
+    """Share of the tensor-core dense peak a large GEMM-bound job reaches on ``gpu`` at
+    ``precision``: ``COMPUTE_EFFICIENCY_TENSOR`` (Ampere's) × the generation's published MFU
+    / Ampere's (``GENERATION_MFU``). fp16 takes bf16's figure; FP8 without its own figure
+    takes the generation's 16-bit one × Hopper's fp8/bf16 ratio (0.83: FP8 reaches a smaller
+    share of its doubled peak); a generation without figures keeps Ampere's 60%."""
+    p = normalize_precision(precision)
+    p = "bf16" if p == "fp16" else p
+    arch = architecture(gpu)
+    arch = _SAME_AS.get(arch, arch)
+    ref = GENERATION_MFU[("ampere", "bf16")]
+    mfu = GENERATION_MFU.get((arch, p))
+    if mfu is None and p == "fp8":
+        base = GENERATION_MFU.get((arch, "bf16"), ref)
+        mfu = base * GENERATION_MFU[("hopper", "fp8")] / GENERATION_MFU[("hopper", "bf16")]
+    if mfu is None:
+        return COMPUTE_EFFICIENCY_TENSOR
+    return COMPUTE_EFFICIENCY_TENSOR * mfu / ref
+
+
+def attention_flops_share(workload: Workload) -> float:
+    """Share of a transformer's FLOPs in attention's two batched matmuls (``QKᵀ``, ``AV``):
+    ``12·L·h·s`` per token forward+backward over the workload's FLOPs per token; 0 where the
+    shape (layers, hidden size, sequence length) is not known. Capped at 0.5."""
+    layers, h, s = workload.num_layers, workload.hidden_size, workload.tokens_per_sample
+    if not (layers and h and s) or workload.flops_per_sample <= 0:
+        return 0.0
+    return min(0.5, 12.0 * layers * h * s * s / workload.flops_per_sample)
+
+
+def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
     peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
-    eff = (COMPUTE_EFFICIENCY_TENSOR if uses_tensor_cores(hardware.peak_flops_per_s, precision)
+    eff = (tensor_efficiency(hardware.gpu, precision)
+           if uses_tensor_cores(hardware.peak_flops_per_s, precision)
            else COMPUTE_EFFICIENCY_SIMT)
-    return workload.flops_per_sample / (peak * eff)
+    return flops / (peak * eff)
+
+
+def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
+    """Seconds per sample of the FLOP-heavy kernels at the precision's dense peak, at the
+    efficiency the GPU's generation reaches (:func:`tensor_efficiency`).
+
+    FP8 (Transformer Engine, torchao float8) runs the linear layers in FP8 and attention's
+    matmuls in bf16 (FlashAttention), so the attention share (:func:`attention_flops_share`)
+    is timed at bf16: the attainable speed-up over bf16 is below the 2× of the peaks."""
+    flops = workload.flops_per_sample
+    if normalize_precision(precision) == "fp8":
+        a = attention_flops_share(workload)
+        return (_tensor_time_s(flops * (1.0 - a), hardware, "fp8")
+                + _tensor_time_s(flops * a, hardware, "bf16"))
+    return _tensor_time_s(flops, hardware, precision)
 
 
 def traffic_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:

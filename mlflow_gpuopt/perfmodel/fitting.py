@@ -131,7 +131,8 @@ def prepare(workload: Workload, observations: Sequence[Observation],
                 f"observation on {obs.gpu} has no micro_batch and the workload gives none")
         config = ParallelConfig(gpus_per_node=obs.gpu_count // nodes, nodes=nodes,
                                 strategy=obs.strategy or "ddp", micro_batch=int(m),
-                                grad_accum=max(1, int(obs.grad_accum or 1)), precision=precision)
+                                grad_accum=max(1, int(obs.grad_accum or 1)), precision=precision,
+                                tp=max(1, int(obs.tp or 1)), pp=max(1, int(obs.pp or 1)))
         prepared.append(PreparedObservation(
             key=(obs.gpu, precision), hardware=hw, layout=resolve_layout(config),
             micro_batch=float(m), grad_accum=config.grad_accum, nodes=nodes,

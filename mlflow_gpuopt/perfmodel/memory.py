@@ -16,6 +16,13 @@ Model states for Ψ parameters, N data-parallel ranks, K optimizer-state bytes p
 (The ``4`` inside ``4+K`` is the fp32 master copy; the ``4Ψ/N`` in ZeRO-2/3 gradients is the
 fp32 gradient partition DeepSpeed keeps next to the 16-bit buffers.) Tensor and pipeline
 parallel divide Ψ and L by ``tp·pp`` first.
+
+FP8 (Transformer Engine, torchao float8) trains as bf16 mixed precision does: bf16 weights and
+gradients, fp32 master weights and optimizer states, so the table's mixed-precision column
+holds; on top, the FP8 copy of each weight the forward casts is kept for the backward (1 byte
+per parameter of the shard, or of the gathered layer under ZeRO-3/FSDP). FP8 saves memory
+only in the activations (linear-layer inputs, ``precision.ACTIVATION_BYTES``), not in the
+model states.
 """
 
 from __future__ import annotations
@@ -59,13 +66,16 @@ def model_states_bytes(params: float, precision: str, dp_strategy: str, dp: int,
     big = float(largest_layer_params)
     if is_mixed(precision):
         opt = (4.0 + k) * psi
+        # FP8: the cast copy of the weights, kept from forward to backward (module doc).
+        f8 = 1.0 if normalize_precision(precision) == "fp8" else 0.0
         if dp_strategy in ("single", "ddp"):
-            return 2 * psi, 2 * psi, opt
+            return (2 + f8) * psi, 2 * psi, opt
         if dp_strategy == "zero1":
-            return 2 * psi, 2 * psi, opt / n
+            return (2 + f8) * psi, 2 * psi, opt / n
         if dp_strategy == "zero2":
-            return 2 * psi, 2 * psi + 4 * psi / n, opt / n
-        return 2 * psi / n + 2 * big, 4 * psi / n + 2 * big, opt / n  # zero3 / fsdp
+            return (2 + f8) * psi, 2 * psi + 4 * psi / n, opt / n
+        return (2 * psi / n + (2 + f8) * big, 4 * psi / n + 2 * big,  # zero3 / fsdp
+                opt / n)
     opt = k * psi
     if dp_strategy in ("single", "ddp"):
         return 4 * psi, 4 * psi, opt

@@ -10,6 +10,19 @@ from mlflow_gpuopt.perfmodel.errors import PerfModelError
 #: Bytes of one activation / weight element stored in this precision (tf32 is stored as fp32).
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
+#: Bytes per activation element *stored for the backward pass*, per precision, relative to
+#: which the profile's measured figure is rescaled. FP8 training as Transformer Engine and
+#: torchao float8 run it casts only the inputs of the linear layers to FP8 (1 byte) and keeps
+#: everything else (norms, attention with its softmax, residuals, activation functions) in
+#: bf16. Of a transformer layer's 34·s·b·h bytes of 16-bit activations (Korthikanti et al.
+#: 2022, without the s² attention term), the linear inputs are 14·s·b·h (QKV, attention
+#: projection and fc1 inputs 2sbh each, fc2's input 8sbh); stored at 1 byte they save
+#: 7·s·b·h: 27/34 of the bf16 bytes, i.e. 2 × 27/34 ≈ 1.6 bytes per element-equivalent.
+ACTIVATION_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 2.0 * 27 / 34}
+#: Bytes per element of activations and gradients on the wire between GPUs (tensor-parallel
+#: all-reduces, pipeline sends): FP8 recipes communicate them in bf16.
+COMM_ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+
 #: Precisions trained as "mixed precision" (low-precision compute, fp32 master weights).
 MIXED = frozenset({"fp16", "bf16", "fp8"})
 

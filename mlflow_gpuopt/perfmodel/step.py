@@ -31,7 +31,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     weight_traffic_time_s,
 )
 from mlflow_gpuopt.perfmodel.layout import Layout
-from mlflow_gpuopt.perfmodel.precision import ELEMENT_BYTES, is_mixed
+from mlflow_gpuopt.perfmodel.precision import COMM_ELEMENT_BYTES, is_mixed
 from mlflow_gpuopt.perfmodel.shape import Shape
 from mlflow_gpuopt.perfmodel.types import Hardware, Workload
 
@@ -95,7 +95,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     t_opt = k_opt * optimizer_time_prior_s(opt_params, optimizer_state_bytes, hardware,
                                            precision)
 
-    act_bytes = ELEMENT_BYTES[precision]
+    act_bytes = COMM_ELEMENT_BYTES[precision]
     kappa = calib.comm_scale
     t_tp = kappa * comm.tp_allreduce_s(max(1, shape.num_layers // pp), micro_batch,
                                        shape.seq_len, shape.hidden_size, act_bytes, tp,

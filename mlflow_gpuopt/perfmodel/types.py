@@ -66,6 +66,8 @@ class Observation:
     precision: str | None = None
     grad_accum: int = 1
     exposed_comm_fraction: float | None = None  # measured share of the step spent waiting on comms
+    tp: int = 1  # tensor-parallel degree of the measured run
+    pp: int = 1  # pipeline stages of the measured run
 
 
 @dataclass(frozen=True)

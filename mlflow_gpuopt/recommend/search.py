@@ -71,21 +71,27 @@ class NoOffersError(ValueError):
     """No catalog offer matches the providers / region / spot choice asked for."""
 
 
-def allowed_precisions(workload_precision: str, spec: GpuSpec) -> tuple[str, ...]:
+def allowed_precisions(workload_precision: str, spec: GpuSpec, *,
+                       linear_layers: bool = False) -> tuple[str, ...]:
     """Precisions a plan on ``spec`` may use without changing what the script computes.
 
     fp32 scripts may also run with TF32 matmuls (where the GPU has TF32); fp16 autocast
     may become bf16 (no loss scaling needed); bf16 needs bf16 hardware; fp8 needs fp8.
+    16-bit scripts whose FLOPs are in linear layers (``linear_layers``: transformers) may also
+    run those in FP8 where the GPU has FP8 tensor cores: Transformer Engine and torchao float8
+    swap ``nn.Linear`` modules and leave the rest of the step in bf16 (convolutions included,
+    so CNNs are not offered FP8).
     """
     p = (workload_precision or "fp32").lower()
+    fp8 = ("fp8",) if spec.fp8_tflops and linear_layers else ()
     if p == "fp32":
         return ("fp32", "tf32") if spec.tf32_tflops else ("fp32",)
     if p == "tf32":
         return ("tf32",) if spec.tf32_tflops else ("fp32",)
     if p == "fp16":
-        return ("fp16", "bf16") if spec.bf16_tflops else ("fp16",)
+        return ("fp16", "bf16", *fp8) if spec.bf16_tflops else ("fp16",)
     if p == "bf16":
-        return ("bf16",) if spec.bf16_tflops else ()
+        return ("bf16", *fp8) if spec.bf16_tflops else ()
     if p == "fp8":
         return ("fp8",) if spec.fp8_tflops else ()
     return (p,)
@@ -213,7 +219,9 @@ class _Search:
         return None
 
     def offer(self, offer: Offer, spec: GpuSpec, hw: Hardware) -> None:
-        precisions = allowed_precisions(self.workload.precision, spec)
+        w = self.workload
+        precisions = allowed_precisions(
+            w.precision, spec, linear_layers=bool(w.hidden_size and w.tokens_per_sample))
         if not precisions:
             self.dropped[f"{spec.name} lacks {self.workload.precision}"] += 1
             return
