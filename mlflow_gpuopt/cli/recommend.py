@@ -7,6 +7,7 @@ line on stderr and exit code 2, and nothing is logged to MLflow.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -139,12 +140,21 @@ def _print_table(doc, out) -> None:
               help="How many ranked plans to show / return.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None,
+              help="Activation recomputation the plans run with (default: the run's own, else "
+                   "none); plans that fit only with full recomputation still get it.")
+@click.option("--activation-checkpointing", is_flag=True,
+              help="Same as --recompute full.")
 def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps, deadline,
-              providers, region, spot, max_gpus, max_nodes, confidence, top, as_json, no_log):
+              providers, region, spot, max_gpus, max_nodes, confidence, top, as_json, no_log,
+              recompute, activation_checkpointing):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train."""
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
     # 1. Everything that can be checked without reading anything.
+    if activation_checkpointing and recompute not in (None, "full"):
+        raise UsageError("--activation-checkpointing means --recompute full; give one of them")
+    recompute = recompute or ("full" if activation_checkpointing else None)
     if bool(run_ids) == bool(experiment):
         raise UsageError("give --run-id ID (one or more) or --experiment NAME, not both"
                          if run_ids else "give --run-id ID or --experiment NAME")
@@ -171,6 +181,11 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
 
     # 2. Read the runs (read-only).
     workload, observations, run_ids = _load_inputs(run_ids, experiment)
+    if recompute:
+        # The runs ran as they were measured; only the plans change mode.
+        observations = [dataclasses.replace(o, recompute=o.recompute or workload.recompute
+                                            or "none") for o in observations]
+        workload = dataclasses.replace(workload, recompute=recompute)
     try:
         total, description = _target_samples(
             workload, _global_batch(workload, observations), samples=samples, epochs=epochs,

@@ -5,8 +5,13 @@
     T_step  = (s−1)·T_grad + T_sync + T_opt + T_straggle          DDP / ZeRO-1/2
     T_step  = s·(T_grad ⊕ T_gather) + T_opt + T_straggle          ZeRO-3 / FSDP
                                                                   (gathers every micro-step)
-    T_step  = (s+p−1)·(T_stage + T_p2p) + exposed T_comm + ...    pipeline,
-                                                                  bubble (p−1)/(s+p−1)
+    T_step  = (s + (p−1)/v)·(T_stage + v·T_p2p) + exposed T_comm + ...    pipeline (1F1B),
+                                                                  bubble (p−1)/(v·s) of ideal
+
+The pipeline bubble is Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
+on GPU Clusters Using Megatron-LM", Sec. 2.2): (p−1)/m of the ideal time for 1F1B with m
+micro-batches, (p−1)/(v·m) with the interleaved schedule's v model chunks per device, whose
+point-to-point traffic grows v-fold (each micro-batch crosses v times as many stage boundaries).
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
 ``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
@@ -108,9 +113,10 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     bubble = 0.0
     if pp > 1:
         boundary = micro_batch * shape.seq_len * shape.hidden_size * act_bytes
-        t_stage = t_micro + kappa * comm.pp_p2p_s(boundary, layout, hardware)
-        bubble = (pp - 1) * t_stage
-        pipe = (s + pp - 1) * t_stage
+        vp = max(1, layout.vp)
+        t_stage = t_micro + kappa * vp * comm.pp_p2p_s(boundary, layout, hardware)
+        bubble = (pp - 1) * t_stage / vp
+        pipe = s * t_stage + bubble
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
         step = pipe + exposed_dp + t_opt + t_straggle
     elif comm.sharded_params(layout):
