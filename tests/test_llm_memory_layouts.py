@@ -160,6 +160,10 @@ def test_bad_layouts_are_one_line_errors(tmp_path):
                                     "--gpus", "8", "--strategy", "tp2xqq"])
     assert r.exit_code == 2 and "unknown strategy" in r.output
     assert "Traceback" not in r.output
+    r = CliRunner().invoke(gpuopt, ["predict", "--workload", str(LLAMA), "--gpu", A100,
+                                    "--gpus", "8", "--recompute", "selective",
+                                    "--activation-checkpointing"])
+    assert r.exit_code == 2 and "--recompute full" in r.output
 
 
 def test_interleaved_schedule_divides_the_bubble_by_the_virtual_stages():
