@@ -136,7 +136,8 @@ def test_compound_layouts_round_trip_through_files_and_predict(tmp_path, strateg
     o.write_text(text)
     name, tp, pp, vp, _ = parse_layout(strategy)
     out = _predict("--workload", str(w), "--observations", str(o), "--gpu", A100,
-                   "--gpus", str(gpus), "--nodes", str(nodes), "--micro-batch", "2", "--json")
+                   "--gpus", str(gpus), "--nodes", str(nodes), "--micro-batch", "2",
+                   "--recompute", "full", "--json")
     assert out["strategy"] == strategy  # the workload's layout is the default
     layout = resolve_layout(ParallelConfig(gpus_per_node=gpus // nodes, nodes=nodes,
                                            strategy=strategy))
@@ -215,3 +216,25 @@ def test_recommend_cli_refuses_a_bad_recompute_mode():
     r = CliRunner().invoke(gpuopt, ["recommend", "--run-id", "x", "--recompute", "none",
                                     "--activation-checkpointing"])
     assert r.exit_code == 2 and "--recompute full" in r.output
+
+
+def test_full_recompute_runs_the_forward_again():
+    """A micro-step with full recomputation is 4/3 as long (the forward twice, the backward
+    twice the forward); an observation made with it calibrates the model without it."""
+    workload = load_workload(LLAMA)
+    hw = _hardware()
+    obs = Observation(gpu=A100, gpu_count=1, throughput_samples_per_s=3.0, micro_batch=6,
+                      strategy="single", precision="bf16", recompute="full")
+    predictor = fit(workload, [obs], hw)
+    cfg = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=6, precision="bf16")
+    full = predictor.predict(dataclasses.replace(cfg, recompute="full"), hw[A100])
+    none = predictor.predict(cfg, hw[A100])
+    assert full.throughput_samples_per_s == pytest.approx(3.0, rel=0.02)
+    # compute = micro-step + optimizer step; only the micro-step grows, by a third
+    micro_none = 3.0 * (full.compute_s - none.compute_s)
+    optimizer = none.compute_s - micro_none
+    assert 0.0 <= optimizer < 0.2 * none.compute_s
+    assert full.compute_s - optimizer == pytest.approx(4.0 / 3.0 * micro_none)
+    # Selective recomputation with SDPA/flash adds nothing (flash recomputes scores anyway)
+    sel = predictor.predict(dataclasses.replace(cfg, recompute="selective"), hw[A100])
+    assert sel.throughput_samples_per_s == pytest.approx(none.throughput_samples_per_s)

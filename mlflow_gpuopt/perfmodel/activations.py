@@ -164,3 +164,29 @@ def activation_bytes(dims: TransformerDims, micro_batch: float, element_bytes: f
         last = tokens * (layers_per_stage * kept_layer + head)
         stored = max(first, last)
     return ActivationBytes(stored_bytes=stored, recompute_bytes=working)
+
+
+#: Share of a training micro-step's work that is the forward pass: the backward costs about
+#: twice the forward (a gradient for the input and one for the weights per matmul), so full
+#: recomputation, which runs the forward once more, makes a micro-step 4/3 as long
+#: (Korthikanti et al. 2022, Sec. 6; Narayanan et al. 2021, Sec. 5.1).
+FORWARD_SHARE = 1.0 / 3.0
+
+
+def recompute_time_factor(recompute: str, attention: str, flops_per_sample: float,
+                          dims: TransformerDims | None) -> float:
+    """How much longer a micro-step runs with ``recompute`` than without.
+
+    Full: the forward again (× 4/3), dispatch and weight reads included. Selective: the
+    forward of the score products QKᵀ and (softmax)·V, ``4·s²·h`` FLOPs per layer per sample,
+    on top of ``flops_per_sample``; FlashAttention recomputes them in its backward anyway, so
+    nothing is added there. None: 1.
+    """
+    recompute = normalize_recompute(recompute)
+    if recompute == "full":
+        return 1.0 + FORWARD_SHARE
+    if recompute == "selective" and dims is not None and normalize_attention(attention) == \
+            "eager" and flops_per_sample > 0:
+        extra = 4.0 * dims.num_layers * dims.seq_len**2 * dims.hidden_size
+        return 1.0 + extra / flops_per_sample
+    return 1.0

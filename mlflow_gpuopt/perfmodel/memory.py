@@ -34,6 +34,7 @@ from mlflow_gpuopt.perfmodel.activations import (
     TransformerDims,
     activation_bytes,
     normalize_attention,
+    recompute_time_factor,
 )
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
@@ -108,6 +109,13 @@ def transformer_dims(workload: Workload) -> TransformerDims | None:
                            num_heads=int(workload.num_heads or max(1, round(h / 128))),
                            ffn_hidden_size=float(ffn), gated_mlp=gated,
                            vocab_size=float(workload.vocab_size) if workload.vocab_size else None)
+
+
+def recompute_factor(workload: Workload, recompute: str) -> float:
+    """How much longer a micro-step runs with ``recompute`` (see
+    :func:`.activations.recompute_time_factor`)."""
+    return recompute_time_factor(recompute, normalize_attention(workload.attention),
+                                 workload.flops_per_sample, transformer_dims(workload))
 
 
 def activation_notes(workload: Workload, recompute: str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from mlflow_gpuopt.perfmodel.memory import (
     largest_fitting,
     max_micro_batch_fitting,
     optimizer_state_bytes_per_param,
+    recompute_factor,
 )
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.shape import model_shape
@@ -170,8 +171,10 @@ class Predictor:
         res = self.result
         key = (hardware.gpu, precision)
         calib, sd_k, extrapolated = self._calibration(key)
+        recompute = config.recompute_mode(self.workload.recompute)
         terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
-                           self._shape, self._opt_bytes, calib)
+                           self._shape, self._opt_bytes, calib,
+                           recompute_factor(self.workload, recompute), recompute == "full")
         throughput = terms.samples_per_step / terms.step_s
 
         strategy = layout.strategy_name()
@@ -203,7 +206,6 @@ class Predictor:
             + (mem1.workspace_bytes - mem0.workspace_bytes) * m)
         max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, hardware.memory_bytes)
         fits = memory.total_bytes <= hardware.memory_bytes
-        recompute = config.recompute_mode(self.workload.recompute)
         observed_m = self._observed.micro_batches.get(
             _observed_key(hardware.gpu, config, layout, precision, recompute), 0)
         notes = self._notes + activation_notes(self.workload, recompute)

@@ -74,8 +74,13 @@ class StepTerms:
 
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
                micro_batch: float, grad_accum: int, shape: Shape, optimizer_state_bytes: float,
-               calib: Calibration) -> StepTerms:
-    """Time of one optimizer step (``grad_accum`` micro-steps of ``micro_batch`` per GPU)."""
+               calib: Calibration, recompute_factor: float = 1.0,
+               full_recompute: bool = False) -> StepTerms:
+    """Time of one optimizer step (``grad_accum`` micro-steps of ``micro_batch`` per GPU).
+
+    ``recompute_factor`` stretches each micro-step's compute for activation recomputation
+    (4/3 for full: the forward runs twice, its kernel dispatch and weight reads included), and
+    full recomputation re-runs the forward's two tensor-parallel all-reduces per layer."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     shards = tp * pp
     s = max(1, int(grad_accum))
@@ -94,6 +99,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         # Each stage runs its share of the kernels; tensor parallelism splits each kernel.
         t_grad += latency_time_s(calib.latency_fixed_flops / pp,
                                  calib.latency_per_sample_flops / shards, micro_batch, hardware)
+    t_grad *= recompute_factor
     opt_params = params_shard / dp if layout.dp_strategy in ("zero1", "zero2", "zero3",
                                                             "fsdp") else params_shard
     k_opt = k if calib.optimizer_scale is None else calib.optimizer_scale
@@ -105,6 +111,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     t_tp = kappa * comm.tp_allreduce_s(max(1, shape.num_layers // pp), micro_batch,
                                        shape.seq_len, shape.hidden_size, act_bytes, tp,
                                        hardware)
+    if full_recompute:
+        t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
     t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
     t_micro = t_grad + t_tp
