@@ -126,7 +126,8 @@ def _human(result: dict) -> str:
     lines = [
         f"{result['gpus']} x {result['gpu']} ({result['nodes']} node(s)), "
         f"{result['strategy']}, micro-batch {result['micro_batch']} x accumulation "
-        f"{result['grad_accum']}, {result['precision']}",
+        f"{result['grad_accum']}, {result['precision']}"
+        + (f", recompute {result['recompute']}" if result["recompute"] != "none" else ""),
         f"  throughput   {result['throughput_samples_per_s']:,.1f} samples/s  "
         f"(90% interval {result['low']:,.1f} - {result['high']:,.1f})",
     ]
