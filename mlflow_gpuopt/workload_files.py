@@ -15,21 +15,27 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
+from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
-from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
+from mlflow_gpuopt.perfmodel.types import Observation, Workload
 
 REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
 OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
-                       "strategy", "precision", "grad_accum")
+                       "strategy", "precision", "grad_accum", "recompute")
 REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
 
 _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_layers",
-             "largest_layer_params", "hidden_size"}
+             "largest_layer_params", "hidden_size", "num_heads", "vocab_size", "ffn_hidden_size"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
-               "memory_traffic_bytes_per_sample", "kernels_per_micro_step"}
-_STR_KEYS = {"name", "precision", "optimizer"}
+               "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout"}
+_STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy"}
+#: Other spellings of workload keys.
+_KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_sample",
+                "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size"}
+_MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
 
 
@@ -65,7 +71,10 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
             f"{where}: missing required field(s) {', '.join(missing)} "
             f"(required: {', '.join(REQUIRED_WORKLOAD_KEYS)})")
     kwargs: dict[str, Any] = {}
-    for key, value in doc.items():
+    for raw_key, value in doc.items():
+        key = _KEY_ALIASES.get(raw_key, raw_key)
+        if key in doc and key != raw_key:
+            continue  # the canonical key wins over its alias
         if key not in _WORKLOAD_KEYS or value is None:
             continue
         if key in _INT_KEYS:
@@ -80,11 +89,41 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
         kwargs["precision"] = normalize_precision(kwargs["precision"])
     except PerfModelError as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
+    _check_words(kwargs, where)
     if kwargs.get("micro_batch") == 0:
         kwargs.pop("micro_batch")
     if "grad_accum" in kwargs:
         kwargs["grad_accum"] = max(1, kwargs["grad_accum"])
     return Workload(**kwargs)
+
+
+def _check_words(kwargs: dict[str, Any], where: str) -> None:
+    """Normalise the workload's word-valued keys in place; one clear line when one is wrong."""
+    try:
+        if "attention" in kwargs:
+            kwargs["attention"] = normalize_attention(kwargs["attention"])
+        if "recompute" in kwargs:
+            kwargs["recompute"] = normalize_recompute(kwargs["recompute"])
+        if "strategy" in kwargs:
+            kwargs["strategy"] = _strategy(kwargs["strategy"])
+    except (ValueError, PerfModelError) as exc:
+        raise WorkloadFileError(f"{where}: {exc}") from None
+    if "mlp" in kwargs:
+        kwargs["mlp"] = kwargs["mlp"].strip().lower()
+        if kwargs["mlp"] not in _MLPS:
+            raise WorkloadFileError(f"{where}: unknown mlp {kwargs['mlp']!r}; expected gelu or "
+                                    "swiglu")
+    if kwargs.get("dropout") is not None and kwargs["dropout"] >= 1:
+        raise WorkloadFileError(f"{where}: 'dropout' is a probability below 1, got "
+                                f"{kwargs['dropout']!r}")
+
+
+def _strategy(text: str) -> str:
+    """The strategy string as given (lower case, no spaces) once :func:`parse_layout` accepts
+    it: ``ddp``, ``fsdp``, ``tp2xfsdp``, ``tp8xpp12xddp``..."""
+    cleaned = "".join(str(text).split()).lower()
+    parse_layout(cleaned)
+    return cleaned
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -106,6 +145,10 @@ def load_workload(path: str | Path) -> Workload:
 def parse_observations_csv(text: str, where: str = "observations",
                            resolve_gpu: Callable[[str], str] | None = None) -> list[Observation]:
     """Observations from CSV text with the columns of ``OBSERVATION_COLUMNS``.
+
+    ``strategy`` takes every layout ``--strategy`` does (``fsdp``, ``tp2xfsdp``,
+    ``tp8xpp12xddp``, ``pp4xvp2``...); ``recompute`` is none, selective or full (empty: the
+    workload's own).
 
     ``resolve_gpu`` maps NVML/short names to canonical ones (``cpu`` is kept as ``cpu``); a
     ``ValueError`` it raises is reported with the row.
@@ -142,10 +185,11 @@ def parse_observations_csv(text: str, where: str = "observations",
         if count < 1 or nodes < 1 or thr <= 0:
             raise WorkloadFileError(
                 f"{at}: gpu_count and nodes must be >= 1 and throughput_samples_per_s > 0")
-        strategy = (row.get("strategy") or "").lower() or ("single" if count == 1 else "ddp")
-        if strategy not in STRATEGIES:
-            raise WorkloadFileError(
-                f"{at}: unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        try:
+            strategy = _strategy(row.get("strategy") or ("single" if count == 1 else "ddp"))
+            recompute = normalize_recompute(row["recompute"]) if row.get("recompute") else None
+        except (ValueError, PerfModelError) as exc:
+            raise WorkloadFileError(f"{at}: {exc}") from None
         precision = None
         if row.get("precision"):
             try:
@@ -156,7 +200,7 @@ def parse_observations_csv(text: str, where: str = "observations",
             gpu=gpu, gpu_count=count, throughput_samples_per_s=thr, nodes=nodes,
             micro_batch=_number(row["micro_batch"], "micro_batch", at, int)
             if row.get("micro_batch") else None,
-            strategy=strategy, precision=precision,
+            strategy=strategy, precision=precision, recompute=recompute,
             grad_accum=max(1, _number(row["grad_accum"], "grad_accum", at, int))
             if row.get("grad_accum") else 1))
     if not out:
@@ -176,3 +220,27 @@ def load_observations(path: str | Path, resolve_gpu: Callable[[str], str] | None
     except UnicodeDecodeError:
         raise WorkloadFileError(f"{p}: not UTF-8 text") from None
     return parse_observations_csv(text, where=str(p), resolve_gpu=resolve_gpu)
+
+
+def workload_to_dict(workload: Workload) -> dict[str, Any]:
+    """The ``workload.json`` document of ``workload`` (unknown fields left out), which
+    :func:`workload_from_dict` reads back to an equal :class:`Workload`."""
+    doc: dict[str, Any] = {"schema": "gpuopt.workload/1"}
+    for f in fields(Workload):
+        value = getattr(workload, f.name)
+        if value is not None:
+            doc[f.name] = value
+    return doc
+
+
+def observations_to_csv(observations: list[Observation]) -> str:
+    """CSV text with the columns of ``OBSERVATION_COLUMNS``, which
+    :func:`parse_observations_csv` reads back."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(OBSERVATION_COLUMNS)
+    for o in observations:
+        writer.writerow([o.gpu, o.gpu_count, o.nodes, o.micro_batch or "",
+                         repr(float(o.throughput_samples_per_s)), o.strategy, o.precision or "",
+                         o.grad_accum, o.recompute or ""])
+    return out.getvalue()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 
 import click
 
@@ -25,35 +24,17 @@ from mlflow_gpuopt.cli.options import (
 
 logger = logging.getLogger(__name__)
 
-_PART = re.compile(r"^(tp|pp|dp)?(\d*)$")
-
-
 def parse_strategy(text: str) -> tuple[str, int, int]:
     """``(data-parallel strategy, tp, pp)`` from ``ddp``, ``zero2``, ``tp``, ``tp4``,
-    ``pp2``, ``tp2xpp2``, ``tp2xpp2xzero1`` (parts joined by ``x``, ``×``, ``+`` or ``,``)."""
-    from mlflow_gpuopt.perfmodel.layout import DP_STRATEGIES as _DP
+    ``pp2``, ``tp2xpp2``, ``tp2xpp2xzero1`` (parts joined by ``x``, ``×``, ``+`` or ``,``);
+    see :func:`mlflow_gpuopt.perfmodel.layout.parse_layout`."""
+    from mlflow_gpuopt.perfmodel.errors import PerfModelError
+    from mlflow_gpuopt.perfmodel.layout import parse_layout
 
-    parts = [p for p in re.split(r"[x×+,*]", text.strip().lower()) if p]
-    if not parts:
-        raise UsageError(f"{'unknown' if text.strip() else 'empty'} --strategy {text!r}; use one "
-                         f"of {', '.join(_DP)}, tp, pp or tp2xpp2xddp")
-    dp, tp, pp = None, 1, 1
-    for part in parts:
-        if part in _DP:
-            dp = part
-            continue
-        m = _PART.match(part)
-        if not m or m.group(1) not in ("tp", "pp"):
-            raise UsageError(
-                f"unknown strategy {text!r}; use one of {', '.join(_DP)}, tp, pp, or a "
-                "combination such as tp2xpp2xddp")
-        degree = int(m.group(2)) if m.group(2) else 0  # 0: fill the node / the job
-        if m.group(1) == "tp":
-            tp = degree
-        else:
-            pp = degree
-    if dp is None:
-        dp = "tp" if tp != 1 and pp == 1 else ("pp" if pp != 1 else "ddp")
+    try:
+        dp, tp, pp, _vp, _dp = parse_layout(text)
+    except PerfModelError as exc:
+        raise UsageError(str(exc)) from None
     return dp, tp, pp
 
 
@@ -136,7 +117,8 @@ def _human(result: dict) -> str:
     lines = [
         f"{result['gpus']} x {result['gpu']} ({result['nodes']} node(s)), "
         f"{result['strategy']}, micro-batch {result['micro_batch']} x accumulation "
-        f"{result['grad_accum']}, {result['precision']}",
+        f"{result['grad_accum']}, {result['precision']}"
+        + (f", recompute {result['recompute']}" if result["recompute"] != "none" else ""),
         f"  throughput   {result['throughput_samples_per_s']:,.1f} samples/s  "
         f"(90% interval {result['low']:,.1f} - {result['high']:,.1f})",
     ]
@@ -201,7 +183,12 @@ def _human(result: dict) -> str:
               help="Gradient-accumulation steps (default: the measured one).")
 @click.option("--precision", default=None,
               help="fp32, tf32, fp16, bf16 or fp8 (default: measured).")
-@click.option("--activation-checkpointing", is_flag=True, help="Recompute activations.")
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None,
+              help="Activation recomputation (default: the workload's own, else none).")
+@click.option("--activation-checkpointing", is_flag=True,
+              help="Full activation recomputation (same as --recompute full).")
+@click.option("--virtual-stages", type=click.IntRange(min=1), default=None,
+              help="Interleaved pipeline schedule: model chunks per pipeline stage.")
 @click.option("--instance-type", default=None,
               help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -209,8 +196,9 @@ def _human(result: dict) -> str:
 @target_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
-            grad_accum, precision, activation_checkpointing, instance_type, inter_node_gbps,
-            samples, epochs, dataset_size, tokens, steps, as_json) -> None:
+            grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
+            instance_type, inter_node_gbps, samples, epochs, dataset_size, tokens, steps,
+            as_json) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
@@ -243,7 +231,13 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         raise UsageError(f"--gpus {gpus} over --nodes {nodes} is {per_node} {target} per node; "
                          f"no {target} machine in the catalog or the runs has more than "
                          f"{node_max}")
+    if activation_checkpointing and recompute not in (None, "full"):
+        raise UsageError("--activation-checkpointing means --recompute full; give one of them")
+    strategy = strategy or workload.strategy
     dp_strategy, tp, pp = parse_strategy(strategy or ("single" if gpus == 1 else "ddp"))
+    from mlflow_gpuopt.perfmodel.layout import parse_layout
+
+    vp = virtual_stages or parse_layout(strategy or "ddp")[3]
     if tp == 0:
         tp = per_node
     if pp == 0:
@@ -267,7 +261,8 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         micro_batch=micro_batch or workload.micro_batch,
         grad_accum=grad_accum or workload.grad_accum or 1,
         precision=precision or workload.precision,
-        activation_checkpointing=activation_checkpointing, tp=tp, pp=pp)
+        activation_checkpointing=activation_checkpointing, tp=tp, pp=pp,
+        recompute=recompute or ("full" if activation_checkpointing else None), virtual_stages=vp)
     try:
         predictor = fit(workload, observations, hardware)
         p = predictor.predict(config, target_hw)
@@ -279,7 +274,8 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     result = {
         "gpu": target, "gpus": gpus, "nodes": nodes, "strategy": shown_strategy,
         "micro_batch": config.micro_batch, "grad_accum": config.grad_accum,
-        "precision": config.precision, "tp": tp, "pp": pp,
+        "precision": config.precision, "tp": tp, "pp": pp, "virtual_stages": vp,
+        "recompute": config.recompute_mode(workload.recompute),
         "throughput_samples_per_s": p.throughput_samples_per_s, "low": p.low, "high": p.high,
         "step_time_s": p.step_time_s, "memory_per_gpu_bytes": m.total_bytes, "fits": p.fits,
         "memory_capacity_bytes": p.memory_capacity_bytes, "max_micro_batch": p.max_micro_batch,

@@ -7,6 +7,7 @@ line on stderr and exit code 2, and nothing is logged to MLflow.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -99,9 +100,15 @@ def _print_table(doc, out) -> None:
                    "batch grows with the GPU count.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None,
+              help="Activation recomputation the plans run with (default: the run's own, else "
+                   "none); plans that fit only with full recomputation still get it.")
+@click.option("--activation-checkpointing", is_flag=True,
+              help="Same as --recompute full.")
 def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
-              max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log):
+              max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
+              recompute, activation_checkpointing):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -110,6 +117,9 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
     # 1. Everything that can be checked without reading anything.
+    if activation_checkpointing and recompute not in (None, "full"):
+        raise UsageError("--activation-checkpointing means --recompute full; give one of them")
+    recompute = recompute or ("full" if activation_checkpointing else None)
     if observations_path and not workload_path:
         raise UsageError("--observations needs --workload W.json")
     if not (run_ids or experiment or workload_path):
@@ -147,6 +157,11 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
                                                       catalog)
     else:
         workload, observations, run_ids = _load_inputs(run_ids, experiment)
+    if recompute:
+        # The runs ran as they were measured; only the plans change mode.
+        observations = [dataclasses.replace(o, recompute=o.recompute or workload.recompute
+                                            or "none") for o in observations]
+        workload = dataclasses.replace(workload, recompute=recompute)
     measured_batch = _global_batch(workload, observations)
     total = training_target.total_samples(
         tokens_per_sample=workload.tokens_per_sample,

@@ -41,7 +41,7 @@ from mlflow_gpuopt.perfmodel.compute import (
 )
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
-from mlflow_gpuopt.perfmodel.memory import optimizer_state_bytes_per_param
+from mlflow_gpuopt.perfmodel.memory import optimizer_state_bytes_per_param, recompute_factor
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.shape import Shape, model_shape
 from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
@@ -74,6 +74,7 @@ class PreparedObservation:
     grad_accum: int
     nodes: int
     throughput_samples_per_s: float
+    recompute: str = "none"  # activation recomputation the run used
 
 
 @dataclass(frozen=True)
@@ -132,18 +133,21 @@ def prepare(workload: Workload, observations: Sequence[Observation],
         config = ParallelConfig(gpus_per_node=obs.gpu_count // nodes, nodes=nodes,
                                 strategy=obs.strategy or "ddp", micro_batch=int(m),
                                 grad_accum=max(1, int(obs.grad_accum or 1)), precision=precision,
-                                tp=max(1, int(obs.tp or 1)), pp=max(1, int(obs.pp or 1)))
+                                tp=max(1, int(obs.tp or 1)), pp=max(1, int(obs.pp or 1)),
+                                recompute=obs.recompute)
         prepared.append(PreparedObservation(
             key=(obs.gpu, precision), hardware=hw, layout=resolve_layout(config),
             micro_batch=float(m), grad_accum=config.grad_accum, nodes=nodes,
-            throughput_samples_per_s=float(obs.throughput_samples_per_s)))
+            throughput_samples_per_s=float(obs.throughput_samples_per_s),
+            recompute=config.recompute_mode(workload.recompute)))
     return prepared, cpu
 
 
 def _throughput(workload: Workload, obs: PreparedObservation, shape: Shape, k_opt: float,
                 calib: Calibration) -> float:
     t = step_terms(workload, obs.hardware, obs.key[1], obs.layout, obs.micro_batch,
-                   obs.grad_accum, shape, k_opt, calib)
+                   obs.grad_accum, shape, k_opt, calib, recompute_factor(workload, obs.recompute),
+                   obs.recompute == "full")
     return t.samples_per_step / t.step_s
 
 

@@ -3,6 +3,7 @@ then data-parallel replicas outermost (Megatron's order), and the checks that go
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
@@ -11,6 +12,59 @@ from mlflow_gpuopt.perfmodel.types import STRATEGIES, Hardware, ParallelConfig
 #: Data-parallel flavours; ``tp``/``pp`` mean "model parallel, replicas (if any) use DDP".
 DP_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 SHARDED_PARAMS = frozenset({"zero3", "fsdp"})
+_PART = re.compile(r"^(tp|pp|vp|dp)(\d*)$")
+_SEPARATORS = re.compile(r"[x×+,*]")
+
+
+def parse_layout(text: str) -> tuple[str, int, int, int, int]:
+    """``(strategy, tp, pp, vp, dp)`` from a strategy string as ``--strategy`` takes it:
+    ``ddp``, ``zero2``, ``tp``, ``tp4``, ``pp2``, ``tp2xpp2``, ``tp8xpp12xddp``,
+    ``tp2xfsdp``, ``pp4xvp2`` (parts joined by ``x``, ``×``, ``+``, ``*`` or ``,``).
+
+    ``strategy`` is one of :data:`STRATEGIES` (``tp``/``pp`` when only model-parallel
+    degrees are given: their replicas use DDP). A degree of 0 (``tp`` or ``pp`` without a
+    number) means "fill the node" / "fill the job"; absent degrees are 1. ``vp`` is the number
+    of virtual stages of an interleaved pipeline schedule; ``dp`` with a number is the
+    data-parallel degree the layout must come to (0 when not given).
+    """
+    parts = [p for p in _SEPARATORS.split(str(text).strip().lower()) if p]
+    if not parts:
+        raise PerfModelError(f"empty strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, "
+                             "tp, pp or e.g. tp2xpp2xddp")
+    dp_name, tp, pp, vp, dp = None, 1, 1, 1, 0
+    for part in parts:
+        if part in DP_STRATEGIES:
+            dp_name = part
+            continue
+        m = _PART.match(part)
+        if not m:
+            raise PerfModelError(
+                f"unknown strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, tp, pp, "
+                "or a combination such as tp2xpp2xddp (vpN: interleaved virtual stages)")
+        kind, digits = m.group(1), m.group(2)
+        degree = int(digits) if digits else 0
+        if kind == "dp":
+            dp_name, dp = dp_name or "ddp", degree
+        elif kind == "tp":
+            tp = degree
+        elif kind == "pp":
+            pp = degree
+        else:
+            if degree < 1:
+                raise PerfModelError(f"strategy {text!r}: vp needs a number of virtual stages")
+            vp = degree
+    if dp_name is None:
+        dp_name = "tp" if tp != 1 and pp == 1 else ("pp" if pp != 1 else "ddp")
+    return dp_name, tp, pp, vp, dp
+
+
+def is_strategy(text: str) -> bool:
+    """True when :func:`parse_layout` accepts ``text``."""
+    try:
+        parse_layout(text)
+    except PerfModelError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -24,6 +78,7 @@ class Layout:
     dp_ranks_per_node: int  # replicas of one model shard that share a node
     dp_spans_nodes: bool
     pp_spans_nodes: bool
+    vp: int = 1  # virtual stages per pipeline stage (interleaved schedule)
 
     def gpus_total(self) -> int:
         """GPUs in the job: ``tp × pp × dp``."""
@@ -38,27 +93,36 @@ class Layout:
 
 
 def resolve_layout(config: ParallelConfig) -> Layout:
-    """Degrees for ``config``; ``strategy="tp"`` without ``tp`` uses the whole node, and
-    ``strategy="pp"`` without ``pp`` puts one stage on every GPU left after tensor parallel."""
-    strategy = config.strategy.lower()
-    if strategy not in STRATEGIES:
+    """Degrees for ``config``; ``config.strategy`` may be a compound layout string
+    (:func:`parse_layout`), whose degrees apply where ``config.tp``/``pp`` are left at 1.
+    ``tp`` without a degree uses the whole node, and ``pp`` without one puts one stage on every
+    GPU left after tensor parallel."""
+    name, tp_s, pp_s, vp_s, dp_s = parse_layout(config.strategy)
+    if name not in STRATEGIES:
         raise PerfModelError(
             f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
     g, gpus = config.gpus_per_node, config.gpus
     if g < 1 or config.nodes < 1:
         raise PerfModelError("gpus per node and nodes must be at least 1")
-    tp, pp = max(1, config.tp), max(1, config.pp)
-    dp_strategy = strategy
-    if strategy == "tp":
-        tp = tp if tp > 1 else g
-        dp_strategy = "ddp"
-    elif strategy == "pp":
-        pp = pp if pp > 1 else max(1, gpus // tp)
-        dp_strategy = "ddp"
+    tp = config.tp if config.tp > 1 else tp_s
+    pp = config.pp if config.pp > 1 else pp_s
+    vp = config.virtual_stages if config.virtual_stages > 1 else vp_s
+    if name == "tp" and tp == 1:
+        tp = 0
+    if name == "pp" and pp == 1:
+        pp = 0
+    dp_strategy = "ddp" if name in ("tp", "pp") else name
+    tp = tp if tp >= 1 else g
+    pp = pp if pp >= 1 else max(1, gpus // tp)
+    if vp > 1 and pp < 2:
+        raise PerfModelError(f"{vp} virtual stages need a pipeline (pp of 2 or more)")
     if gpus % (tp * pp):
         raise PerfModelError(
             f"tensor-parallel {tp} x pipeline {pp} = {tp * pp} does not divide {gpus} GPUs")
     dp = gpus // (tp * pp)
+    if dp_s and dp_s != dp:
+        raise PerfModelError(f"strategy {config.strategy!r}: dp{dp_s} x tp{tp} x pp{pp} is not "
+                             f"the {gpus} GPUs of the job")
     if dp_strategy == "single":
         if gpus != 1:
             raise PerfModelError(f"strategy 'single' runs on 1 GPU, not {gpus}; use ddp")
@@ -69,7 +133,7 @@ def resolve_layout(config: ParallelConfig) -> Layout:
     return Layout(tp=tp, pp=pp, dp=dp, dp_strategy=dp_strategy,
                   dp_ranks_per_node=min(dp, dp_in_node),
                   dp_spans_nodes=config.nodes > 1 and dp > dp_in_node,
-                  pp_spans_nodes=config.nodes > 1 and tp * pp > g)
+                  pp_spans_nodes=config.nodes > 1 and tp * pp > g, vp=vp)
 
 
 def validate_config(config: ParallelConfig, hardware: Hardware) -> None:

@@ -17,6 +17,13 @@ Model states for Ψ parameters, N data-parallel ranks, K optimizer-state bytes p
 fp32 gradient partition DeepSpeed keeps next to the 16-bit buffers.) Tensor and pipeline
 parallel divide Ψ and L by ``tp·pp`` first.
 
+Activations: a measured figure where the profile has one; else, where the profile gives the
+transformer's layers, hidden size and sequence length, the per-layer formula of Korthikanti et
+al. 2022 (:mod:`.activations`) with the attention kernel, dropout, recomputation, tensor
+(sequence) parallel and pipeline stage in use; else a FLOPs-based guess (traffic / 6). An
+``activation_scale`` below 1 is the calibration that makes observed configurations fit
+(:mod:`.predictor`).
+
 FP8 (Transformer Engine, torchao float8) trains as bf16 mixed precision does: bf16 weights and
 gradients, fp32 master weights and optimizer states, so the table's mixed-precision column
 holds; on top, the FP8 copy of each weight the forward casts is kept for the backward (1 byte
@@ -29,9 +36,16 @@ from __future__ import annotations
 
 import math
 
+from mlflow_gpuopt.perfmodel.activations import (
+    DROPOUT_MASK_BYTES_CUDA,
+    TransformerDims,
+    activation_bytes,
+    normalize_attention,
+    recompute_time_factor,
+)
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
-from mlflow_gpuopt.perfmodel.precision import is_mixed, normalize_precision
+from mlflow_gpuopt.perfmodel.precision import ELEMENT_BYTES, is_mixed, normalize_precision
 from mlflow_gpuopt.perfmodel.shape import Shape, model_shape
 from mlflow_gpuopt.perfmodel.types import MemoryBreakdown, ParallelConfig, Workload
 
@@ -91,6 +105,65 @@ def checkpointing_factor(num_layers: int) -> float:
     return max(2.0, math.sqrt(max(1, num_layers)))
 
 
+def transformer_dims(workload: Workload) -> TransformerDims | None:
+    """The architecture for the activation formula, or None when the profile does not give
+    layers, hidden size and sequence length (heads default to hidden / 128, the common head
+    width; the MLP to GELU at 4 × hidden, or SwiGLU at 8/3 × hidden)."""
+    if not (workload.num_layers and workload.hidden_size and workload.tokens_per_sample):
+        return None
+    h = float(workload.hidden_size)
+    gated = (workload.mlp or "gelu").strip().lower() in ("swiglu", "geglu", "gated", "glu")
+    ffn = workload.ffn_hidden_size or (8.0 / 3.0 * h if gated else 4.0 * h)
+    return TransformerDims(num_layers=int(workload.num_layers), hidden_size=h,
+                           seq_len=float(workload.tokens_per_sample),
+                           num_heads=int(workload.num_heads or max(1, round(h / 128))),
+                           ffn_hidden_size=float(ffn), gated_mlp=gated,
+                           vocab_size=float(workload.vocab_size) if workload.vocab_size else None)
+
+
+def recompute_factor(workload: Workload, recompute: str) -> float:
+    """How much longer a micro-step runs with ``recompute`` (see
+    :func:`.activations.recompute_time_factor`)."""
+    return recompute_time_factor(recompute, normalize_attention(workload.attention),
+                                 workload.flops_per_sample, transformer_dims(workload))
+
+
+def activation_notes(workload: Workload, recompute: str) -> tuple[str, ...]:
+    """What the activation estimate assumed, in words."""
+    if workload.activation_bytes_per_sample:
+        return ()
+    if transformer_dims(workload) is None:
+        return ("activations estimated from FLOPs (no measured figure; give num_layers, "
+                "hidden_size and tokens_per_sample for the transformer formula)",)
+    notes = [f"activations from the transformer formula (Korthikanti et al. 2022), "
+             f"{normalize_attention(workload.attention)} attention, recompute {recompute}"]
+    if not workload.num_heads:
+        notes.append("num_heads assumed hidden_size / 128")
+    if workload.dropout is None:
+        notes.append("dropout unknown: its masks assumed kept (give dropout: 0 if none)")
+    return tuple(notes)
+
+
+def _activations(workload: Workload, config: ParallelConfig, layout: Layout, precision: str,
+                 micro_batch: float, shape: Shape) -> float:
+    """Activation bytes on the busiest GPU for one micro-step of ``micro_batch`` samples."""
+    recompute = config.recompute_mode(workload.recompute)
+    dims = None if workload.activation_bytes_per_sample else transformer_dims(workload)
+    if dims is not None:
+        dropout = workload.dropout is None or workload.dropout > 0
+        return activation_bytes(
+            dims, micro_batch, ELEMENT_BYTES[precision],
+            DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
+            attention=normalize_attention(workload.attention), attention_dropout=dropout,
+            recompute=recompute, tp=layout.tp, pp=layout.pp,
+            grad_accum=config.grad_accum, virtual_stages=layout.vp).peak_bytes
+    act_per_sample, _ = activation_bytes_per_sample(workload, precision)
+    act = act_per_sample * micro_batch / layout.tp
+    if recompute == "full":
+        act /= checkpointing_factor(shape.num_layers)
+    return act
+
+
 def memory_per_gpu(workload: Workload, config: ParallelConfig,
                    hardware_memory_bytes: float | None = None) -> MemoryBreakdown:
     """Predicted bytes per GPU for ``config`` (see the module docstring for the formulas).
@@ -104,7 +177,7 @@ def memory_per_gpu(workload: Workload, config: ParallelConfig,
 
 def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
             hardware_memory_bytes: float | None, micro_batch: float | None = None,
-            shape: Shape | None = None) -> MemoryBreakdown:
+            shape: Shape | None = None, activation_scale: float = 1.0) -> MemoryBreakdown:
     precision = normalize_precision(config.precision or workload.precision)
     shape = shape or model_shape(workload)
     shards = layout.tp * layout.pp
@@ -113,10 +186,7 @@ def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
                                  layout.dp, k, shape.largest_layer_params / layout.tp)
     m = micro_batch if micro_batch is not None else (config.micro_batch or workload.micro_batch
                                                      or 1)
-    act_per_sample, _ = activation_bytes_per_sample(workload, precision)
-    act = act_per_sample * m / layout.tp
-    if config.activation_checkpointing:
-        act /= checkpointing_factor(shape.num_layers)
+    act = activation_scale * _activations(workload, config, layout, precision, m, shape)
     workspace = CONTEXT_BYTES + FRAGMENTATION * (w + g + o + act)
     if hardware_memory_bytes:
         workspace += 0.02 * hardware_memory_bytes
@@ -125,13 +195,29 @@ def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
 
 
 def max_micro_batch_fitting(workload: Workload, config: ParallelConfig, layout: Layout,
-                            capacity_bytes: float, shape: Shape | None = None) -> int:
+                            capacity_bytes: float, shape: Shape | None = None,
+                            activation_scale: float = 1.0) -> int:
     """Largest micro-batch whose memory fits ``capacity_bytes`` (0 if not even one).
 
     Memory is linear in the micro-batch, so this solves it rather than searching."""
-    m0 = _memory(workload, config, layout, capacity_bytes, 0, shape).total_bytes
-    m1 = _memory(workload, config, layout, capacity_bytes, 1, shape).total_bytes
+    m0 = _memory(workload, config, layout, capacity_bytes, 0, shape, activation_scale).total_bytes
+    m1 = _memory(workload, config, layout, capacity_bytes, 1, shape, activation_scale).total_bytes
     return largest_fitting(m0, m1, capacity_bytes)
+
+
+def activation_scale_to_fit(memory: MemoryBreakdown, capacity_bytes: float) -> float:
+    """The factor on the activations that brings ``memory`` (computed at scale 1) within
+    ``capacity_bytes`` with the usual workspace margin: 1.0 when it fits already, 0.0 when the
+    model states alone do not fit. The workspace's fragmentation share grows with the
+    activations, so the activations shrink by what is over ÷ (1 + FRAGMENTATION)."""
+    over = memory.total_bytes - capacity_bytes
+    if over <= 0:
+        return 1.0
+    act = memory.activations_bytes
+    if act <= 0:
+        return 0.0
+    # A hair under the exact factor, so rounding cannot push the observed run back over.
+    return max(0.0, 1.0 - over / ((1.0 + FRAGMENTATION) * act) - 1e-9)
 
 
 def largest_fitting(m0: float, m1: float, capacity_bytes: float) -> int:

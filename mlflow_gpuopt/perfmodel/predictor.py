@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration
+from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
 from mlflow_gpuopt.perfmodel.memory import (
     _memory,
+    activation_notes,
+    activation_scale_to_fit,
     largest_fitting,
     max_micro_batch_fitting,
     optimizer_state_bytes_per_param,
+    recompute_factor,
 )
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.shape import model_shape
@@ -49,10 +53,12 @@ class Predictor:
     recommender's thousands of calls.
     """
 
-    def __init__(self, workload: Workload, result: FitResult) -> None:
+    def __init__(self, workload: Workload, result: FitResult,
+                 fit_to_observed: ObservedFit | None = None) -> None:
         self.workload = workload
         self.result = result
         self._shape = model_shape(workload)
+        self._observed = fit_to_observed or ObservedFit()
         self._opt_bytes, opt_assumed = optimizer_state_bytes_per_param(workload)
         notes = []
         if opt_assumed:
@@ -63,7 +69,7 @@ class Predictor:
             notes.append(f"only CPU measurements: GPU speed from {prior} (wide interval)")
         elif not result.log_compute_scale:
             notes.append(f"no measurements: GPU speed from {prior}")
-        self._notes = tuple(notes)
+        self._notes = tuple(notes) + self._observed.notes
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
         self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}
         self._calib_cache: dict[Key, tuple[Calibration, float, bool]] = {}
@@ -165,8 +171,10 @@ class Predictor:
         res = self.result
         key = (hardware.gpu, precision)
         calib, sd_k, extrapolated = self._calibration(key)
+        recompute = config.recompute_mode(self.workload.recompute)
         terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
-                           self._shape, self._opt_bytes, calib)
+                           self._shape, self._opt_bytes, calib,
+                           recompute_factor(self.workload, recompute), recompute == "full")
         throughput = terms.samples_per_step / terms.step_s
 
         strategy = layout.strategy_name()
@@ -186,22 +194,34 @@ class Predictor:
         low, high = unc.interval(throughput, sigma)
 
         # Memory is linear in the micro-batch: two evaluations give it at m and the max m.
-        mem0 = _memory(self.workload, config, layout, hardware.memory_bytes, 0, self._shape)
-        mem1 = _memory(self.workload, config, layout, hardware.memory_bytes, 1, self._shape)
+        scale = self._observed.activation_scale
+        mem0 = _memory(self.workload, config, layout, hardware.memory_bytes, 0, self._shape,
+                       scale)
+        mem1 = _memory(self.workload, config, layout, hardware.memory_bytes, 1, self._shape,
+                       scale)
         memory = MemoryBreakdown(
             weights_bytes=mem0.weights_bytes, gradients_bytes=mem0.gradients_bytes,
             optimizer_bytes=mem0.optimizer_bytes, activations_bytes=mem1.activations_bytes * m,
             workspace_bytes=mem0.workspace_bytes
             + (mem1.workspace_bytes - mem0.workspace_bytes) * m)
         max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, hardware.memory_bytes)
+        fits = memory.total_bytes <= hardware.memory_bytes
+        observed_m = self._observed.micro_batches.get(
+            _observed_key(hardware.gpu, config, layout, precision, recompute), 0)
+        notes = self._notes + activation_notes(self.workload, recompute)
+        if observed_m >= m and not fits:
+            # A run proved this configuration fits; the estimate is what is wrong.
+            fits, max_m = True, max(max_m, observed_m)
+            notes += ("this configuration was observed to run: called fitting although the "
+                      "memory estimate exceeds the GPU",)
         tokens = self.workload.tokens_per_sample
-        notes = self._notes + self._shape_notes(layout, config.activation_checkpointing)
+        notes += self._shape_notes(layout, recompute == "full")
         return Prediction(
             gpu=hardware.gpu, config=config, throughput_samples_per_s=throughput,
             low=low, high=high, log_sigma=sigma, step_time_s=terms.step_s,
             compute_s=terms.compute_s, exposed_comm_s=terms.exposed_comm_s,
             bubble_s=terms.bubble_s, memory=memory, memory_capacity_bytes=hardware.memory_bytes,
-            fits=memory.total_bytes <= hardware.memory_bytes, max_micro_batch=max_m,
+            fits=fits, max_micro_batch=max_m,
             samples_per_step=int(round(terms.samples_per_step)), extrapolated=extrapolated,
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
@@ -226,7 +246,62 @@ class Predictor:
         validate_config(config, hardware)
         layout = resolve_layout(config)
         return max_micro_batch_fitting(self.workload, config, layout, hardware.memory_bytes,
-                                       self._shape)
+                                       self._shape, self._observed.activation_scale)
+
+
+@dataclass(frozen=True)
+class ObservedFit:
+    """What observed runs say about memory: every observed configuration ran, so it fits.
+
+    ``activation_scale`` (at most 1) shrinks the activation estimate until the observed
+    configuration that was furthest over its GPU's memory fits, with the usual workspace
+    margin; ``micro_batches`` maps each observed configuration to the micro-batch it ran at
+    (a prediction of it is never called infeasible).
+    """
+
+    activation_scale: float = 1.0
+    micro_batches: Mapping[tuple, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def _observed_key(gpu: str, config: ParallelConfig, layout: Layout, precision: str,
+                  recompute: str) -> tuple:
+    return (gpu, config.gpus_per_node, config.nodes, layout.tp, layout.pp, layout.vp,
+            layout.dp, layout.dp_strategy, precision, recompute)
+
+
+def observed_fit(workload: Workload, observations: Sequence[Observation],
+                 hardware: Mapping[str, Hardware]) -> ObservedFit:
+    """The :class:`ObservedFit` of ``observations`` (GPU runs with known hardware)."""
+    shape = model_shape(workload)
+    scale, worst, seen = 1.0, None, {}
+    for obs in observations:
+        hw = hardware.get(obs.gpu)
+        m = obs.micro_batch or workload.micro_batch
+        if is_cpu(obs.gpu) or hw is None or not m:
+            continue
+        nodes = max(1, int(obs.nodes or 1))
+        precision = normalize_precision(obs.precision or workload.precision)
+        config = ParallelConfig(gpus_per_node=obs.gpu_count // nodes, nodes=nodes,
+                                strategy=obs.strategy or "ddp", micro_batch=int(m),
+                                grad_accum=max(1, int(obs.grad_accum or 1)),
+                                precision=precision, recompute=obs.recompute)
+        layout = resolve_layout(config)
+        recompute = config.recompute_mode(workload.recompute)
+        key = _observed_key(obs.gpu, config, layout, precision, recompute)
+        seen[key] = max(seen.get(key, 0), int(m))
+        mem = _memory(workload, config, layout, hw.memory_bytes, int(m), shape)
+        f = activation_scale_to_fit(mem, hw.memory_bytes)
+        if f < scale:
+            scale, worst = f, (obs, mem, hw)
+    notes: tuple[str, ...] = ()
+    if worst is not None:
+        obs, mem, hw = worst
+        notes = (f"activation estimate scaled by {scale:.2f}: the observed run on "
+                 f"{obs.gpu_count} x {obs.gpu} ({obs.strategy}, micro-batch "
+                 f"{obs.micro_batch or workload.micro_batch}) ran, but was estimated at "
+                 f"{mem.total_bytes / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.1f} GB per GPU",)
+    return ObservedFit(activation_scale=scale, micro_batches=seen, notes=notes)
 
 
 def fit(workload: Workload, observations: Sequence[Observation],
@@ -238,4 +313,5 @@ def fit(workload: Workload, observations: Sequence[Observation],
     predictor runs on priors (FLOPs / peak at a typical efficiency) with wide intervals.
     """
     validate_workload(workload)
-    return Predictor(workload, fit_calibration(workload, observations, hardware))
+    return Predictor(workload, fit_calibration(workload, observations, hardware),
+                     observed_fit(workload, observations, hardware))

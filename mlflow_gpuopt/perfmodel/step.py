@@ -5,8 +5,13 @@
     T_step  = (s−1)·T_grad + T_sync + T_opt + T_straggle          DDP / ZeRO-1/2
     T_step  = s·(T_grad ⊕ T_gather) + T_opt + T_straggle          ZeRO-3 / FSDP
                                                                   (gathers every micro-step)
-    T_step  = (s+p−1)·(T_stage + T_p2p) + exposed T_comm + ...    pipeline,
-                                                                  bubble (p−1)/(s+p−1)
+    T_step  = (s + (p−1)/v)·(T_stage + v·T_p2p) + exposed T_comm + ...    pipeline (1F1B),
+                                                                  bubble (p−1)/(v·s) of ideal
+
+The pipeline bubble is Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
+on GPU Clusters Using Megatron-LM", Sec. 2.2): (p−1)/m of the ideal time for 1F1B with m
+micro-batches, (p−1)/(v·m) with the interleaved schedule's v model chunks per device, whose
+point-to-point traffic grows v-fold (each micro-batch crosses v times as many stage boundaries).
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
 ``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
@@ -69,8 +74,13 @@ class StepTerms:
 
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
                micro_batch: float, grad_accum: int, shape: Shape, optimizer_state_bytes: float,
-               calib: Calibration) -> StepTerms:
-    """Time of one optimizer step (``grad_accum`` micro-steps of ``micro_batch`` per GPU)."""
+               calib: Calibration, recompute_factor: float = 1.0,
+               full_recompute: bool = False) -> StepTerms:
+    """Time of one optimizer step (``grad_accum`` micro-steps of ``micro_batch`` per GPU).
+
+    ``recompute_factor`` stretches each micro-step's compute for activation recomputation
+    (4/3 for full: the forward runs twice, its kernel dispatch and weight reads included), and
+    full recomputation re-runs the forward's two tensor-parallel all-reduces per layer."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     shards = tp * pp
     s = max(1, int(grad_accum))
@@ -89,6 +99,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         # Each stage runs its share of the kernels; tensor parallelism splits each kernel.
         t_grad += latency_time_s(calib.latency_fixed_flops / pp,
                                  calib.latency_per_sample_flops / shards, micro_batch, hardware)
+    t_grad *= recompute_factor
     opt_params = params_shard / dp if layout.dp_strategy in ("zero1", "zero2", "zero3",
                                                             "fsdp") else params_shard
     k_opt = k if calib.optimizer_scale is None else calib.optimizer_scale
@@ -100,6 +111,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     t_tp = kappa * comm.tp_allreduce_s(max(1, shape.num_layers // pp), micro_batch,
                                        shape.seq_len, shape.hidden_size, act_bytes, tp,
                                        hardware)
+    if full_recompute:
+        t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
     t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
     t_micro = t_grad + t_tp
@@ -108,9 +121,10 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     bubble = 0.0
     if pp > 1:
         boundary = micro_batch * shape.seq_len * shape.hidden_size * act_bytes
-        t_stage = t_micro + kappa * comm.pp_p2p_s(boundary, layout, hardware)
-        bubble = (pp - 1) * t_stage
-        pipe = (s + pp - 1) * t_stage
+        vp = max(1, layout.vp)
+        t_stage = t_micro + kappa * vp * comm.pp_p2p_s(boundary, layout, hardware)
+        bubble = (pp - 1) * t_stage / vp
+        pipe = s * t_stage + bubble
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
         step = pipe + exposed_dp + t_opt + t_straggle
     elif comm.sharded_params(layout):

@@ -35,6 +35,18 @@ class Workload:
     #: kernels launched by one forward+backward of a micro-batch (the profiler counts the
     #: operators dispatched in eager mode); bounds the batch-independent latency of a step
     kernels_per_micro_step: float | None = None
+    #: Architecture for the activation formula (:mod:`.activations`); with ``num_layers``,
+    #: ``hidden_size`` and ``tokens_per_sample`` (the sequence length) it replaces the
+    #: FLOPs-based activation estimate when no measured figure is given.
+    num_heads: int | None = None
+    vocab_size: int | None = None
+    ffn_hidden_size: int | None = None  # None: 4 × hidden (GELU MLP), 8/3 × hidden (SwiGLU)
+    mlp: str | None = None  # "gelu" (two matrices) or "swiglu" (gated, three)
+    attention: str | None = None  # "sdpa"/"flash" (default) or "eager"
+    dropout: float | None = None  # dropout probability; None: unknown (masks assumed kept)
+    recompute: str | None = None  # how the job runs: "none", "selective" or "full"
+    #: The layout it was measured with, as ``--strategy`` spells it (``tp2xfsdp``...)
+    strategy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ class Observation:
     exposed_comm_fraction: float | None = None  # measured share of the step spent waiting on comms
     tp: int = 1  # tensor-parallel degree of the measured run
     pp: int = 1  # pipeline stages of the measured run
+    recompute: str | None = None  # None: the workload's own
 
 
 @dataclass(frozen=True)
@@ -80,9 +93,21 @@ class ParallelConfig:
     micro_batch: int | None = None  # None = the workload's own
     grad_accum: int = 1
     precision: str | None = None  # None = the workload's own
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # True: full recomputation
     tp: int = 1  # tensor-parallel degree (inside a node)
     pp: int = 1  # pipeline stages
+    #: "none", "selective" or "full"; None: full with ``activation_checkpointing``, else the
+    #: workload's own
+    recompute: str | None = None
+    virtual_stages: int = 1  # interleaved pipeline: model chunks per stage (Narayanan et al.)
+
+    def recompute_mode(self, workload_mode: str | None = None) -> str:
+        """The recomputation this configuration runs with."""
+        if self.recompute:
+            return self.recompute
+        if self.activation_checkpointing:
+            return "full"
+        return workload_mode or "none"
 
     @property
     def gpus(self) -> int:

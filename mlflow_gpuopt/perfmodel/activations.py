@@ -1,0 +1,192 @@
+"""Activation memory of a transformer from its architecture: the tensors one forward saves for
+the backward, per GPU, following Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models" (arXiv 2205.05198), Sec. 4.
+
+The paper counts, per layer and 16-bit activations with 1-byte dropout masks (Sec. 4.1),
+``s·b·h·(34 + 5·a·s/h)`` bytes (s sequence, b micro-batch, h hidden, a heads). Written per
+tensor in elements of ``e`` bytes and masks of ``d`` bytes, that is, in units of ``s·b·h``:
+
+- attention block: LayerNorm input ``e``, QKV-projection input ``e``, Q, K and V ``3e``, the
+  output projection's input ``e``, the dropout mask after it ``d``; and for the scores
+  (``a·s²·b`` elements each) the softmax output ``e``, and with attention dropout its mask
+  ``d`` and its output ``e`` (the paper's ``5·a·s/h`` at e = 2, d = 1);
+- MLP: LayerNorm input ``e``, first linear's input ``e``, its output (the activation's input)
+  ``f·e`` and the activation's output ``f·e`` with ``f = ffn_hidden / h`` (4 in the paper),
+  the dropout mask ``d``. A gated MLP (SwiGLU) keeps gate, activated gate, up projection and
+  their product: ``4·f·e``;
+- so ``16e + 2d`` = 34 at e = 2, d = 1, f = 4 (the paper's 34).
+
+The paper leaves out LayerNorm's saved mean and 1/σ (fp32, 8 bytes per token per norm); they
+are counted here, as PyTorch keeps them.
+
+FlashAttention (PyTorch's SDPA flash / memory-efficient kernels, which SDPA picks by default)
+never stores the ``a·s²`` scores: it keeps Q, K, V, its output (which is the output
+projection's input, the same storage) and the softmax log-sum-exp, fp32, one per head per
+token (``4·a`` bytes per token); attention dropout regenerates its mask from the RNG state.
+
+Tensor parallelism with sequence parallelism divides everything by ``t`` (Sec. 4.2.2, the
+paper's ``34/t``); without sequence parallelism the LayerNorm/dropout part (``4e + 2d``, the
+paper's 10) is replicated (Sec. 4.2.1). Selective recomputation (Sec. 5) drops the score
+tensors. Full recomputation keeps only each layer's input (``e`` per layer, ``/t`` with
+sequence parallelism) and rebuilds one layer's activations at a time in the backward pass.
+
+Outside the layers (Sec. 4.3): the first pipeline stage keeps the embedding's dropout mask
+(``d``) and the token ids; the last keeps the final norm's input and the output projection's
+input (``2e``), and the fp32 log-probabilities of the cross-entropy (``4·v`` bytes per token,
+split over ``t`` by a vocabulary-parallel loss) and the targets. With 1F1B pipelining the
+first stage holds ``min(p, accumulation steps)`` micro-batches of its ``L/p`` layers in
+flight (Sec. 4.2.3); an interleaved schedule with ``v`` virtual stages multiplies that by
+``1 + (p − 1)/(p·v)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTENTION_KERNELS = ("flash", "eager")
+RECOMPUTE_MODES = ("none", "selective", "full")
+#: Spellings of the attention kernels: SDPA picks flash or memory-efficient attention, both
+#: of which store no scores.
+_ATTENTION_ALIASES = {"sdpa": "flash", "flash": "flash", "flash_attention": "flash",
+                      "flash-attention": "flash", "mem_efficient": "flash", "efficient": "flash",
+                      "eager": "eager", "math": "eager"}
+#: Bytes of a dropout mask element where the kernel stores a mask (CUDA's fused dropout keeps
+#: a bool per element; PyTorch's CPU dropout keeps a mask in the input's dtype).
+DROPOUT_MASK_BYTES_CUDA = 1.0
+#: LayerNorm's saved mean and 1/σ, fp32, per token.
+NORM_STATS_BYTES = 8.0
+#: Token ids (int64) the embedding and the loss keep, per token each.
+INDEX_BYTES = 8.0
+#: The cross-entropy's log-probabilities are kept in fp32 whatever the activation precision.
+LOGIT_BYTES = 4.0
+
+
+def normalize_attention(name: str | None) -> str:
+    """``flash`` or ``eager`` from ``sdpa``, ``flash``, ``eager``...; None means SDPA, which
+    PyTorch runs with a flash/memory-efficient kernel."""
+    if name is None or not str(name).strip():
+        return "flash"
+    key = str(name).strip().lower()
+    if key not in _ATTENTION_ALIASES:
+        raise ValueError(f"unknown attention kernel {name!r}; expected sdpa, flash or eager")
+    return _ATTENTION_ALIASES[key]
+
+
+def normalize_recompute(mode: str | None) -> str:
+    """``none``, ``selective`` or ``full`` (None means none)."""
+    if mode is None or not str(mode).strip():
+        return "none"
+    key = str(mode).strip().lower()
+    if key not in RECOMPUTE_MODES:
+        raise ValueError(f"unknown recompute mode {mode!r}; expected none, selective or full")
+    return key
+
+
+@dataclass(frozen=True)
+class TransformerDims:
+    """The architecture the formula needs; ``vocab_size`` None leaves the logits out."""
+
+    num_layers: int
+    hidden_size: float
+    seq_len: float
+    num_heads: int
+    ffn_hidden_size: float
+    gated_mlp: bool = False
+    vocab_size: float | None = None
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    """Activation bytes on the busiest GPU for one micro-step, split by when they are held."""
+
+    stored_bytes: float  # saved by the forward for the backward
+    recompute_bytes: float  # one layer's activations rebuilt during the backward (full recompute)
+
+    @property
+    def peak_bytes(self) -> float:
+        """What the GPU must hold at the peak of the backward pass."""
+        return self.stored_bytes + self.recompute_bytes
+
+
+def layer_bytes_per_token(dims: TransformerDims, element_bytes: float, mask_bytes: float,
+                          attention: str, attention_dropout: bool, recompute: str = "none",
+                          tp: int = 1, sequence_parallel: bool = True) -> float:
+    """Bytes one layer saves per token of the micro-batch (see the module docstring)."""
+    e, d, h, t = float(element_bytes), float(mask_bytes), float(dims.hidden_size), max(1, tp)
+    f = dims.ffn_hidden_size / h
+    mlp = (4.0 * f if dims.gated_mlp else 2.0 * f) * e
+    shardable = (3.0 * e + e + mlp) * h  # Q, K, V, projection input, MLP inner tensors
+    replicated = (4.0 * e + 2.0 * d) * h + 2.0 * NORM_STATS_BYTES  # norms' inputs, masks
+    per_token = shardable / t + (replicated / t if sequence_parallel else replicated)
+    a, s = float(dims.num_heads), float(dims.seq_len)
+    if attention == "flash":
+        per_token += LOGIT_BYTES * a / t  # fp32 log-sum-exp per head
+    elif recompute == "none":  # eager scores; selective recomputation drops them
+        per_token += a * s * (e + ((d + e) if attention_dropout else 0.0)) / t
+    return per_token
+
+
+def activation_bytes(dims: TransformerDims, micro_batch: float, element_bytes: float,
+                     mask_bytes: float, *, attention: str = "flash",
+                     attention_dropout: bool = True, recompute: str = "none", tp: int = 1,
+                     pp: int = 1, grad_accum: int = 1, virtual_stages: int = 1,
+                     sequence_parallel: bool = True) -> ActivationBytes:
+    """Activation bytes of the busiest GPU (first or last pipeline stage) for ``micro_batch``
+    samples of ``dims.seq_len`` tokens.
+
+    ``mask_bytes`` is 0 for a model without dropout; ``attention_dropout`` says whether the
+    scores are dropped out too (eager attention then keeps a mask and the dropped-out copy).
+    """
+    attention = normalize_attention(attention)
+    recompute = normalize_recompute(recompute)
+    t, p = max(1, tp), max(1, pp)
+    tokens = float(micro_batch) * float(dims.seq_len)
+    h, e, d = float(dims.hidden_size), float(element_bytes), float(mask_bytes)
+    full_layer = layer_bytes_per_token(dims, e, d, attention, attention_dropout,
+                                       "none" if recompute == "full" else recompute, t,
+                                       sequence_parallel)
+    if recompute == "full":
+        kept_layer = e * h / (t if sequence_parallel else 1)
+        working = full_layer * tokens
+    else:
+        kept_layer, working = full_layer, 0.0
+    layers_per_stage = dims.num_layers / p
+    embed = d * h / (t if sequence_parallel else 1) + INDEX_BYTES
+    head = 2.0 * e * h / (t if sequence_parallel else 1) + NORM_STATS_BYTES + INDEX_BYTES
+    if dims.vocab_size:
+        head += LOGIT_BYTES * float(dims.vocab_size) / t
+    if p == 1:
+        stored = tokens * (dims.num_layers * kept_layer + embed + head)
+    else:
+        in_flight = min(p, max(1, int(grad_accum)))
+        interleave = 1.0 + (p - 1) / (p * virtual_stages) if virtual_stages > 1 else 1.0
+        first = tokens * in_flight * (layers_per_stage * kept_layer * interleave + embed)
+        last = tokens * (layers_per_stage * kept_layer + head)
+        stored = max(first, last)
+    return ActivationBytes(stored_bytes=stored, recompute_bytes=working)
+
+
+#: Share of a training micro-step's work that is the forward pass: the backward costs about
+#: twice the forward (a gradient for the input and one for the weights per matmul), so full
+#: recomputation, which runs the forward once more, makes a micro-step 4/3 as long
+#: (Korthikanti et al. 2022, Sec. 6; Narayanan et al. 2021, Sec. 5.1).
+FORWARD_SHARE = 1.0 / 3.0
+
+
+def recompute_time_factor(recompute: str, attention: str, flops_per_sample: float,
+                          dims: TransformerDims | None) -> float:
+    """How much longer a micro-step runs with ``recompute`` than without.
+
+    Full: the forward again (× 4/3), dispatch and weight reads included. Selective: the
+    forward of the score products QKᵀ and (softmax)·V, ``4·s²·h`` FLOPs per layer per sample,
+    on top of ``flops_per_sample``; FlashAttention recomputes them in its backward anyway, so
+    nothing is added there. None: 1.
+    """
+    recompute = normalize_recompute(recompute)
+    if recompute == "full":
+        return 1.0 + FORWARD_SHARE
+    if recompute == "selective" and dims is not None and normalize_attention(attention) == \
+            "eager" and flops_per_sample > 0:
+        extra = 4.0 * dims.num_layers * dims.seq_len**2 * dims.hidden_size
+        return 1.0 + extra / flops_per_sample
+    return 1.0
