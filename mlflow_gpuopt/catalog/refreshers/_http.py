@@ -1,5 +1,11 @@
 """HTTP for the refreshers: timeouts, retries with backoff on 429/5xx, TLS verification on,
-secrets redacted from every message, a progress bar for long downloads on a terminal."""
+secrets redacted from every message, a progress bar for long downloads on a terminal.
+
+Redirects are followed here, not by ``requests``: a request that carries an API key (any
+header, or a secret in its URL) never follows one, since ``requests`` would resend a custom
+header such as ``X-Goog-Api-Key`` to whatever host the redirect names; an unkeyed download
+follows at most :data:`MAX_REDIRECTS`, each keeping the scheme (never https -> http).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import click
 import requests
@@ -23,12 +29,29 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: Downloads larger than this (bytes) are refused: no EC2 region offer file comes close.
 MAX_DOWNLOAD_BYTES = 4 * 1024**3
 _PROGRESS_MIN_BYTES = 1024**2
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: Most redirects an unkeyed download follows.
+MAX_REDIRECTS = 5
 
 
 def public_url(url: str) -> str:
     """``url`` without its query string (which may carry a key) for messages."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}{parts.path}"
+
+
+def host_of(url: str) -> str:
+    """``host[:port]`` of ``url``, without any userinfo, for messages."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    return f"{host}:{parts.port}" if parts.port else host
+
+
+def redirect_allowed(origin: str, target: str) -> bool:
+    """Whether an unkeyed download from ``origin`` may follow a redirect to ``target``: only
+    to the same scheme (http or https), so a redirect never drops TLS."""
+    scheme = urlsplit(origin).scheme.lower()
+    return scheme in ("http", "https") and urlsplit(target).scheme.lower() == scheme
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -83,6 +106,9 @@ class HttpClient:
     ) -> bytes:
         """The body of a successful GET, or :class:`RefreshError` after the retries."""
         shown = public_url(url)
+        keyed = bool(headers) or any(
+            secret in f"{url} {params or ''}" for secret in self.secrets
+        )
         last = ""
         last_retry_after: str | None = None  # the previous attempt's Retry-After header
         for attempt in range(self.retries + 1):
@@ -90,10 +116,7 @@ class HttpClient:
                 time.sleep(self._wait(attempt, last_retry_after))
             last_retry_after = None
             try:
-                resp = self.session.get(
-                    url, params=params, headers=dict(headers or {}), timeout=self.timeout_s,
-                    stream=True, verify=True,
-                )
+                resp = self._get_following(url, params, headers, keyed, what)
             except requests.Timeout:
                 last = f"{what}: timed out after {self.timeout_s:g} s ({shown})"
                 continue
@@ -118,6 +141,38 @@ class HttpClient:
                     last = f"{what}: download from {shown} broke off ({type(exc).__name__})"
                     continue
         raise self._fail(f"{last} after {self.retries + 1} attempts")
+
+    def _get_following(
+        self,
+        url: str,
+        params: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        keyed: bool,
+        what: str,
+    ) -> requests.Response:
+        """GET ``url``, following redirects only as the module docstring says."""
+        for _ in range(MAX_REDIRECTS + 1):
+            resp = self.session.get(
+                url, params=params, headers=dict(headers or {}), timeout=self.timeout_s,
+                stream=True, verify=True, allow_redirects=False,
+            )
+            if resp.status_code not in REDIRECT_STATUSES:
+                return resp
+            with resp:
+                target = urljoin(resp.url, resp.headers.get("Location", ""))
+            if keyed:
+                raise self._fail(
+                    f"{what}: HTTP {resp.status_code} redirect from {host_of(resp.url)} to "
+                    f"{host_of(target)} refused (a request carrying an API key never follows "
+                    "a redirect)"
+                )
+            if not redirect_allowed(resp.url, target):
+                raise self._fail(
+                    f"{what}: HTTP {resp.status_code} redirect from {public_url(resp.url)} to "
+                    f"{public_url(target)} refused (a redirect must keep the scheme)"
+                )
+            url, params = target, None
+        raise self._fail(f"{what}: more than {MAX_REDIRECTS} redirects from {public_url(url)}")
 
     def _wait(self, attempt: int, retry_after: str | None) -> float:
         wait = self.backoff_s * 2 ** (attempt - 1)

@@ -1,0 +1,152 @@
+"""Refreshes against a hostile price server, for real (local HTTP servers): redirects that would
+carry the key elsewhere, gzip bodies and gzip bombs, a body that drips, bodies nested too deep,
+keys that cannot go into a header, and cache paths that are not regular files. Each failure is
+one line, names no key, and leaves the cache as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from pytest_httpserver import HTTPServer
+
+from mlflow_gpuopt.catalog import RefreshError, catalog_cache_dir
+from mlflow_gpuopt.catalog.refreshers import _http, refresh
+from mlflow_gpuopt.catalog.refreshers._http import HttpClient
+from mlflow_gpuopt.cli import gpuopt
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pricing"
+FAKE_GCP_KEY = "FAKE-gcp-faults-key-not-real"
+FAKE_LAMBDA_KEY = "FAKE_lambda_faults_key_not_real"
+GCP_PATH = "/v1/services/6F81-5844-456A/skus"
+LAMBDA_PATH = "/api/v1/instance-types"
+AWS_PATH = "/offers/v1.0/aws/AmazonEC2/current/{}/index.json"
+
+
+@pytest.fixture(autouse=True)
+def _env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPUOPT_GCP_API_KEY", FAKE_GCP_KEY)
+    monkeypatch.setenv("LAMBDA_API_KEY", FAKE_LAMBDA_KEY)
+    for var in ("GPUOPT_AWS_PRICING_URL", "GPUOPT_GCP_BILLING_URL", "GPUOPT_LAMBDA_API_URL",
+                "GPUOPT_AZURE_PRICES_URL", "GPUOPT_PRICING_MAX_AGE_DAYS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture()
+def other_server():
+    """A second local server: where a hostile redirect points."""
+    server = HTTPServer(host="127.0.0.1")
+    server.start()
+    yield server
+    server.clear()
+    if server.is_running():
+        server.stop()
+
+
+def client(**kw) -> HttpClient:
+    kw.setdefault("timeout_s", 2.0)
+    kw.setdefault("retries", 0)
+    kw.setdefault("backoff_s", 0.01)
+    return HttpClient(**kw)
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def cache_file(provider: str) -> Path:
+    return catalog_cache_dir() / f"{provider}.csv"
+
+
+def run_cli(*args):
+    return CliRunner().invoke(gpuopt, ["pricing", *args], catch_exceptions=False)
+
+
+def one_line(text: str) -> bool:
+    return len(text.strip().splitlines()) == 1
+
+
+@pytest.fixture()
+def previous_lambda(httpserver) -> bytes:
+    """A refreshed Lambda file already in the cache; returns its bytes."""
+    httpserver.expect_request(LAMBDA_PATH).respond_with_data(
+        fixture_text("lambda_instance_types.json"), content_type="application/json")
+    refresh("lambda", base_url=httpserver.url_for("/"), client=client())
+    httpserver.clear()
+    return cache_file("lambda").read_bytes()
+
+
+# ------------------------------------------------------------------ redirects
+
+
+def _serve_gcp_pages(server) -> None:
+    server.expect_request(GCP_PATH, query_string={"pageSize": "5000"}).respond_with_data(
+        fixture_text("gcp_skus_page1.json"), content_type="application/json")
+    server.expect_request(
+        GCP_PATH, query_string={"pageSize": "5000", "pageToken": "page-2-token"}
+    ).respond_with_data(fixture_text("gcp_skus_page2.json"), content_type="application/json")
+
+
+def test_keyed_request_never_follows_a_redirect(httpserver, other_server):
+    _serve_gcp_pages(httpserver)
+    refresh("gcp", base_url=httpserver.url_for("/"), client=client())
+    before = cache_file("gcp").read_bytes()
+    httpserver.clear()
+    _serve_gcp_pages(other_server)
+    httpserver.expect_request(GCP_PATH).respond_with_data(
+        "", status=302, headers={"Location": other_server.url_for(GCP_PATH)})
+    with pytest.raises(RefreshError) as info:
+        refresh("gcp", base_url=httpserver.url_for("/"), client=client(retries=2))
+    message = str(info.value)
+    assert "302" in message and "redirect" in message and "\n" not in message
+    assert f"127.0.0.1:{other_server.port}" in message and FAKE_GCP_KEY not in message
+    assert not any("X-Goog-Api-Key" in req.headers for req, _ in other_server.log)
+    assert other_server.log == []
+    assert cache_file("gcp").read_bytes() == before
+
+
+def test_keyed_redirect_on_the_cli_is_one_line_exit_2(httpserver, other_server,
+                                                       previous_lambda):
+    other_server.expect_request(LAMBDA_PATH).respond_with_data(
+        fixture_text("lambda_instance_types.json"), content_type="application/json")
+    httpserver.expect_request(LAMBDA_PATH).respond_with_data(
+        "", status=307, headers={"Location": other_server.url_for(LAMBDA_PATH)})
+    result = run_cli("refresh", "--provider", "lambda", "--base-url", httpserver.url_for("/"))
+    assert result.exit_code == 2 and one_line(result.stderr)
+    assert "307" in result.stderr and FAKE_LAMBDA_KEY not in result.output
+    assert other_server.log == []
+    assert cache_file("lambda").read_bytes() == previous_lambda
+
+
+def test_unkeyed_download_follows_a_same_scheme_redirect(httpserver, other_server):
+    for region in ("us-east-1", "us-west-2", "ap-northeast-1"):
+        data = json.loads(fixture_text("aws_ec2_us-east-1.json"))
+        for product in data["products"].values():
+            product["attributes"]["regionCode"] = region
+        other_server.expect_request(AWS_PATH.format(region)).respond_with_json(data)
+        httpserver.expect_request(AWS_PATH.format(region)).respond_with_data(
+            "", status=301, headers={"Location": other_server.url_for(AWS_PATH.format(region))})
+    result = refresh("aws", base_url=httpserver.url_for("/"), client=client())
+    assert result.refreshed > 0 and len(other_server.log) == 3
+
+
+def test_unkeyed_redirect_loop_is_bounded(httpserver):
+    httpserver.expect_request(AWS_PATH.format("ap-northeast-1")).respond_with_data(
+        "", status=302, headers={"Location": AWS_PATH.format("ap-northeast-1")})
+    with pytest.raises(RefreshError, match="redirects"):
+        refresh("aws", base_url=httpserver.url_for("/"), client=client())
+    assert not cache_file("aws").exists()
+
+
+@pytest.mark.parametrize(("origin", "target", "allowed"), [
+    ("https://a.example/x", "https://b.example/y", True),
+    ("http://127.0.0.1:1/x", "http://127.0.0.1:2/y", True),
+    ("https://a.example/x", "http://a.example/x", False),
+    ("http://a.example/x", "https://a.example/x", False),
+    ("https://a.example/x", "ftp://a.example/x", False),
+])
+def test_redirects_keep_the_scheme(origin, target, allowed):
+    assert _http.redirect_allowed(origin, target) is allowed
