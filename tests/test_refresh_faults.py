@@ -5,12 +5,16 @@ one line, names no key, and leaves the cache as it was."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from pytest_httpserver import HTTPServer
+from werkzeug import Response
 
 from mlflow_gpuopt.catalog import RefreshError, catalog_cache_dir
 from mlflow_gpuopt.catalog.refreshers import _http, refresh
@@ -150,3 +154,53 @@ def test_unkeyed_redirect_loop_is_bounded(httpserver):
 ])
 def test_redirects_keep_the_scheme(origin, target, allowed):
     assert _http.redirect_allowed(origin, target) is allowed
+
+
+# ------------------------------------------------------------------ gzip
+
+
+def _gzip_response(body: bytes) -> Response:
+    return Response(body, content_type="application/json", headers={"Content-Encoding": "gzip"})
+
+
+def _gzip_bomb(inflated_bytes: int) -> bytes:
+    """A gzip stream of ``inflated_bytes`` zeros, built without holding them in memory."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = bytes(1 << 20)
+    parts = [packer.compress(block) for _ in range(inflated_bytes >> 20)]
+    return b"".join([*parts, packer.flush()])
+
+
+def test_gzip_compressed_prices_are_accepted(httpserver):
+    body = gzip.compress(fixture_text("lambda_instance_types.json").encode())
+    httpserver.expect_request(LAMBDA_PATH).respond_with_response(_gzip_response(body))
+    result = refresh("lambda", base_url=httpserver.url_for("/"), client=client())
+    assert result.refreshed == 3
+    assert "gzip" in httpserver.log[0][0].headers.get("Accept-Encoding", "")
+
+
+def test_gzip_bomb_is_refused_without_inflating_it(httpserver, previous_lambda, monkeypatch):
+    monkeypatch.setattr(_http, "MAX_DOWNLOAD_BYTES", 1 << 20)
+    bomb = _gzip_bomb(256 << 20)
+    assert len(bomb) < (1 << 20)  # the wire bytes alone are under the cap
+    httpserver.expect_request(LAMBDA_PATH).respond_with_response(_gzip_response(bomb))
+    tracemalloc.start()
+    try:
+        with pytest.raises(RefreshError) as info:
+            refresh("lambda", base_url=httpserver.url_for("/"), client=client())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "download limit" in str(info.value) and "\n" not in str(info.value)
+    assert peak < 16 << 20  # at most about the cap was inflated, not the 256 MiB
+    assert cache_file("lambda").read_bytes() == previous_lambda
+
+
+def test_truncated_gzip_is_refused(httpserver, previous_lambda):
+    body = gzip.compress(fixture_text("lambda_instance_types.json").encode())
+    httpserver.expect_request(LAMBDA_PATH).respond_with_response(
+        _gzip_response(body[: len(body) // 2]))
+    with pytest.raises(RefreshError, match="truncated") as info:
+        refresh("lambda", base_url=httpserver.url_for("/"), client=client())
+    assert "\n" not in str(info.value)
+    assert cache_file("lambda").read_bytes() == previous_lambda

@@ -14,12 +14,14 @@ import json
 import logging
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import click
 import requests
+import urllib3
 
 from mlflow_gpuopt.catalog.errors import RefreshError
 
@@ -32,6 +34,8 @@ _PROGRESS_MIN_BYTES = 1024**2
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: Most redirects an unkeyed download follows.
 MAX_REDIRECTS = 5
+#: The encodings :class:`_Inflater` decodes; asked for explicitly so none other arrives.
+_ENCODINGS = {"Accept-Encoding": "gzip, deflate"}
 
 
 def public_url(url: str) -> str:
@@ -60,6 +64,51 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+class _TooLargeError(Exception):
+    """The decompressed body passed the download limit."""
+
+
+class _Inflater:
+    """Decompresses a ``Content-Encoding`` of gzip or deflate (or passes identity through),
+    never producing more than ``cap`` bytes in all: each step inflates at most what is left
+    under the cap, so a bomb costs at most ``cap`` bytes of memory before it is refused."""
+
+    def __init__(self, encoding: str, cap: int) -> None:
+        self.encoding = encoding.strip().lower()
+        self.cap = cap
+        self.produced = 0
+        self.unsupported = ""
+        self._zlib = None
+        if self.encoding in ("gzip", "x-gzip", "deflate"):
+            self._zlib = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib header
+        elif self.encoding not in ("", "identity"):
+            self.unsupported = self.encoding
+
+    @property
+    def complete(self) -> bool:
+        """Whether the compressed stream reached its end (always true for identity)."""
+        return self._zlib is None or self._zlib.eof
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The decompressed bytes of ``data`` (raises :class:`_TooLargeError`, ``zlib.error``)."""
+        if self._zlib is None:
+            return [data]
+        out: list[bytes] = []
+        while data:
+            piece = self._zlib.decompress(data, self.cap - self.produced + 1)
+            self.produced += len(piece)
+            if self.produced > self.cap:
+                raise _TooLargeError
+            out.append(piece)
+            if self._zlib.eof:  # a second gzip member may follow
+                data = self._zlib.unused_data
+                if data:
+                    self._zlib = zlib.decompressobj(32 + zlib.MAX_WBITS)
+            else:
+                data = self._zlib.unconsumed_tail
+        return out
 
 
 class HttpClient:
@@ -153,7 +202,8 @@ class HttpClient:
         """GET ``url``, following redirects only as the module docstring says."""
         for _ in range(MAX_REDIRECTS + 1):
             resp = self.session.get(
-                url, params=params, headers=dict(headers or {}), timeout=self.timeout_s,
+                url, params=params, headers={**_ENCODINGS, **(headers or {})},
+                timeout=self.timeout_s,
                 stream=True, verify=True, allow_redirects=False,
             )
             if resp.status_code not in REDIRECT_STATUSES:
@@ -182,32 +232,59 @@ class HttpClient:
         return min(wait, self.max_backoff_s)
 
     def _read(self, resp: requests.Response, what: str, shown: str) -> bytes:
+        """The body, decompressed here (gzip/deflate) so that both limits hold: the wire bytes
+        are what ``Content-Length`` and :data:`MAX_DOWNLOAD_BYTES` count, and inflating stops
+        as soon as the decompressed body passes the same cap (a gzip bomb is never inflated
+        whole)."""
+        cap = MAX_DOWNLOAD_BYTES
         length_header = resp.headers.get("Content-Length")
         expected = int(length_header) if length_header and length_header.isdigit() else None
-        if expected is not None and expected > MAX_DOWNLOAD_BYTES:
+        if expected is not None and expected > cap:
             raise self._fail(f"{what}: {shown} is {expected} bytes, over the download limit")
+        inflater = _Inflater(resp.headers.get("Content-Encoding", ""), cap)
+        if inflater.unsupported:
+            raise self._fail(
+                f"{what}: {shown} sent an unsupported Content-Encoding "
+                f"{inflater.unsupported[:40]!r}"
+            )
         chunks: list[bytes] = []
-        received = 0
+        wire = 0
         show = self.progress and expected is not None and expected >= _PROGRESS_MIN_BYTES
         # The label is the caller's short description, never the URL (whose query string may
         # carry a key); redacted all the same in case a caller put a secret into it.
         label = redact(what, self.secrets)
         bar = click.progressbar(length=expected, label=label, file=sys.stderr) if show else None
         try:
-            for chunk in resp.iter_content(chunk_size=1 << 16):
-                chunks.append(chunk)
-                received += len(chunk)
-                if received > MAX_DOWNLOAD_BYTES:
+            while True:
+                chunk = resp.raw.read1(1 << 16, decode_content=False)
+                if not chunk:
+                    break
+                wire += len(chunk)
+                if wire > cap:
                     raise self._fail(f"{what}: {shown} exceeds the download limit")
+                try:
+                    chunks += inflater.feed(chunk)
+                except _TooLargeError:
+                    raise self._fail(
+                        f"{what}: {shown} decompresses to more than the download limit"
+                    ) from None
+                except zlib.error:
+                    raise self._fail(f"{what}: malformed compressed body from {shown}") from None
                 if bar is not None:
                     bar.update(len(chunk))
+        except urllib3.exceptions.ReadTimeoutError:
+            raise requests.Timeout() from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise requests.ConnectionError(type(exc).__name__) from None
         finally:
             if bar is not None:
                 bar.render_finish()
-        if expected is not None and received != expected:
+        if expected is not None and wire != expected:
             raise self._fail(
-                f"{what}: truncated payload from {shown} ({received} of {expected} bytes)"
+                f"{what}: truncated payload from {shown} ({wire} of {expected} bytes)"
             )
+        if not inflater.complete:
+            raise self._fail(f"{what}: truncated compressed payload from {shown}")
         return b"".join(chunks)
 
     def get_json(self, url: str, **kwargs: Any) -> Any:
