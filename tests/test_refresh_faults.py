@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -204,3 +205,32 @@ def test_truncated_gzip_is_refused(httpserver, previous_lambda):
         refresh("lambda", base_url=httpserver.url_for("/"), client=client())
     assert "\n" not in str(info.value)
     assert cache_file("lambda").read_bytes() == previous_lambda
+
+
+# ------------------------------------------------------------------ timeouts
+
+
+def _drip(_request) -> Response:
+    def body():
+        for byte in b'{"data": {"gpu_1x_a10": {"instance_type": {}}}}':
+            time.sleep(0.2)
+            yield bytes([byte])
+
+    return Response(body(), content_type="application/json")
+
+
+def test_timeout_bounds_a_dripping_body(httpserver, previous_lambda):
+    httpserver.expect_request(LAMBDA_PATH).respond_with_handler(_drip)
+    with pytest.raises(RefreshError, match="timed out") as info:
+        refresh("lambda", base_url=httpserver.url_for("/"), client=client(timeout_s=0.6))
+    assert "\n" not in str(info.value)
+    assert cache_file("lambda").read_bytes() == previous_lambda
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "-inf", "1e400"])
+def test_timeout_must_be_a_finite_positive_number(value):
+    result = run_cli("refresh", "--provider", "lambda", "--base-url", "http://127.0.0.1:9",
+                     f"--timeout={value}")
+    assert result.exit_code == 2 and one_line(result.stderr)
+    assert "--timeout" in result.stderr and "Traceback" not in result.output
+    assert not cache_file("lambda").exists()

@@ -34,6 +34,8 @@ _PROGRESS_MIN_BYTES = 1024**2
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: Most redirects an unkeyed download follows.
 MAX_REDIRECTS = 5
+#: Longest per-request deadline accepted (s): a day; sockets cannot wait for ever.
+MAX_TIMEOUT_S = 86400.0
 #: The encodings :class:`_Inflater` decodes; asked for explicitly so none other arrives.
 _ENCODINGS = {"Accept-Encoding": "gzip, deflate"}
 
@@ -64,6 +66,22 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+def _left(deadline: float) -> float:
+    """Seconds left until ``deadline`` (monotonic); ``requests.Timeout`` once it passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise requests.Timeout()
+    return left
+
+
+def _bound_next_read(resp: requests.Response, left_s: float) -> None:
+    """Make the next socket read of ``resp`` wait at most ``left_s``: the per-read timeout
+    ``requests`` set would otherwise let each dripped byte restart the clock."""
+    sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+    if sock is not None:
+        sock.settimeout(left_s)
 
 
 class _TooLargeError(Exception):
@@ -116,7 +134,9 @@ class HttpClient:
     ``max_backoff_s``) on 429/5xx and connection errors, TLS verification always on.
 
     Args:
-        timeout_s: connect and read timeout per request, seconds.
+        timeout_s: deadline for each request as a whole, seconds: connecting, the headers and
+            the whole body (each redirect followed and each retry gets a new one), so a server
+            that drips its body cannot hold a refresh for longer. Finite and positive.
         retries: extra attempts after the first.
         backoff_s: first wait between attempts, seconds (doubles each time).
         secrets: strings (API keys) that must never appear in an error message.
@@ -134,7 +154,10 @@ class HttpClient:
         progress: bool | None = None,
         session: requests.Session | None = None,
     ) -> None:
-        self.timeout_s = timeout_s
+        if not (isinstance(timeout_s, int | float) and 0 < timeout_s < MAX_TIMEOUT_S):
+            raise ValueError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}) seconds, "
+                             f"got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -164,8 +187,9 @@ class HttpClient:
             if attempt:
                 time.sleep(self._wait(attempt, last_retry_after))
             last_retry_after = None
+            deadline = time.monotonic() + self.timeout_s
             try:
-                resp = self._get_following(url, params, headers, keyed, what)
+                resp = self._get_following(url, params, headers, keyed, what, deadline)
             except requests.Timeout:
                 last = f"{what}: timed out after {self.timeout_s:g} s ({shown})"
                 continue
@@ -182,9 +206,9 @@ class HttpClient:
                     hint = " (check the API key)" if resp.status_code in (401, 403) else ""
                     raise self._fail(f"{what}: HTTP {resp.status_code} from {shown}{hint}")
                 try:
-                    return self._read(resp, what, shown)
+                    return self._read(resp, what, shown, deadline)
                 except requests.Timeout:
-                    last = f"{what}: timed out reading {shown}"
+                    last = f"{what}: timed out after {self.timeout_s:g} s reading {shown}"
                     continue
                 except requests.RequestException as exc:
                     last = f"{what}: download from {shown} broke off ({type(exc).__name__})"
@@ -198,12 +222,13 @@ class HttpClient:
         headers: Mapping[str, str] | None,
         keyed: bool,
         what: str,
+        deadline: float,
     ) -> requests.Response:
         """GET ``url``, following redirects only as the module docstring says."""
         for _ in range(MAX_REDIRECTS + 1):
             resp = self.session.get(
                 url, params=params, headers={**_ENCODINGS, **(headers or {})},
-                timeout=self.timeout_s,
+                timeout=_left(deadline),
                 stream=True, verify=True, allow_redirects=False,
             )
             if resp.status_code not in REDIRECT_STATUSES:
@@ -231,7 +256,7 @@ class HttpClient:
                 wait = max(wait, float(retry_after))
         return min(wait, self.max_backoff_s)
 
-    def _read(self, resp: requests.Response, what: str, shown: str) -> bytes:
+    def _read(self, resp: requests.Response, what: str, shown: str, deadline: float) -> bytes:
         """The body, decompressed here (gzip/deflate) so that both limits hold: the wire bytes
         are what ``Content-Length`` and :data:`MAX_DOWNLOAD_BYTES` count, and inflating stops
         as soon as the decompressed body passes the same cap (a gzip bomb is never inflated
@@ -256,6 +281,7 @@ class HttpClient:
         bar = click.progressbar(length=expected, label=label, file=sys.stderr) if show else None
         try:
             while True:
+                _bound_next_read(resp, _left(deadline))
                 chunk = resp.raw.read1(1 << 16, decode_content=False)
                 if not chunk:
                     break
