@@ -234,3 +234,34 @@ def test_timeout_must_be_a_finite_positive_number(value):
     assert result.exit_code == 2 and one_line(result.stderr)
     assert "--timeout" in result.stderr and "Traceback" not in result.output
     assert not cache_file("lambda").exists()
+
+
+# ------------------------------------------------------------------ hostile bodies and keys
+
+
+def test_deeply_nested_body_is_one_line_exit_2(httpserver, previous_lambda):
+    depth = 100_000
+    httpserver.expect_request(LAMBDA_PATH).respond_with_data(
+        '{"data": ' + "[" * depth + "]" * depth + "}", content_type="application/json")
+    result = run_cli("refresh", "--provider", "lambda", "--base-url", httpserver.url_for("/"),
+                     "--retries", "0")
+    assert result.exit_code == 2 and one_line(result.stderr), result.output
+    assert "nested too deeply" in result.stderr and FAKE_LAMBDA_KEY not in result.output
+    assert cache_file("lambda").read_bytes() == previous_lambda
+
+
+@pytest.mark.parametrize(("provider", "env", "key"), [
+    ("lambda", "LAMBDA_API_KEY", "FAKE-lambda-\u2013-dash-not-real"),
+    ("gcp", "GPUOPT_GCP_API_KEY", "FAKE-gcp-\u0416-cyrillic-not-real"),
+    ("lambda", "LAMBDA_API_KEY", "FAKE-lambda-new\nline-not-real"),
+])
+def test_key_that_cannot_be_a_header_is_one_line_exit_2(httpserver, previous_lambda,
+                                                         monkeypatch, provider, env, key):
+    monkeypatch.setenv(env, key)
+    result = run_cli("refresh", "--provider", provider, "--base-url", httpserver.url_for("/"))
+    assert result.exit_code == 2 and one_line(result.stderr), result.output
+    assert "key contains characters that cannot be sent in an HTTP header" in result.stderr
+    assert key not in result.output and key.split("\n")[0] not in result.output
+    assert httpserver.log == []
+    assert cache_file("lambda").read_bytes() == previous_lambda
+    assert not cache_file("gcp").exists()

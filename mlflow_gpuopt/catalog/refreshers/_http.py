@@ -53,6 +53,16 @@ def host_of(url: str) -> str:
     return f"{host}:{parts.port}" if parts.port else host
 
 
+def _sendable(value: str) -> bool:
+    """Whether ``value`` can be an HTTP header value: Latin-1, no line break or NUL, no
+    leading whitespace (what ``http.client`` and ``requests`` accept)."""
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return not any(c in value for c in "\r\n\0") and value[:1] not in (" ", "\t")
+
+
 def redirect_allowed(origin: str, target: str) -> bool:
     """Whether an unkeyed download from ``origin`` may follow a redirect to ``target``: only
     to the same scheme (http or https), so a redirect never drops TLS."""
@@ -178,6 +188,10 @@ class HttpClient:
     ) -> bytes:
         """The body of a successful GET, or :class:`RefreshError` after the retries."""
         shown = public_url(url)
+        if not all(_sendable(value) for value in (headers or {}).values()):
+            raise self._fail(
+                f"{what}: the API key contains characters that cannot be sent in an HTTP header"
+            )
         keyed = bool(headers) or any(
             secret in f"{url} {params or ''}" for secret in self.secrets
         )
@@ -319,6 +333,10 @@ class HttpClient:
         body = self.get_bytes(url, **kwargs)
         try:
             return json.loads(body)
+        except RecursionError:
+            raise self._fail(
+                f"{what}: malformed JSON from {public_url(url)} (nested too deeply)"
+            ) from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise self._fail(
                 f"{what}: malformed JSON from {public_url(url)} ({type(exc).__name__} at "
