@@ -5,8 +5,12 @@ one line, names no key, and leaves the cache as it was."""
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
+import os
+import stat
 import time
 import tracemalloc
 import zlib
@@ -17,7 +21,7 @@ from click.testing import CliRunner
 from pytest_httpserver import HTTPServer
 from werkzeug import Response
 
-from mlflow_gpuopt.catalog import RefreshError, catalog_cache_dir
+from mlflow_gpuopt.catalog import RefreshError, catalog_cache_dir, load_catalog
 from mlflow_gpuopt.catalog.refreshers import _http, refresh
 from mlflow_gpuopt.catalog.refreshers._http import HttpClient
 from mlflow_gpuopt.cli import gpuopt
@@ -265,3 +269,89 @@ def test_key_that_cannot_be_a_header_is_one_line_exit_2(httpserver, previous_lam
     assert httpserver.log == []
     assert cache_file("lambda").read_bytes() == previous_lambda
     assert not cache_file("gcp").exists()
+
+
+# ------------------------------------------------------------------ the cache file itself
+
+
+def _serve_lambda(server) -> None:
+    server.expect_request(LAMBDA_PATH).respond_with_data(
+        fixture_text("lambda_instance_types.json"), content_type="application/json")
+
+
+def test_refreshed_file_keeps_the_previous_mode(httpserver, previous_lambda):
+    os.chmod(cache_file("lambda"), 0o640)
+    _serve_lambda(httpserver)
+    refresh("lambda", base_url=httpserver.url_for("/"), client=client())
+    assert stat.S_IMODE(cache_file("lambda").stat().st_mode) == 0o640
+
+
+def test_new_cache_file_is_readable_as_the_umask_allows(httpserver):
+    _serve_lambda(httpserver)
+    old = os.umask(0o022)
+    try:
+        refresh("lambda", base_url=httpserver.url_for("/"), client=client())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(cache_file("lambda").stat().st_mode) == 0o644
+
+
+def _plant(kind: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:  # a symlink loop
+        os.symlink(path.name, path)
+
+
+def _kind_of(path: Path) -> str:
+    mode = os.lstat(path).st_mode
+    return ("fifo" if stat.S_ISFIFO(mode) else "directory" if stat.S_ISDIR(mode)
+            else "symlink loop" if stat.S_ISLNK(mode) else "other")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs and symlinks")
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink loop"])
+def test_cache_path_that_is_not_a_file_is_ignored_with_a_warning(kind, caplog):
+    path = cache_file("lambda")
+    _plant(kind, path)
+    with caplog.at_level("WARNING"):
+        cat = load_catalog(reload=True)
+    assert cat.sources["lambda"] == "shipped snapshot"
+    assert [w for w in cat.warnings if str(path) in w and "not a regular file" in w]
+    assert sum(str(path) in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs and symlinks")
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink loop"])
+def test_refresh_onto_a_path_that_is_not_a_file_fails_and_touches_nothing(httpserver, kind):
+    path = cache_file("lambda")
+    _plant(kind, path)
+    _serve_lambda(httpserver)
+    result = run_cli("refresh", "--provider", "lambda", "--base-url", httpserver.url_for("/"))
+    assert result.exit_code == 2 and one_line(result.stderr), result.output
+    assert str(path) in result.stderr and "not a regular file" in result.stderr
+    assert _kind_of(path) == kind
+    assert sorted(p.name for p in path.parent.iterdir()) == ["lambda.csv"]
+
+
+def test_stale_cache_warning_prints_once(tmp_path):
+    from aws_offer_server import cli
+
+    cache = tmp_path / "stale"
+    folder = catalog_cache_dir(cache)
+    folder.mkdir(parents=True)
+    rows = list(csv.reader(io.StringIO(
+        (Path(__file__).parent.parent / "pricing" / "lambda.csv").read_text())))
+    as_of = rows[0].index("as_of")
+    for row in rows[1:]:
+        row[as_of] = "2020-01-02"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    (folder / "lambda.csv").write_text(buf.getvalue())
+    proc = cli(["pricing", "show", "--provider", "lambda"], cache)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert err.decode().count("days old") == 1, err.decode()

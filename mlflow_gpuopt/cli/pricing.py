@@ -100,8 +100,7 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: 
     known_regions = sorted({o.region for o in cat.offers})
     if region is not None and region.lower() not in {r.lower() for r in known_regions}:
         raise UsageError(f"unknown region {region!r}; known: {', '.join(known_regions)}")
-    for line in cat.warnings:
-        click.echo(f"Warning: {line}", err=True)
+    # cat.warnings (a stale or unusable cache file) were logged, once per process, on loading.
     offers.sort(key=lambda o: (o.provider, o.gpu, o.gpu_count, o.instance_type, o.region))
     if as_json:
         click.echo(json.dumps([offer_to_json(o) for o in offers], indent=2))
