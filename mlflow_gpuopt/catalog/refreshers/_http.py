@@ -293,10 +293,12 @@ class HttpClient:
         # carry a key); redacted all the same in case a caller put a secret into it.
         label = redact(what, self.secrets)
         bar = click.progressbar(length=expected, label=label, file=sys.stderr) if show else None
+        # read1 (urllib3 >= 2) returns what has arrived instead of waiting for a full chunk.
+        read = getattr(resp.raw, "read1", None) or resp.raw.read
         try:
             while True:
                 _bound_next_read(resp, _left(deadline))
-                chunk = resp.raw.read1(1 << 16, decode_content=False)
+                chunk = read(1 << 16, decode_content=False)
                 if not chunk:
                     break
                 wire += len(chunk)
