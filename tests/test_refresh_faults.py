@@ -355,3 +355,13 @@ def test_stale_cache_warning_prints_once(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0
     assert err.decode().count("days old") == 1, err.decode()
+
+
+def test_azure_next_page_on_another_scheme_is_refused(httpserver):
+    page1 = json.loads(fixture_text("azure_prices_page1.json"))
+    page1["NextPageLink"] = httpserver.url_for("/api/retail/prices").replace(
+        "http://", "https://") + "?$skip=100"
+    httpserver.expect_request("/api/retail/prices").respond_with_json(page1)
+    with pytest.raises(RefreshError, match="NextPageLink points to another host or scheme"):
+        refresh("azure", base_url=httpserver.url_for("/api/retail/prices"), client=client())
+    assert not cache_file("azure").exists()
