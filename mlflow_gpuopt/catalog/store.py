@@ -5,7 +5,9 @@ which takes precedence provider by provider.
 The cache directory is ``$GPUOPT_CACHE_DIR`` or ``~/.cache/mlflow-gpuopt``; refreshed files go
 to ``<cache>/catalog-v<CATALOG_SCHEMA_VERSION>/<provider>.csv`` so a schema change never reads
 an old file. A cached file older than ``max_age_days`` (argument, else
-``$GPUOPT_PRICING_MAX_AGE_DAYS``, else 30) is still used, with a warning naming its date.
+``$GPUOPT_PRICING_MAX_AGE_DAYS``, else 30) is still used, with a warning naming its date; a
+cache path that is not a regular file (a directory, a FIFO, a symlink loop) is skipped with a
+warning naming it. Each warning is logged once per process, however often the catalog loads.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
-import tempfile
+import secrets
+import stat
 import threading
 from importlib import resources
 from pathlib import Path
@@ -38,6 +41,17 @@ PACKAGED_SNAPSHOT = "pricing_data"
 
 _lock = threading.Lock()
 _loaded: dict[tuple, Catalog] = {}
+_warned: set[str] = set()
+_warned_lock = threading.Lock()  # apart from _lock, which load_catalog holds while warning
+
+
+def _warn_once(message: str) -> None:
+    """Log ``message`` as a warning unless this process has already logged it."""
+    with _warned_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    logger.warning("%s", message)
 
 
 def cache_root() -> Path:
@@ -92,8 +106,38 @@ def load_gpus() -> dict[str, GpuSpec]:
     return parse_gpus_csv(shipped_text("gpus.csv"), "pricing/gpus.csv")
 
 
-def _user_files(cache_dir: Path) -> dict[str, Path]:
-    return {p: cache_dir / f"{p}.csv" for p in PROVIDERS if (cache_dir / f"{p}.csv").is_file()}
+def not_regular_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (after symlinks): "a
+    directory", "a FIFO", "a symlink loop or dangling symlink", ...; ``None`` when it is a
+    regular file or absent."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a dangling symlink" if os.path.islink(path) else None
+    except OSError as exc:  # ELOOP, EACCES on a folder above, ...
+        return "a symlink loop" if os.path.islink(path) else f"unreadable ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    return "not a file"
+
+
+def _user_files(cache_dir: Path) -> tuple[dict[str, Path], list[str]]:
+    """The cached ``<provider>.csv`` files, and one warning per cache path that is skipped
+    because it is not a regular file."""
+    files, skipped = {}, []
+    for provider in PROVIDERS:
+        path = cache_dir / f"{provider}.csv"
+        kind = not_regular_file(path)
+        if kind is not None:
+            skipped.append(f"ignoring {path}: not a regular file ({kind}); using the shipped "
+                           f"{provider} prices")
+        elif path.is_file():
+            files[provider] = path
+    return files, skipped
 
 
 def load_catalog(
@@ -114,23 +158,25 @@ def load_catalog(
     """
     folder = catalog_cache_dir(cache_dir)
     limit = max_age_days_setting(max_age_days)
-    files = _user_files(folder) if use_user_cache else {}
+    files, skipped = _user_files(folder) if use_user_cache else ({}, [])
     stamp = tuple(sorted((p, f.stat().st_mtime_ns, f.stat().st_size) for p, f in files.items()))
     key = (str(folder), limit, use_user_cache, stamp, today)
     with _lock:
         if not reload and key in _loaded:
             return _loaded[key]
-        catalog = _read(folder, files, limit, today or _dt.date.today())
+        catalog = _read(folder, files, limit, today or _dt.date.today(), skipped)
         _loaded.clear()
         _loaded[key] = catalog
         return catalog
 
 
-def _read(folder: Path, files: dict[str, Path], limit: float, today: _dt.date) -> Catalog:
+def _read(
+    folder: Path, files: dict[str, Path], limit: float, today: _dt.date, skipped: list[str]
+) -> Catalog:
     gpus = load_gpus()
     offers = []
     sources = {}
-    warnings = []
+    warnings = list(skipped)
     for provider in PROVIDERS:
         path = files.get(provider)
         if path is None:
@@ -156,8 +202,9 @@ def _read(folder: Path, files: dict[str, Path], limit: float, today: _dt.date) -
                 f"{age} days old (limit {limit:g}); run `mlflow gpuopt pricing refresh "
                 f"--provider {provider}`"
             )
-            logger.warning("%s", msg)
             warnings.append(msg)
+    for msg in warnings:
+        _warn_once(msg)
     return Catalog(tuple(offers), gpus, sources, tuple(warnings))
 
 
@@ -170,16 +217,40 @@ def clear_catalog_cache() -> None:
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``.
 
-    A crash or error leaves either the old file or the new one, never a mix.
+    A crash or error leaves either the old file or the new one, never a mix. The new file keeps
+    the old one's permission bits (a new file gets 0666 less the umask, as ``open`` would), so
+    others sharing the cache folder can still read it.
+
+    Raises:
+        OSError: also when ``path`` exists but is not a regular file (a directory, a FIFO, a
+            symlink loop): it is left alone.
     """
+    kind = not_regular_file(path)
+    if kind is not None:
+        raise OSError(f"{path} is not a regular file ({kind}); left as it is")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        keep_mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        keep_mode = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
+    try:
+        if keep_mode is not None and hasattr(os, "fchmod"):
+            os.fchmod(fd, keep_mode)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise

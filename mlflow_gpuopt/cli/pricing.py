@@ -99,8 +99,7 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: 
     known_regions = sorted({o.region for o in cat.offers})
     if region is not None and region.lower() not in {r.lower() for r in known_regions}:
         raise UsageError(f"unknown region {region!r}; known: {', '.join(known_regions)}")
-    for line in cat.warnings:
-        click.echo(f"Warning: {line}", err=True)
+    # cat.warnings (a stale or unusable cache file) were logged, once per process, on loading.
     offers.sort(key=lambda o: (o.provider, o.gpu, o.gpu_count, o.instance_type, o.region))
     if as_json:
         click.echo(json.dumps([offer_to_json(o) for o in offers], indent=2))
@@ -120,7 +119,8 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: 
               help="Which provider's price API to read.")
 @click.option("--base-url", default=None, help="Override the API base URL (mirrors, tests).")
 @click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=float,
-              help="Seconds per HTTP request.")
+              help="Seconds per HTTP request, the whole download included (raise it for "
+                   "AWS's large offer files on a slow link).")
 @click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 10),
               help="Retries on 429/5xx and connection errors.")
 @click.option("--lock-timeout", "lock_timeout_s", default=None, type=float,
@@ -138,10 +138,11 @@ def refresh(provider: str, base_url: str | None, timeout_s: float, retries: int,
     """
     from mlflow_gpuopt.catalog.errors import RefreshError
     from mlflow_gpuopt.catalog.refreshers import refresh as do_refresh
-    from mlflow_gpuopt.catalog.refreshers._http import HttpClient
+    from mlflow_gpuopt.catalog.refreshers._http import MAX_TIMEOUT_S, HttpClient
 
-    if not timeout_s > 0:
-        raise UsageError("--timeout must be positive")
+    if not 0 < timeout_s < MAX_TIMEOUT_S:  # also refuses nan and inf
+        raise UsageError(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}), "
+                         f"got {timeout_s!r}")
     if lock_timeout_s is not None and not lock_timeout_s >= 0:
         raise UsageError("--lock-timeout must be >= 0")
     try:

@@ -31,6 +31,7 @@ from mlflow_gpuopt.catalog.store import (
     clear_catalog_cache,
     load_catalog,
     load_gpus,
+    not_regular_file,
     write_atomically,
 )
 
@@ -111,6 +112,11 @@ def refresh(
             f"cannot refresh {provider!r}; refreshable providers: {', '.join(REFRESHABLE)}"
         )
     wait_s = lock_timeout_setting(lock_timeout_s)
+    target = catalog_cache_dir(cache_dir) / f"{provider}.csv"
+    kind = not_regular_file(target)
+    if kind is not None:  # checked before anything is read or fetched; again when writing
+        raise RefreshError(f"cannot write the price cache: {target} is not a regular file "
+                           f"({kind}); left as it is")
     lock_path = catalog_cache_dir(cache_dir).parent / f".refresh-{provider}.lock"
     try:
         with exclusive_lock(lock_path, timeout_s=wait_s, what=f"{provider} price refresh"):

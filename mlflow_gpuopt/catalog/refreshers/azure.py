@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from mlflow_gpuopt.catalog.errors import RefreshError
 from mlflow_gpuopt.catalog.refreshers._common import KEEP, get, guard_parse, number, repriced
-from mlflow_gpuopt.catalog.refreshers._http import HttpClient
+from mlflow_gpuopt.catalog.refreshers._http import HttpClient, redirect_allowed
 from mlflow_gpuopt.catalog.schema import Offer
 
 PROVIDER = "azure"
@@ -91,8 +91,11 @@ def fetch_pages(client: HttpClient, templates: Sequence[Offer],
             params = None
             if not url:
                 break
-            if not isinstance(url, str) or urlsplit(url).netloc != host:
-                raise RefreshError("Azure retail prices: NextPageLink points to another host")
+            if (not isinstance(url, str) or urlsplit(url).netloc != host
+                    or not redirect_allowed(base, url)):  # same host, same scheme
+                raise RefreshError(
+                    "Azure retail prices: NextPageLink points to another host or scheme"
+                )
         else:
             raise RefreshError(f"Azure retail prices: more than {MAX_PAGES} pages")
     return pages
