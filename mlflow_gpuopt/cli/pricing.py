@@ -118,9 +118,9 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: 
               type=click.Choice(["aws", "gcp", "lambda", "azure"], case_sensitive=False),
               help="Which provider's price API to read.")
 @click.option("--base-url", default=None, help="Override the API base URL (mirrors, tests).")
-@click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=float,
-              help="Seconds per HTTP request, the whole download included (raise it for "
-                   "AWS's large offer files on a slow link).")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float,
+              help="Seconds per HTTP request, the whole download included (AWS's offer "
+                   "files run to hundreds of MB; raise it on a slow link).")
 @click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 10),
               help="Retries on 429/5xx and connection errors.")
 @click.option("--lock-timeout", "lock_timeout_s", default=None, type=float,
