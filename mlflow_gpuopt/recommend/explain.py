@@ -23,7 +23,8 @@ _STRATEGY_WORDS = {
 }
 
 _LINK_WORDS = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie3": "PCIe 3",
-               "pcie4": "PCIe 4", "pcie5": "PCIe 5", "none": "no GPU link"}
+               "pcie4": "PCIe 4", "pcie5": "PCIe 5", "none": "no GPU link",
+               "infinity_fabric": "Infinity Fabric"}
 
 
 def money(usd: float) -> str:
