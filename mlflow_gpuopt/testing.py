@@ -228,6 +228,7 @@ class FakeAmdGPU:
     energy_ticks: int = 65_359_477  # × 15.3 µJ = ~1000 J
     counter_resolution_uj: float = 15.3
     supports_energy: bool = True
+    xgmi: bool = True  # linked to the other xgmi GPUs over Infinity Fabric (else PCIe)
     utilization_series: list = field(default_factory=list)
     vram_used_mib_series: list = field(default_factory=list)
     power_w_series: list = field(default_factory=list)
@@ -275,9 +276,17 @@ def make_fake_amdsmi(gpus: list[FakeAmdGPU]) -> types.ModuleType:
         SOC = 3
         MEM = 4
 
+    class AmdSmiLinkType(enum.IntEnum):
+        AMDSMI_LINK_TYPE_INTERNAL = 0
+        AMDSMI_LINK_TYPE_XGMI = 1
+        AMDSMI_LINK_TYPE_PCIE = 2
+        AMDSMI_LINK_TYPE_NOT_APPLICABLE = 3
+        AMDSMI_LINK_TYPE_UNKNOWN = 4
+
     m.AmdSmiException = AmdSmiException
     m.AmdSmiLibraryException = AmdSmiLibraryException
     m.AmdSmiClkType = AmdSmiClkType
+    m.AmdSmiLinkType = AmdSmiLinkType
     m.gpus = gpus
     for i, g in enumerate(gpus):
         g.uuid = g.uuid or f"{i:02x}ff74a1-0000-1000-80a3-3dfd1fdc7a1{i:x}"
@@ -361,6 +370,14 @@ def make_fake_amdsmi(gpus: list[FakeAmdGPU]) -> types.ModuleType:
             raise AmdSmiLibraryException(m.AMDSMI_STATUS_INVAL)
         return {"clk": h.gfx_clock_mhz, "min_clk": 500, "max_clk": 2100, "clk_locked": False,
                 "clk_deep_sleep": "N/A"}
+
+    @api
+    def amdsmi_topo_get_link_type(src, dst):
+        if src is dst:
+            return {"hops": 0, "type": AmdSmiLinkType.AMDSMI_LINK_TYPE_INTERNAL}
+        if src.xgmi and dst.xgmi:
+            return {"hops": 1, "type": AmdSmiLinkType.AMDSMI_LINK_TYPE_XGMI}
+        return {"hops": 2, "type": AmdSmiLinkType.AMDSMI_LINK_TYPE_PCIE}
 
     @api
     def amdsmi_get_energy_count(h):

@@ -14,7 +14,12 @@ from mlflow.tracking import MlflowClient
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.catalog import resolve_gpu
 from mlflow_gpuopt.devices import get_gpus
-from mlflow_gpuopt.devices.amd import AmdSmiGPUs, amdsmi_importable, visible_physical_indices
+from mlflow_gpuopt.devices.amd import (
+    AmdSmiGPUs,
+    amdsmi_importable,
+    infinity_fabric_active,
+    visible_physical_indices,
+)
 from mlflow_gpuopt.devices.errors import DeviceError, DeviceInitError
 from mlflow_gpuopt.devices.fingerprint import hardware_fingerprint
 from mlflow_gpuopt.devices.nvml import NvmlGPUs
@@ -138,6 +143,19 @@ def test_selection_prefers_amd_then_nvml_then_empty(monkeypatch, no_visible):
     monkeypatch.setattr("mlflow_gpuopt.devices.torch_cuda.torch_cuda_available", lambda: False)
     assert not amdsmi_importable()
     assert get_gpus().backend == "empty"
+
+
+@pytest.mark.parametrize("visible,expected", [("0", True), ("2", False), ("2,1", False)])
+def test_infinity_fabric_seen_through_amdsmi_topology(monkeypatch, no_visible, visible,
+                                                      expected):
+    """Physical GPUs 0 and 1 share an xGMI link; GPU 2 sits on PCIe only."""
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", visible)
+    fakes = [FakeAmdGPU(MI300X), FakeAmdGPU(MI300X), FakeAmdGPU(MI300X, xgmi=False)]
+    with fake_amdsmi(fakes) as smi:
+        assert infinity_fabric_active([0]) is expected
+        assert smi.refs == 0  # released
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # amdsmi not installed
+    assert infinity_fabric_active([0]) is False  # nothing seen, nothing raised
 
 
 def test_fingerprint_names_the_amd_gpu(no_visible):

@@ -112,6 +112,7 @@ class AmdSmiGPUs(GPUs):
             environ = dict(os.environ if env is None else env)
             if visible_devices is not None:
                 environ["HIP_VISIBLE_DEVICES"] = visible_devices
+            self._all_handles = handles
             self._handles = []
             for entry in visible_physical_indices(len(handles), environ):
                 if isinstance(entry, int):
@@ -199,6 +200,27 @@ class AmdSmiGPUs(GPUs):
             energy_joules=_energy_joules(energy),
         )
 
+    def fabric_link_active(self, index: int) -> bool:
+        """Whether GPU ``index`` reaches another GPU of the node over Infinity Fabric (xGMI)
+        rather than PCIe, as ``amdsmi_topo_get_link_type`` reports; False where AMD SMI
+        cannot say. The AMD counterpart of NVML's NVLink state."""
+        s = self._smi
+        xgmi = _xgmi_link_type(s)
+        if xgmi is None or not hasattr(s, "amdsmi_topo_get_link_type"):
+            return False
+        me = self._handles[index]
+        for other in self._all_handles:
+            if other is me:
+                continue
+            try:
+                link = s.amdsmi_topo_get_link_type(me, other)
+            except Exception:  # noqa: BLE001 - not supported, VM guest: nothing seen
+                continue
+            kind = link.get("type") if isinstance(link, dict) else None
+            if kind is not None and int(kind) == int(xgmi):
+                return True
+        return False
+
     def close(self) -> None:
         if getattr(self, "_closed", True):
             return
@@ -207,6 +229,31 @@ class AmdSmiGPUs(GPUs):
             self._smi.amdsmi_shut_down()
         except Exception as exc:  # shutting down must never fail the caller
             logger.debug("gpuopt: amdsmi_shut_down failed: %s", exc)
+
+
+def _xgmi_link_type(smi: Any) -> Any:
+    """AMD SMI's value for an xGMI link (the enum is ``AmdSmiLinkType`` in ROCm 6.2+,
+    ``AmdSmiIoLinkType`` before), or ``None`` where this amdsmi has neither."""
+    for enum_name, member in (("AmdSmiLinkType", "AMDSMI_LINK_TYPE_XGMI"),
+                              ("AmdSmiIoLinkType", "XGMI"),
+                              ("AmdSmiIoLinkType", "AMDSMI_IOLINK_TYPE_XGMI")):
+        value = getattr(getattr(smi, enum_name, None), member, None)
+        if value is not None:
+            return value
+    return None
+
+
+def infinity_fabric_active(gpu_ids: list[int]) -> bool:
+    """Does AMD SMI report an Infinity Fabric (xGMI) link on any of ``gpu_ids``
+    (process-visible indices)? False without amdsmi or AMD GPUs; never raises."""
+    try:
+        gpus = AmdSmiGPUs()
+    except Exception:  # noqa: BLE001 - no AMD SMI: nothing seen
+        return False
+    try:
+        return any(gpus.fabric_link_active(i) for i in (gpu_ids or [0]) if i < len(gpus))
+    finally:
+        gpus.close()
 
 
 def _energy_joules(reading: Mapping[str, Any] | None) -> float | None:
