@@ -12,6 +12,10 @@ several fit, :data:`SHORT_NAME_DEFAULTS` decides (``A100`` is the original 40 GB
 ``V100`` the 16 GB SXM2, ``H100`` the SXM5): these are what GCP's ``nvidia-tesla-a100``, a
 bare ``V100`` or ``H100`` mean at the providers in the catalog. ``V100-32GB-SXM3`` (DGX-2's
 part, ~5% higher clocks) resolves to ``V100-SXM2-32GB``, its closest catalog part.
+
+AMD names drop ``AMD``, ``Instinct`` and ``OAM`` (the only form factor of the MI300X/MI325X,
+as AMD SMI's ``market_name`` may spell it), so ``AMD Instinct MI300X`` and
+``AMD Instinct MI300X OAM`` both resolve to ``MI300X``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from functools import lru_cache
 from mlflow_gpuopt.catalog.errors import UnknownGpuError
 
 _NOISE = frozenset(
-    {"nvidia", "tesla", "geforce", "rtx", "quadro", "amd", "instinct", "gpu", "tensor", "core"}
+    {"nvidia", "tesla", "geforce", "rtx", "quadro", "amd", "instinct", "gpu", "tensor", "core",
+     "oam"}
 )
 _FORM_SYNONYMS = {"sxm2": "sxm", "sxm3": "sxm", "sxm4": "sxm", "sxm5": "sxm", "sxm6": "sxm",
                   "hbm3": "sxm",

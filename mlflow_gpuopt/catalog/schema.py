@@ -79,7 +79,9 @@ class Offer:
     spot_price_per_hour_usd: float | None  # None where no spot is sold or it was not read
     billing_increment_s: int  # 1 = per-second billing
     billing_minimum_s: int  # e.g. 60 on AWS/GCP
-    intra_node_link: str  # "nvswitch" | "nvlink" | "pcie3" | "pcie4" | "pcie5" | "none"
+    # "nvswitch" | "nvlink" | "infinity_fabric" (AMD's xGMI GPU mesh) | "pcie3" | "pcie4" |
+    # "pcie5" | "none"
+    intra_node_link: str
     # GPU-to-GPU bandwidth per GPU inside a node, GB/s, total bidirectional (the convention of
     # NVIDIA's headline figures: A100 NVLink 600, H100 900; PCIe 4.0 x16 = 64); 0 on 1-GPU nodes.
     intra_node_gb_per_s: float
@@ -125,7 +127,11 @@ class Offer:
 PROVIDERS = ("aws", "gcp", "lambda", "azure", "colab")
 
 #: Allowed values of ``Offer.intra_node_link``.
-INTRA_NODE_LINKS = ("nvswitch", "nvlink", "pcie3", "pcie4", "pcie5", "none")
+INTRA_NODE_LINKS = ("nvswitch", "nvlink", "pcie3", "pcie4", "pcie5", "none", "infinity_fabric")
+
+#: Intra-node links that connect every GPU of a node to every other at NVLink-class speed
+#: (what tensor parallelism inside a node needs).
+FAST_INTRA_NODE_LINKS = ("nvswitch", "nvlink", "infinity_fabric")
 
 #: Allowed values of ``Offer.pricing``.
 PRICING_KINDS = ("on_demand", "compute_units")

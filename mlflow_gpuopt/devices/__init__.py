@@ -1,8 +1,11 @@
-"""Devices: one GPU interface (:class:`GPUs`) with NVML, torch.cuda and empty backends, and the
-host.
+"""Devices: one GPU interface (:class:`GPUs`) with AMD SMI, NVML, torch.cuda and empty
+backends, and the host.
 
-``get_gpus()`` tries the backends in a fixed order — NVML, then torch.cuda — and degrades to
-:class:`EmptyGPUs` when none starts. It never raises.
+``get_gpus()`` tries the backends in a fixed order — AMD SMI, NVML, then torch.cuda — and
+degrades to :class:`EmptyGPUs` when none starts. It never raises. AMD SMI goes first because it
+starts only where ``amdsmi`` is importable *and* reports a GPU, which an NVIDIA machine never
+does; on a ROCm build of PyTorch without ``amdsmi`` (``torch.version.hip`` set), NVML finds no
+driver and torch.cuda (HIP underneath) reports the AMD GPUs.
 """
 
 from __future__ import annotations
@@ -20,11 +23,17 @@ __all__ = ["GPUs", "EmptyGPUs", "GpuSample", "HostSample", "TorchMemorySample", 
 
 
 def get_gpus(visible_devices: str | None = None) -> GPUs:
-    """The GPUs this process can see: NVML → torch.cuda → empty (first that starts)."""
+    """The GPUs this process can see: AMD SMI → NVML → torch.cuda → empty (first that starts).
+
+    ``visible_devices`` overrides ``CUDA_VISIBLE_DEVICES`` for NVML and ``HIP_VISIBLE_DEVICES``
+    for AMD SMI.
+    """
+    from mlflow_gpuopt.devices.amd import AmdSmiGPUs
     from mlflow_gpuopt.devices.nvml import NvmlGPUs
     from mlflow_gpuopt.devices.torch_cuda import TorchCudaGPUs
 
-    for factory in (lambda: NvmlGPUs(visible_devices), TorchCudaGPUs):
+    for factory in (lambda: AmdSmiGPUs(visible_devices), lambda: NvmlGPUs(visible_devices),
+                    TorchCudaGPUs):
         try:
             return factory()
         except DeviceError as exc:

@@ -20,7 +20,8 @@ DMI_DIR = Path("/sys/class/dmi/id")
 
 @dataclass(frozen=True)
 class HardwareFingerprint:
-    """The machine a run ran on. ``gpu`` is the NVML name, or ``cpu`` when no GPU is visible."""
+    """The machine a run ran on. ``gpu`` is the driver's name (NVML or AMD SMI), or ``cpu`` when
+    no GPU is visible."""
 
     gpu: str = "cpu"
     gpu_count: int = 0
@@ -102,18 +103,24 @@ def cloud_instance(dmi_dir: Path = DMI_DIR, env: Mapping[str, str] | None = None
 def probe_hardware() -> HardwareFingerprint:
     """Look at this machine now (uncached; see :func:`hardware_fingerprint`)."""
     gpu, count, gpu_mem = "cpu", 0, None
-    try:
-        from mlflow_gpuopt.devices.nvml import NvmlGPUs
+    from mlflow_gpuopt.devices.amd import AmdSmiGPUs
+    from mlflow_gpuopt.devices.nvml import NvmlGPUs
 
-        gpus = NvmlGPUs()
+    for backend in (AmdSmiGPUs, NvmlGPUs):  # the vendor libraries, in get_gpus' order
+        try:
+            gpus = backend()
+        except Exception as exc:  # library missing / no GPU of this vendor
+            logger.debug("gpuopt: no %s GPU: %s", backend.backend, exc)
+            continue
         try:
             count = len(gpus)
             gpu = gpus.name(0)
             gpu_mem = gpus.memory_total_bytes(0)
+        except Exception as exc:
+            logger.debug("gpuopt: %s GPU unreadable: %s", backend.backend, exc)
         finally:
             gpus.close()
-    except Exception as exc:  # no NVML / no GPU: a CPU machine
-        logger.debug("gpuopt: no NVML GPU: %s", exc)
+        break
     cloud, instance = cloud_instance()
     return HardwareFingerprint(gpu=gpu, gpu_count=count, gpu_memory_bytes=gpu_mem, cpu=cpu_model(),
                                cpu_count=os.cpu_count() or 0, memory_bytes=host_memory_bytes(),

@@ -9,6 +9,7 @@ import json
 import math
 
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
+from mlflow_gpuopt.perfmodel.vendor import is_amd
 from mlflow_gpuopt.recommend.types import Candidate, Target
 
 _STRATEGY_WORDS = {
@@ -23,7 +24,8 @@ _STRATEGY_WORDS = {
 }
 
 _LINK_WORDS = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie3": "PCIe 3",
-               "pcie4": "PCIe 4", "pcie5": "PCIe 5", "none": "no GPU link"}
+               "pcie4": "PCIe 4", "pcie5": "PCIe 5", "none": "no GPU link",
+               "infinity_fabric": "Infinity Fabric"}
 
 
 def money(usd: float) -> str:
@@ -205,6 +207,8 @@ def one_line_why(c: Candidate, best: Candidate | None, rank: int, target: Target
     bits.append(f"{headroom(c):.0%} memory free")
     if c.prediction.extrapolated:
         bits.append("extrapolated from other GPUs")
+    if is_amd(c.offer.gpu):
+        bits.append("AMD GPU: ROCm/RCCL")
     bits.extend(c.notes)
     return "; ".join(bits)
 
@@ -315,6 +319,10 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
                  f"{p.memory_capacity_bytes / 1e9:.0f} GB ({headroom(win):.0%} free); "
                  f"interconnect {interconnect(win)}.")
     lines.extend(f"Note: {n}." for n in win.notes)
+    if is_amd(win.offer.gpu):
+        lines.append(f"Note: {win.offer.gpu} is an AMD GPU: ROCm/RCCL; PyTorch ROCm build "
+                     "required (torch.cuda and the 'nccl' process-group backend map to HIP and "
+                     "RCCL, so the training script runs unchanged).")
     if p.basis == "prior":
         lines.append("Note: no run was measured on a GPU; speed comes from the profile "
                      "(FLOPs, memory traffic, kernels launched) against the GPU's datasheet at "

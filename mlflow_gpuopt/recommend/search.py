@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from mlflow_gpuopt.catalog.catalog import Catalog
-from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
+from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
 from mlflow_gpuopt.recommend.cost import evaluate
@@ -154,7 +154,7 @@ def _shapes(offer: Offer, nodes: int) -> list[tuple[str, int, int]]:
     if total == 1:
         return [("single", 1, 1)]
     shapes = [(s, 1, 1) for s in _DATA_PARALLEL_LADDER]
-    fast_link = offer.intra_node_link in ("nvswitch", "nvlink")
+    fast_link = offer.intra_node_link in FAST_INTRA_NODE_LINKS
     if per_node in (2, 4, 8) and fast_link:
         shapes.append(("tp", per_node, 1))
         if nodes > 1:
