@@ -132,10 +132,23 @@ def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
+    """Largest divisor of ``n`` that is at most ``cap`` (1 when ``cap`` < 1).
+
+    Divisors come in pairs ``(i, n // i)`` with ``i <= √n``, so this looks at √n numbers
+    rather than scanning down from ``cap`` (a per-GPU batch of 1e7 is 3,163 steps, not 1e7).
+    """
+    if cap >= n:
+        return n
+    best = 1
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            if i <= cap:
+                best = max(best, i)
+            if n // i <= cap:
+                return max(best, n // i)  # the pair partners shrink as i grows
+        i += 1
+    return best
 
 
 def _shapes(offer: Offer, nodes: int) -> list[tuple[str, int, int]]:
