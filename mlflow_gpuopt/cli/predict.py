@@ -8,20 +8,22 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 
 import click
 
+from mlflow_gpuopt.cli import _json
 from mlflow_gpuopt.cli._errors import UsageError
 from mlflow_gpuopt.cli.options import (
     load_catalog_or_fail,
     parse_target,
+    reject_empty_values,
     resolve_gpu_or_fail,
     target_options,
 )
+from mlflow_gpuopt.validation import BOUNDS
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +32,10 @@ _PART = re.compile(r"^(tp|pp|dp)?(\d*)$")
 
 def parse_strategy(text: str) -> tuple[str, int, int]:
     """``(data-parallel strategy, tp, pp)`` from ``ddp``, ``zero2``, ``tp``, ``tp4``,
-    ``pp2``, ``tp2xpp2``, ``tp2xpp2xzero1`` (parts joined by ``x``, ``×``, ``+`` or ``,``)."""
+    ``pp2``, ``tp2xpp2``, ``tp2xpp2xzero1`` (parts joined by ``x``, ``×``, ``+`` or ``,``).
+
+    Each kind of part may appear once: ``tp2xpp2xpp4`` (two pipeline degrees) and
+    ``ddpxzero3`` (two data-parallel flavours) contradict themselves."""
     from mlflow_gpuopt.perfmodel.layout import DP_STRATEGIES as _DP
 
     parts = [p for p in re.split(r"[x×+,*]", text.strip().lower()) if p]
@@ -38,15 +43,24 @@ def parse_strategy(text: str) -> tuple[str, int, int]:
         raise UsageError(f"{'unknown' if text.strip() else 'empty'} --strategy {text!r}; use one "
                          f"of {', '.join(_DP)}, tp, pp or tp2xpp2xddp")
     dp, tp, pp = None, 1, 1
+    seen: dict[str, str] = {}
     for part in parts:
         if part in _DP:
+            kind = "data-parallel"
+        else:
+            m = _PART.match(part)
+            if not m or m.group(1) not in ("tp", "pp"):
+                raise UsageError(
+                    f"unknown strategy {text!r}; use one of {', '.join(_DP)}, tp, pp, or a "
+                    "combination such as tp2xpp2xddp")
+            kind = "tensor-parallel" if m.group(1) == "tp" else "pipeline"
+        if kind in seen:
+            raise UsageError(f"--strategy {text!r} gives the {kind} part twice ({seen[kind]} "
+                             f"and {part}); give each of data-parallel, tp and pp at most once")
+        seen[kind] = part
+        if kind == "data-parallel":
             dp = part
             continue
-        m = _PART.match(part)
-        if not m or m.group(1) not in ("tp", "pp"):
-            raise UsageError(
-                f"unknown strategy {text!r}; use one of {', '.join(_DP)}, tp, pp, or a "
-                "combination such as tp2xpp2xddp")
         degree = int(m.group(2)) if m.group(2) else 0  # 0: fill the node / the job
         if m.group(1) == "tp":
             tp = degree
@@ -84,14 +98,14 @@ def _inputs(run_ids, workload_path, observations_path, catalog):
             inputs = load_run_inputs(run_ids, resolve_gpu=catalog.resolve_gpu)
         except RunInputError as exc:
             raise UsageError(str(exc)) from None
-        return inputs.workload, list(inputs.observations)
+        return inputs.workload, list(inputs.observations), list(inputs.notes)
     try:
         workload = load_workload(workload_path)
         observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
                         if observations_path else [])
     except WorkloadFileError as exc:
         raise UsageError(str(exc)) from None
-    return workload, observations
+    return workload, observations, []
 
 
 def _fmt_hours(h: float) -> str:
@@ -158,15 +172,17 @@ def _human(result: dict) -> str:
               help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
                    "precision.")
 @click.option("--gpu", required=True, help="GPU to predict on (NVML or catalog name).")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total GPUs.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
-              help="Nodes (default: as few as the catalog's largest machine allows).")
+@click.option("--gpus", type=click.IntRange(min=1, max=int(BOUNDS["gpu_count"].high)),
+              required=True, help="Total GPUs.")
+@click.option("--nodes", type=click.IntRange(min=1, max=int(BOUNDS["nodes"].high)),
+              default=None, help="Nodes (default: as few as the catalog's largest machine "
+                                 "allows).")
 @click.option("--strategy", default=None,
               help="single, ddp, zero1, zero2, zero3, fsdp, tp[N], pp[N] or e.g. tp2xpp2xddp.")
-@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
-              help="Per-GPU micro-batch (default: the measured one).")
-@click.option("--grad-accum", type=click.IntRange(min=1), default=None,
-              help="Gradient-accumulation steps (default: the measured one).")
+@click.option("--micro-batch", type=click.IntRange(min=1, max=int(BOUNDS["micro_batch"].high)),
+              default=None, help="Per-GPU micro-batch (default: the measured one).")
+@click.option("--grad-accum", type=click.IntRange(min=1, max=int(BOUNDS["grad_accum"].high)),
+              default=None, help="Gradient-accumulation steps (default: the measured one).")
 @click.option("--precision", default=None, help="fp32, tf32, fp16 or bf16 (default: measured).")
 @click.option("--activation-checkpointing", is_flag=True, help="Recompute activations.")
 @target_options
@@ -179,11 +195,13 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
     from mlflow_gpuopt.perfmodel import ParallelConfig, PerfModelError, fit, normalize_precision
 
+    reject_empty_values(click.get_current_context())
     training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
                                    tokens=tokens, steps=steps, required=False)
     catalog = load_catalog_or_fail()
     target = resolve_gpu_or_fail(catalog, gpu)
-    workload, observations = _inputs(run_ids, workload_path, observations_path, catalog)
+    workload, observations, input_notes = _inputs(run_ids, workload_path, observations_path,
+                                                  catalog)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
@@ -210,6 +228,11 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
             precision = normalize_precision(precision)
         except PerfModelError as exc:
             raise UsageError(str(exc)) from None
+
+    used_precision = precision or workload.precision
+    if used_precision == "fp8" and not catalog.gpus[target].fp8_tflops:
+        raise UsageError(f"{target} has no FP8 tensor cores (no fp8_tflops in the catalog); "
+                         "use --precision bf16, fp16 or fp32, or an FP8 GPU (H100, L4, ...)")
 
     hardware = measured_hardware(observations, catalog)
     target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node)
@@ -242,7 +265,7 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         "time_breakdown": {"compute_s": p.compute_s, "exposed_comm_s": p.exposed_comm_s,
                            "bubble_s": p.bubble_s},
         "observations_used": len(observations), "run_ids": list(run_ids),
-        "assumptions": list(p.assumptions),
+        "assumptions": [*input_notes, *p.assumptions],
     }
     if training_target is not None:
         from mlflow_gpuopt.perfmodel import time_to_train
@@ -260,4 +283,4 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
             "time_breakdown_hours": {"compute": t.compute_hours,
                                      "exposed_comm": t.exposed_comm_hours,
                                      "bubble": t.bubble_hours}})
-    click.echo(json.dumps(result) if as_json else _human(result))
+    click.echo(_json.dumps(result) if as_json else _human(result))
