@@ -20,6 +20,7 @@ from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
+from mlflow_gpuopt.validation import BOUNDS, OutOfRangeError, check, short_repr
 
 REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
 OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
@@ -44,17 +45,72 @@ class WorkloadFileError(ValueError):
 
 
 def _number(value: Any, key: str, where: str, cast: Callable[[float], Any]) -> Any:
+    shown = short_repr(value)
     if isinstance(value, bool):
-        raise WorkloadFileError(f"{where}: {key!r} must be a number, got {value!r}")
+        raise WorkloadFileError(f"{where}: {key!r} must be a number, got {shown}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise WorkloadFileError(f"{where}: {key!r} must be a number, got {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise WorkloadFileError(f"{where}: {key!r} must be a finite number >= 0, got {value!r}")
+        raise WorkloadFileError(f"{where}: {key!r} must be a number, got {shown}") from None
+    except OverflowError:  # an integer beyond float range: its range check says so
+        number = math.inf
+    if math.isnan(number) or number < 0:
+        raise WorkloadFileError(f"{where}: {key!r} must be a finite number >= 0, got {shown}")
+    if key in BOUNDS and number != 0:  # 0 means "unknown" for the optional counts
+        try:
+            check(key, value, where=where)
+        except OutOfRangeError as exc:
+            raise WorkloadFileError(str(exc)) from None
+    if not math.isfinite(number):
+        raise WorkloadFileError(f"{where}: {key!r} must be a finite number >= 0, got {shown}")
     if cast is int and number != int(number):
-        raise WorkloadFileError(f"{where}: {key!r} must be a whole number, got {value!r}")
+        raise WorkloadFileError(f"{where}: {key!r} must be a whole number, got {shown}")
     return cast(number)
+
+
+#: Deeper JSON than this is not a workload (a profile is two levels deep); Python's parser
+#: would recurse until RecursionError.
+MAX_JSON_DEPTH = 64
+
+
+def parse_json_document(text: str, where: str) -> Any:
+    """``json.loads(text)``, with every way it can fail as one :class:`WorkloadFileError`
+    line: invalid JSON, nesting deeper than :data:`MAX_JSON_DEPTH`, or an integer longer
+    than Python converts (4300 digits)."""
+    if _nesting_depth(text) > MAX_JSON_DEPTH:
+        raise WorkloadFileError(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkloadFileError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg})"
+                                ) from None
+    except RecursionError:
+        raise WorkloadFileError(f"{where}: JSON nested too deeply") from None
+    except ValueError:  # int_max_str_digits: an integer of thousands of digits
+        raise WorkloadFileError(f"{where}: a number in it has thousands of digits") from None
+
+
+def _nesting_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting of JSON text, ignoring brackets inside strings (linear,
+    no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workload:
@@ -135,11 +191,7 @@ def load_workload(path: str | Path) -> Workload:
         raise WorkloadFileError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise WorkloadFileError(f"{p}: not UTF-8 text") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise WorkloadFileError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    return workload_from_dict(doc, where=str(p))
+    return workload_from_dict(parse_json_document(text, str(p)), where=str(p))
 
 
 def parse_observations_csv(text: str, where: str = "observations",

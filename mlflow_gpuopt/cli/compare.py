@@ -9,13 +9,17 @@ in JSON), never a reason to leave the run out.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
+from mlflow_gpuopt.cli import _json
 from mlflow_gpuopt.cli._errors import UsageError
-from mlflow_gpuopt.cli.options import check_run_source, load_catalog_or_fail
+from mlflow_gpuopt.cli.options import (
+    check_run_source,
+    load_catalog_or_fail,
+    reject_empty_values,
+)
 
 
 def _price_per_gpu_hour(device: str, catalog) -> tuple[float | None, str]:
@@ -75,6 +79,7 @@ def compare(experiment, run_ids, dataset_size, as_json):
     """Measured runs side by side: hardware, throughput, MFU, cost per M samples / epoch."""
     from mlflow_gpuopt.quantities import QuantityError, parse_count
 
+    reject_empty_values(click.get_current_context())
     check_run_source(run_ids, experiment)
     try:
         size = parse_count(dataset_size, what="--dataset-size") if dataset_size else None
@@ -94,7 +99,7 @@ def compare(experiment, run_ids, dataset_size, as_json):
     catalog = load_catalog_or_fail()
     rows = compare_rows(runs, catalog, size)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(_json.dumps(rows, indent=2))
         return
     head = ("run", "device", "GPUs", "strategy", "prec", "GFLOP/sample", "samples/s", "MFU",
             "step p50",

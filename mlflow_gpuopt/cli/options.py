@@ -4,7 +4,10 @@ one line and exit code 2 when the input is bad.
 
 The flags are checked here, before anything is read, with messages that name the flags; the
 arithmetic is :func:`mlflow_gpuopt.perfmodel.samples_for_target`, whose own errors (a value
-that is not positive, a missing global batch) are passed on as they are.
+that is not positive, a missing global batch) are passed on as they are. A flag given an empty
+value is refused (:func:`reject_empty_values`), and a target beyond what any real training
+run has (:data:`mlflow_gpuopt.validation.BOUNDS`) too: it would otherwise overflow to
+infinity, which JSON cannot hold.
 """
 
 from __future__ import annotations
@@ -17,6 +20,32 @@ import click
 from mlflow_gpuopt.cli._errors import UsageError
 
 _TARGET_FORMS = "--samples N, --epochs E --dataset-size N, --tokens T or --steps S"
+
+
+def reject_empty_values(ctx: click.Context) -> None:
+    """Refuse a flag given an empty value (``--deadline ""``, usually an unset shell
+    variable): read as absent, it would silently drop what the user meant to ask for."""
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            flag = max(param.opts, key=len)
+            raise UsageError(f"{flag} is empty: give it a value or leave it out")
+
+
+def check_target_samples(samples: float, flags: str, unit: str = "samples") -> float:
+    """``samples`` when a real training run could have that many; else one line naming
+    ``flags`` (the bound and why it is there: :data:`mlflow_gpuopt.validation.BOUNDS`).
+    ``unit`` names what the flags counted (a sample holds at least one token, and a step at
+    least one sample, so tokens and steps are held to the same bound before the workload is
+    read)."""
+    from mlflow_gpuopt.validation import BOUNDS
+
+    bound = BOUNDS["target_samples"]
+    if not bound.contains(samples):
+        raise UsageError(f"{flags} asks for {samples:.3g} {unit}; a real training target "
+                         f"is at most {bound.high:g} samples ({bound.why})")
+    return samples
 
 
 def target_options(func: Callable) -> Callable:
@@ -68,12 +97,22 @@ class TrainingTarget:
             raise UsageError("--tokens needs a workload with tokens_per_sample (sequence "
                              "length); use --samples or --steps instead")
         try:
-            return samples_for_target(
+            total = samples_for_target(
                 samples=self.samples, epochs=self.epochs, dataset_size=self.dataset_size,
                 tokens=self.tokens, tokens_per_sample=tokens_per_sample, steps=self.steps,
                 samples_per_step=samples_per_step)
         except PerfModelError as exc:
             raise UsageError(str(exc)) from None
+        return check_target_samples(total, self.flags)
+
+    @property
+    def flags(self) -> str:
+        """The flags this target came from, for messages."""
+        if self.samples is not None:
+            return "--samples"
+        if self.epochs is not None:
+            return "--epochs x --dataset-size"
+        return "--tokens" if self.tokens is not None else "--steps"
 
 
 def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str | None,
@@ -96,7 +135,7 @@ def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str |
     if epochs is not None and dataset_size is None:
         raise UsageError("--epochs needs --dataset-size N (samples per epoch)")
     try:
-        return TrainingTarget(
+        target = TrainingTarget(
             samples=parse_count(samples, what="--samples") if samples is not None else None,
             epochs=parse_count(epochs, what="--epochs") if epochs is not None else None,
             dataset_size=(parse_count(dataset_size, what="--dataset-size")
@@ -105,6 +144,16 @@ def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str |
             steps=parse_count(steps, what="--steps") if steps is not None else None)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
+    # What can be counted without the workload is checked now, before anything is read.
+    if target.samples is not None:
+        check_target_samples(target.samples, target.flags)
+    elif target.epochs is not None:
+        check_target_samples(target.epochs * target.dataset_size, target.flags)
+    elif target.tokens is not None:
+        check_target_samples(target.tokens, target.flags, "tokens")
+    else:
+        check_target_samples(target.steps, target.flags, "steps")
+    return target
 
 
 def check_run_source(run_ids, experiment) -> None:

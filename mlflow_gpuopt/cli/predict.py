@@ -8,19 +8,21 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 
 import click
 
+from mlflow_gpuopt.cli import _json
 from mlflow_gpuopt.cli._errors import UsageError
 from mlflow_gpuopt.cli.options import (
     load_catalog_or_fail,
     parse_target,
+    reject_empty_values,
     resolve_gpu_or_fail,
     target_options,
 )
+from mlflow_gpuopt.validation import BOUNDS
 
 logger = logging.getLogger(__name__)
 
@@ -93,14 +95,14 @@ def _inputs(run_ids, workload_path, observations_path, catalog):
             inputs = load_run_inputs(run_ids, resolve_gpu=catalog.resolve_gpu)
         except RunInputError as exc:
             raise UsageError(str(exc)) from None
-        return inputs.workload, list(inputs.observations)
+        return inputs.workload, list(inputs.observations), list(inputs.notes)
     try:
         workload = load_workload(workload_path)
         observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
                         if observations_path else [])
     except WorkloadFileError as exc:
         raise UsageError(str(exc)) from None
-    return workload, observations
+    return workload, observations, []
 
 
 def _fmt_hours(h: float) -> str:
@@ -172,15 +174,17 @@ def _human(result: dict) -> str:
               help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
                    "precision.")
 @click.option("--gpu", required=True, help="GPU to predict on (NVML or catalog name).")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total GPUs.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
-              help="Nodes (default: as few as the catalog's largest machine allows).")
+@click.option("--gpus", type=click.IntRange(min=1, max=int(BOUNDS["gpu_count"].high)),
+              required=True, help="Total GPUs.")
+@click.option("--nodes", type=click.IntRange(min=1, max=int(BOUNDS["nodes"].high)),
+              default=None, help="Nodes (default: as few as the catalog's largest machine "
+                                 "allows).")
 @click.option("--strategy", default=None,
               help="single, ddp, zero1, zero2, zero3, fsdp, tp[N], pp[N] or e.g. tp2xpp2xddp.")
-@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
-              help="Per-GPU micro-batch (default: the measured one).")
-@click.option("--grad-accum", type=click.IntRange(min=1), default=None,
-              help="Gradient-accumulation steps (default: the measured one).")
+@click.option("--micro-batch", type=click.IntRange(min=1, max=int(BOUNDS["micro_batch"].high)),
+              default=None, help="Per-GPU micro-batch (default: the measured one).")
+@click.option("--grad-accum", type=click.IntRange(min=1, max=int(BOUNDS["grad_accum"].high)),
+              default=None, help="Gradient-accumulation steps (default: the measured one).")
 @click.option("--precision", default=None,
               help="fp32, tf32, fp16, bf16 or fp8 (default: measured).")
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None,
@@ -204,12 +208,14 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
     from mlflow_gpuopt.perfmodel import ParallelConfig, PerfModelError, fit, normalize_precision
 
+    reject_empty_values(click.get_current_context())
     training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
                                    tokens=tokens, steps=steps, required=False)
     catalog = load_catalog_or_fail()
     target = resolve_gpu_or_fail(catalog, gpu)
     offer = _offer(catalog, instance_type, target) if instance_type else None
-    workload, observations = _inputs(run_ids, workload_path, observations_path, catalog)
+    workload, observations, input_notes = _inputs(run_ids, workload_path, observations_path,
+                                                  catalog)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
@@ -247,10 +253,10 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
             precision = normalize_precision(precision)
         except PerfModelError as exc:
             raise UsageError(str(exc)) from None
-    if (precision or normalize_precision(workload.precision)) == "fp8" \
-            and not catalog.gpus[target].fp8_tflops:
-        raise UsageError(f"{target} has no FP8 tensor cores; use --precision bf16 (FP8 runs on "
-                         "H100/H200/B200, L4/L40S/RTX-4090 and MI300X)")
+    used_precision = precision or normalize_precision(workload.precision)
+    if used_precision == "fp8" and not catalog.gpus[target].fp8_tflops:
+        raise UsageError(f"{target} has no FP8 tensor cores (no fp8_tflops in the catalog); "
+                         "use --precision bf16, fp16 or fp32, or an FP8 GPU (H100, L4, ...)")
 
     hardware = measured_hardware(observations, catalog)
     network = _network(catalog, target, offer, inter_node_gbps)
@@ -287,7 +293,7 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         "time_breakdown": {"compute_s": p.compute_s, "exposed_comm_s": p.exposed_comm_s,
                            "bubble_s": p.bubble_s},
         "observations_used": len(observations), "run_ids": list(run_ids),
-        "assumptions": list(p.assumptions), "network": network.as_dict(),
+        "assumptions": [*input_notes, *p.assumptions], "network": network.as_dict(),
         "instance_type": offer.instance_type if offer is not None else None,
     }
     if training_target is not None:
@@ -306,4 +312,4 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
             "time_breakdown_hours": {"compute": t.compute_hours,
                                      "exposed_comm": t.exposed_comm_hours,
                                      "bubble": t.bubble_hours}})
-    click.echo(json.dumps(result) if as_json else _human(result))
+    click.echo(_json.dumps(result) if as_json else _human(result))

@@ -1,27 +1,30 @@
 """``mlflow gpuopt recommend``: the cheapest offer × GPUs × parallelism for a deadline.
 
 Everything the user typed is checked before anything is read or written: bad input is one
-line on stderr and exit code 2, and nothing is logged to MLflow.
+line on stderr and exit code 2, and nothing is logged to MLflow. When logging the computed
+recommendation fails (a full disk, a store that refuses writes), it is printed all the same,
+followed by one line saying why it was not logged, and the exit code is 1.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import math
 import sys
 
 import click
 
 from mlflow_gpuopt.catalog.schema import PROVIDERS
-from mlflow_gpuopt.cli._errors import UsageError
+from mlflow_gpuopt.cli import _json
+from mlflow_gpuopt.cli._errors import LoggingFailed, UsageError, one_line_reason
 from mlflow_gpuopt.cli.options import (
     check_run_source,
     load_catalog_or_fail,
     parse_target,
+    reject_empty_values,
     target_options,
 )
+from mlflow_gpuopt.validation import BOUNDS
 
 def _global_batch(workload, observations) -> int:
     """Samples per optimizer step of the measured run (the first run, whose profile is the
@@ -83,8 +86,10 @@ def _print_table(doc, out) -> None:
 @click.option("--region", metavar="R", help="Only offers in this region.")
 @click.option("--spot/--no-spot", default=None,
               help="Spot only / on-demand only (default: consider both).")
-@click.option("--max-gpus", type=click.IntRange(min=1), help="At most this many GPUs in total.")
-@click.option("--max-nodes", type=click.IntRange(min=1), default=None,
+@click.option("--max-gpus", type=click.IntRange(min=1, max=int(BOUNDS["gpu_count"].high)),
+              help="At most this many GPUs in total.")
+@click.option("--max-nodes", type=click.IntRange(min=1, max=int(BOUNDS["nodes"].high)),
+              default=None,
               help="At most this many nodes (default: what the catalog's largest clusters "
                    "allow, 64).")
 @click.option("--confidence", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
@@ -117,6 +122,10 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
     # 1. Everything that can be checked without reading anything.
+    reject_empty_values(click.get_current_context())
+    if not 0.0 < confidence < 1.0:  # click's range lets NaN through (NaN compares false)
+        raise UsageError(f"--confidence must be a probability between 0 and 1 (exclusive), "
+                         f"got {confidence}")
     if activation_checkpointing and recompute not in (None, "full"):
         raise UsageError("--activation-checkpointing means --recompute full; give one of them")
     recompute = recompute or ("full" if activation_checkpointing else None)
@@ -136,6 +145,10 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         deadline_h = parse_duration_hours(deadline, what="--deadline") if deadline else None
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
+    if deadline_h is not None and not BOUNDS["deadline_hours"].contains(deadline_h):
+        bound = BOUNDS["deadline_hours"]
+        raise UsageError(f"--deadline {deadline} is {deadline_h:.3g} hours; a deadline is "
+                         f"{bound.text()} hours ({bound.why})")
     training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
                                    tokens=tokens, steps=steps, required=True)
 
@@ -155,8 +168,9 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     if workload_path:
         workload, observations, run_ids = _load_files(workload_path, observations_path,
                                                       catalog)
+        input_notes = []
     else:
-        workload, observations, run_ids = _load_inputs(run_ids, experiment)
+        workload, observations, run_ids, input_notes = _load_inputs(run_ids, experiment)
     if recompute:
         # The runs ran as they were measured; only the plans change mode.
         observations = [dataclasses.replace(o, recompute=o.recompute or workload.recompute
@@ -184,23 +198,26 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         doc.setdefault("notes", []).append(
             "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
+    doc["notes"] = [*input_notes, *doc["notes"]]
 
-    # 4. Log (unless --no-log), then print.
-    logged = None
+    # 4. Log (unless --no-log), then print. The recommendation is printed even when logging
+    # fails: it cost the user a search, and the printout is all they need to act on it.
+    logged = log_error = None
     if not no_log and rec.candidates and run_ids:
-        logged = _log(doc, rec, observations, run_ids, workload)
-        doc["mlflow_run_id"] = logged.run_id
+        try:
+            logged = _log(doc, rec, observations, run_ids, workload)
+        except Exception as exc:  # a full disk, a read-only store, a refused write
+            log_error = one_line_reason(exc)
+        else:
+            doc["mlflow_run_id"] = logged.run_id
     out = sys.stdout
     if as_json:
-        click.echo(json.dumps(doc, indent=2, default=_json_default), file=out)
-        return
-    _print_human(doc, out, logged)
-
-
-def _json_default(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return str(o)
+        click.echo(_json.dumps(doc, indent=2), file=out)
+    else:
+        _print_human(doc, out, logged)
+    if log_error is not None:
+        raise LoggingFailed(f"could not log the recommendation to MLflow (it is printed "
+                            f"above): {log_error}")
 
 
 def _hardware_for(spec, offer):
@@ -244,7 +261,8 @@ def _load_inputs(run_ids, experiment):
         inputs = load_run_inputs(list(run_ids))
     except RunInputError as exc:
         raise UsageError(str(exc)) from None
-    return inputs.workload, list(inputs.observations), list(inputs.run_ids)
+    return (inputs.workload, list(inputs.observations), list(inputs.run_ids),
+            list(inputs.notes))
 
 
 def _fit(workload, observations, catalog):
@@ -282,7 +300,9 @@ def _print_human(doc, out, logged) -> None:
     click.echo(f"Target: {t['description']} ({t['total_samples']:,.0f} samples), {deadline}, "
                f"confidence {t['confidence']:.0%}", file=out)
     if not doc["candidates"]:
-        click.echo("No plan fits: " + "; ".join(doc["notes"]), file=out)
+        # the search's note already starts with "no plan fits: "; say it once
+        click.echo("No plan fits: " + "; ".join(
+            n.removeprefix("no plan fits: ") for n in doc["notes"]), file=out)
         return
     _print_table(doc, out)
     click.echo("", file=out)

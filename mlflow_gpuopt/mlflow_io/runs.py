@@ -8,9 +8,9 @@ Contract (``design.md``): params ``gpuopt.device``, ``gpuopt.device_count``, ``g
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,12 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
-from mlflow_gpuopt.workload_files import WorkloadFileError, workload_from_dict
+from mlflow_gpuopt.validation import OutOfRangeError, check
+from mlflow_gpuopt.workload_files import (
+    WorkloadFileError,
+    parse_json_document,
+    workload_from_dict,
+)
 
 logger = logging.getLogger(__name__)
 
 PROFILE_ARTIFACT = "gpuopt/profile.json"
 THROUGHPUT_METRIC = "gpuopt/summary/throughput_samples_per_s"
+#: Per-interval throughput; a run whose trainer was killed has this series but no summary.
+THROUGHPUT_SERIES_METRIC = "gpuopt/throughput_samples_per_s"
 EXPOSED_COMM_METRIC = "gpuopt/summary/exposed_comm_fraction"  # distributed runs only
 HOW_TO_TRACK = "run it under gpuopt.track() (e.g. `python examples/train_tiny_gpt.py`)"
 #: Runs whose FLOPs per sample differ by more than this are not the same workload.
@@ -41,6 +48,8 @@ class RunInputs:
     workload: Workload
     observations: tuple[Observation, ...]
     run_ids: tuple[str, ...]
+    #: What the reader had to do differently, in words (e.g. a run without its summary).
+    notes: tuple[str, ...] = ()
 
 
 def _int(params: dict[str, str], key: str, default: int | None = None) -> int | None:
@@ -65,7 +74,8 @@ def _float(params: dict[str, str], key: str,
 
 
 def _read_profile(client: Any, run_id: str) -> dict | None:
-    """``gpuopt/profile.json`` of a run, or None when the run has none."""
+    """``gpuopt/profile.json`` of a run, or None when the run has none; a profile that is
+    not UTF-8 JSON holding one object is a :class:`RunInputError` (one line)."""
     try:
         listed = {f.path for f in client.list_artifacts(run_id, "gpuopt")}
     except Exception as exc:  # an unreachable artifact store: say so, fall back to params
@@ -75,10 +85,20 @@ def _read_profile(client: Any, run_id: str) -> dict | None:
         return None
     with tempfile.TemporaryDirectory(prefix="gpuopt-profile-") as tmp:
         local = client.download_artifacts(run_id, PROFILE_ARTIFACT, tmp)
+        where = f"run {run_id}: {PROFILE_ARTIFACT}"
         try:
-            return json.loads(Path(local).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise RunInputError(f"run {run_id}: {PROFILE_ARTIFACT} is unreadable: {exc}") from None
+            text = Path(local).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise RunInputError(f"{where} is unreadable: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise RunInputError(f"{where} is not UTF-8 text (a damaged upload?)") from None
+        try:
+            doc = parse_json_document(text, where)
+        except WorkloadFileError as exc:
+            raise RunInputError(str(exc)) from None
+        if not isinstance(doc, dict):
+            raise RunInputError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+        return doc
 
 
 def _workload(run_id: str, params: dict[str, str], profile: dict | None) -> Workload:
@@ -99,8 +119,40 @@ def _workload(run_id: str, params: dict[str, str], profile: dict | None) -> Work
         raise RunInputError(f"{exc}; {HOW_TO_TRACK}") from None
 
 
+#: Run params checked against :data:`mlflow_gpuopt.validation.BOUNDS` (name without prefix).
+_RANGED_PARAMS = ("world_size", "device_count", "nodes", "micro_batch", "grad_accum")
+
+
+def _check_params(run_id: str, params: dict[str, str]) -> None:
+    """Counts no real job has (a negative world size, 1e9 nodes) are a damaged run."""
+    for name in _RANGED_PARAMS:
+        value = _float(params, f"gpuopt.{name}")
+        if value is None or (value == 0 and name in ("micro_batch", "grad_accum")):
+            continue  # absent, or 0: not measured (the profile's value is used)
+        try:
+            check(name, value, where=f"run {run_id}", label=f"param gpuopt.{name}")
+        except OutOfRangeError as exc:
+            raise RunInputError(str(exc)) from None
+
+
+def _series_throughput(client: Any, run_id: str) -> float | None:
+    """The steady throughput of a run without a summary: the median of the last half of
+    its per-interval series (the first half holds the warm-up), or None."""
+    try:
+        history = client.get_metric_history(run_id, THROUGHPUT_SERIES_METRIC)
+    except Exception as exc:  # a store that cannot be read: the run is unusable, say why
+        raise RunInputError(f"cannot read {THROUGHPUT_SERIES_METRIC} of run {run_id}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    values = [m.value for m in sorted(history, key=lambda m: (m.step, m.timestamp))
+              if math.isfinite(m.value) and m.value > 0]
+    if not values:
+        return None
+    return float(statistics.median(values[len(values) // 2:]))
+
+
 def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
-                 workload: Workload, resolve_gpu: Callable[[str], str] | None) -> Observation:
+                 workload: Workload, resolve_gpu: Callable[[str], str] | None,
+                 client: Any = None, notes: list[str] | None = None) -> Observation:
     device = params.get("gpuopt.device", "cpu") or "cpu"
     gpu = "cpu"
     if device.strip().lower() != "cpu":
@@ -110,11 +162,24 @@ def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
                 gpu = resolve_gpu(device)
             except ValueError as exc:
                 raise RunInputError(f"run {run_id}: {exc}") from None
+    _check_params(run_id, params)
     throughput = metrics.get(THROUGHPUT_METRIC)
+    if (throughput is None and client is not None
+            and metrics.get(THROUGHPUT_SERIES_METRIC) is not None):
+        throughput = _series_throughput(client, run_id)
+        if throughput is not None and notes is not None:
+            notes.append(f"run {run_id} has no {THROUGHPUT_METRIC} (its trainer stopped "
+                         f"before the summary); used the median of the last half of its "
+                         f"{THROUGHPUT_SERIES_METRIC} series, {throughput:,.1f} samples/s")
     if throughput is None or not math.isfinite(throughput) or throughput <= 0:
         raise RunInputError(
             f"run {run_id} has no {THROUGHPUT_METRIC} (did it finish a few steps?); "
             f"{HOW_TO_TRACK}")
+    try:
+        check("throughput_samples_per_s", throughput, where=f"run {run_id}",
+              label=f"metric {THROUGHPUT_METRIC}")
+    except OutOfRangeError as exc:
+        raise RunInputError(str(exc)) from None
     nodes = _int(params, "gpuopt.nodes", 1) or 1
     world = _int(params, "gpuopt.world_size")
     count = world or ((_int(params, "gpuopt.device_count", 1) or 1) * nodes if gpu != "cpu"
@@ -189,6 +254,7 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
     workload: Workload | None = None
     first = ""
     observations: list[Observation] = []
+    notes: list[str] = []
     for run_id in dict.fromkeys(run_ids):  # keep order, drop repeats
         run = get_run(client, run_id)
         params = dict(run.data.params)
@@ -205,7 +271,7 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
                     f"runs {first} and {run_id} are different workloads ({why}); "
                     "pass runs of the same training script")
         observations.append(_observation(run_id, params, dict(run.data.metrics), this,
-                                         resolve_gpu))
+                                         resolve_gpu, client, notes))
     assert workload is not None
     return RunInputs(workload=workload, observations=tuple(observations),
-                     run_ids=tuple(dict.fromkeys(run_ids)))
+                     run_ids=tuple(dict.fromkeys(run_ids)), notes=tuple(notes))

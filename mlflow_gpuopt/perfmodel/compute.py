@@ -76,7 +76,8 @@ ARCHITECTURE_PREFIXES = (
     ("V100", "volta"), ("T4", "turing"), ("A100", "ampere"), ("A10G", "ampere"),
     ("A10", "ampere"), ("A40", "ampere"), ("RTX-A6000", "ampere"), ("RTX-3090", "ampere"),
     ("L40S", "ada"), ("L4", "ada"), ("RTX-4090", "ada"), ("H100", "hopper"),
-    ("H200", "hopper"), ("B200", "blackwell"), ("MI300X", "cdna3"), ("MI250X", "cdna2"),
+    ("H200", "hopper"), ("B200", "blackwell"), ("MI300X", "cdna3"), ("MI325X", "cdna3"),
+    ("MI250X", "cdna2"),
 )
 _SAME_AS = {"blackwell": "hopper"}
 #: Share of a sample's DRAM traffic done by the matmul/convolution kernels themselves

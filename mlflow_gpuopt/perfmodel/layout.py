@@ -32,15 +32,23 @@ def parse_layout(text: str) -> tuple[str, int, int, int, int]:
         raise PerfModelError(f"empty strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, "
                              "tp, pp or e.g. tp2xpp2xddp")
     dp_name, tp, pp, vp, dp = None, 1, 1, 1, 0
+    seen: dict[str, str] = {}  # kind of part -> the part, so none is given twice
     for part in parts:
-        if part in DP_STRATEGIES:
-            dp_name = part
-            continue
-        m = _PART.match(part)
-        if not m:
+        m = None if part in DP_STRATEGIES else _PART.match(part)
+        if part not in DP_STRATEGIES and not m:
             raise PerfModelError(
                 f"unknown strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, tp, pp, "
                 "or a combination such as tp2xpp2xddp (vpN: interleaved virtual stages)")
+        kind_name = {"tp": "tensor-parallel", "pp": "pipeline", "vp": "virtual-stage"}.get(
+            m.group(1) if m else "", "data-parallel")
+        if kind_name in seen:
+            raise PerfModelError(
+                f"strategy {text!r} gives the {kind_name} part twice ({seen[kind_name]} and "
+                f"{part}); give each of data-parallel, tp, pp and vp at most once")
+        seen[kind_name] = part
+        if m is None:
+            dp_name = part
+            continue
         kind, digits = m.group(1), m.group(2)
         degree = int(digits) if digits else 0
         if kind == "dp":

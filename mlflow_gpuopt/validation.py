@@ -1,0 +1,127 @@
+"""The ranges a real training workload can have, in one place.
+
+A value outside them is a corrupt file, a typo or an overflow, not a workload: 1e300 FLOPs per
+sample "recommends" 4e287 hours, a micro-batch of 1e12 makes the search scan a trillion
+divisors, and ``--epochs 1e200 --dataset-size 1e200`` overflows to infinity, which JSON cannot
+hold. Every reader of user input (``workload.json``, observations CSV, a run's params and
+``profile.json``, the target flags) checks with :func:`check` and reports one line.
+
+Each bound is set one to two orders of magnitude beyond the largest real job we know of, so no
+real workload is refused; the reason is written next to it.
+
+Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BOUNDS", "Bound", "OutOfRangeError", "check", "short_repr"]
+
+
+class OutOfRangeError(ValueError):
+    """A value no real workload has; the message is one line naming it and the range."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """``low <= x <= high`` (``low < x`` when ``low_open``), with why these are the limits."""
+
+    low: float
+    high: float
+    why: str
+    low_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        """True when ``value`` is a finite number inside the range."""
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+    def text(self) -> str:
+        """The range in words: ``1 to 1e+14`` or ``> 0 and <= 1e+18``."""
+        if self.low_open:
+            return f"> {self.low:g} and <= {self.high:g}"
+        return f"{self.low:g} to {self.high:g}"
+
+
+#: Name (the workload key, observation column or run param without ``gpuopt.``) -> range.
+BOUNDS: dict[str, Bound] = {
+    # Largest trained models: dense ~5.4e11 (PaLM), mixture-of-experts ~1.6e12 (Switch-C).
+    "params": Bound(1, 1e14, "the largest trained models have ~2e12 parameters"),
+    "trainable_params": Bound(0, 1e14, "at most the model's parameters (<= 1e14)"),
+    "largest_layer_params": Bound(0, 1e14, "at most the model's parameters (<= 1e14)"),
+    # Forward + backward ≈ 6 · params · tokens per sample: 1e12 params × 1e5 tokens = 6e17.
+    "flops_per_sample": Bound(0, 1e18, "6 x 1e12 parameters x 1e5 tokens is 6e17",
+                              low_open=True),
+    # Per-GPU micro-batches reach ~1e5 rows for tiny recommender/tabular samples; the search
+    # scans divisors of the per-GPU batch, so this also bounds its work.
+    "micro_batch": Bound(1, 1e7, "per-GPU micro-batches of tiny samples reach ~1e5"),
+    "grad_accum": Bound(1, 1e6, "accumulation beyond ~1e4 micro-steps is not used in practice"),
+    # The largest training jobs run on ~1e5 GPUs (Llama 3: 16k H100; 100k-GPU clusters).
+    "world_size": Bound(1, 1e6, "the largest training jobs use ~1e5 GPUs"),
+    "gpu_count": Bound(1, 1e6, "the largest training jobs use ~1e5 GPUs"),
+    "nodes": Bound(1, 1e6, "the largest training jobs use ~1e5 GPUs, so fewer nodes"),
+    # One host (or NVLink domain: GB200 NVL72) holds at most 72 GPUs; a CPU run counts 0.
+    "device_count": Bound(0, 1024, "one host or NVLink domain holds at most 72 GPUs"),
+    # 1e-9 samples/s is one sample in 30 years; 1e12 is 1e6 GPUs × 1e6 tiny samples/s each.
+    "throughput_samples_per_s": Bound(1e-9, 1e12,
+                                      "1e-9 is one sample in 30 years; 1e12 is 1e6 GPUs at "
+                                      "1e6 samples/s each"),
+    # Context windows reach ~1e7 tokens.
+    "tokens_per_sample": Bound(0, 1e8, "context windows reach ~1e7 tokens", low_open=True),
+    # Adam keeps 8 B (m, v) + 4 B master copy per parameter; 64 leaves room for any optimizer.
+    "optimizer_state_bytes_per_param": Bound(0, 64, "Adam keeps 12 bytes per parameter"),
+    # ~34·hidden bytes per token per layer (Korthikanti et al.): 1e5 × 1e3 layers × 1e5 tokens.
+    "activation_bytes_per_sample": Bound(0, 1e16, "34 x hidden x layers x tokens stays "
+                                                  "below 1e15 bytes"),
+    "memory_traffic_bytes_per_sample": Bound(0, 1e19, "at most ~10 bytes per FLOP"),
+    # An eager step of a large model dispatches ~1e4–1e5 operators.
+    "kernels_per_micro_step": Bound(0, 1e8, "an eager step launches ~1e5 kernels"),
+    "num_layers": Bound(0, 1e5, "the deepest trained networks have ~1e3-1e4 layers"),
+    "hidden_size": Bound(0, 1e7, "the widest models have hidden sizes ~3e4"),
+    # The largest runs train on ~1.5e13 tokens (Llama 3); a sample holds at least one token.
+    "target_samples": Bound(0, 1e18, "the largest runs train on ~1.5e13 tokens",
+                            low_open=True),
+    # 1e6 hours is 114 years: a longer deadline is a typo.
+    "deadline_hours": Bound(0, 1e6, "1e6 hours is 114 years", low_open=True),
+}
+
+
+def short_repr(value: Any, limit: int = 24) -> str:
+    """``repr(value)``, shortened so a 5000-digit number does not become a 5000-character
+    error line."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 8]}... ({len(text)} characters)"
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+    except OverflowError:  # an int beyond float range (400 digits)
+        return math.inf if value > 0 else -math.inf
+
+
+def check(name: str, value: Any, *, where: str, label: str | None = None) -> float:
+    """``value`` as a float when it lies in ``BOUNDS[name]``; else :class:`OutOfRangeError`
+    whose one-line message reads ``{where}: {label} {value} is outside what a real workload
+    has ({range}: {why})``. ``label`` defaults to ``'name'``."""
+    bound = BOUNDS[name]
+    number = _as_float(value)
+    shown = label or repr(name)
+    if number is None:
+        raise OutOfRangeError(f"{where}: {shown} must be a number, got {short_repr(value)}")
+    if not bound.contains(number):
+        raise OutOfRangeError(
+            f"{where}: {shown} = {short_repr(value)} is outside what a real workload has "
+            f"({bound.text()}: {bound.why})")
+    return number

@@ -1,0 +1,412 @@
+"""Bad input, through the real CLI against a real sqlite MLflow store: one line, exit code 2.
+
+Every invocation below is something a user (or a damaged run) can hand ``predict``,
+``recommend`` or ``compare``: a corrupt ``profile.json`` (binary, a JSON list, 100k-deep
+nesting, 400-digit integers), absurd values (1e300 FLOPs per sample, a micro-batch of 1e12,
+a negative world size, throughput 1e300 or 1e-300), flags that are empty or not numbers
+(``--confidence nan``, ``--deadline ""``) and layouts that contradict themselves. Each must
+end with exactly one line starting with ``Error:``, exit code 2, no traceback, and no new
+run in the store. The ranges that decide "absurd" live in :mod:`mlflow_gpuopt.validation`.
+
+Also here: a recommendation that cannot be logged (read-only artifact root, full disk) is
+still printed, with one line saying logging failed, exit code 1; a run whose trainer was
+killed before its summary is usable from its per-interval throughput series.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlflow_gpuopt.cli import gpuopt
+
+pytestmark = pytest.mark.faults
+
+BIN = Path(sys.executable).parent
+WORKLOAD = {"schema": "gpuopt.workload/1", "name": "resnet50", "params": 25557032,
+            "flops_per_sample": 2.46e10, "precision": "fp16", "micro_batch": 256,
+            "optimizer": "SGD", "optimizer_state_bytes_per_param": 4,
+            "activation_bytes_per_sample": 1.1e8, "tokens_per_sample": None}
+PARAMS = {"gpuopt.device": "NVIDIA A100-SXM4-80GB", "gpuopt.device_count": "1",
+          "gpuopt.world_size": "1", "gpuopt.nodes": "1", "gpuopt.precision": "fp16",
+          "gpuopt.micro_batch": "256", "gpuopt.grad_accum": "1", "gpuopt.strategy": "single",
+          "gpuopt.params": "25557032", "gpuopt.flops_per_sample": "2.46e+10"}
+OBS_HEADER = "gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision\n"
+OBS_GOOD = OBS_HEADER + "NVIDIA A100-SXM4-80GB,1,1,256,2470,single,fp16\n"
+
+
+def _deep(depth: int = 100_000) -> bytes:
+    return ("[" * depth + "]" * depth).encode()
+
+
+def _profile(**changes) -> bytes:
+    return json.dumps({**WORKLOAD, **changes}).encode()
+
+
+#: Run name -> (profile.json bytes or None for "no profile", param overrides).
+RUNS = {
+    "good": (_profile(), {}),
+    "binary": (bytes(range(256)) * 4, {}),
+    "json_list": (b"[1, 2, 3]", {}),
+    "digits400": (json.dumps({**WORKLOAD, "params": 0}).replace(
+        '"params": 0', '"params": ' + "9" * 400).encode(), {}),
+    "digits5000": (json.dumps({**WORKLOAD, "params": 0}).replace(
+        '"params": 0', '"params": ' + "9" * 5000).encode(), {}),
+    "deep": (_deep(), {}),
+    "deep_value": (json.dumps({**WORKLOAD, "name": 0}).replace(
+        '"name": 0', '"name": ' + _deep().decode()).encode(), {}),
+    "flops_1e300": (_profile(flops_per_sample=1e300), {}),
+    "micro_batch_1e12": (_profile(micro_batch=10**12), {}),
+    "params_1e15": (_profile(params=10**15), {}),
+    "world_size_negative": (_profile(), {"gpuopt.world_size": "-4"}),
+    "nodes_huge": (_profile(), {"gpuopt.nodes": "1e9", "gpuopt.world_size": ""}),
+    "huge_model": (_profile(params=10**13, flops_per_sample=6e13 * 2048), {
+        "gpuopt.params": str(10**13)}),
+}
+
+#: File name -> contents, for ``predict --workload/--observations``.
+FILES = {
+    "workload.json": _profile(),
+    "obs.csv": OBS_GOOD.encode(),
+    "w_binary.json": bytes(range(256)) * 4,
+    "w_list.json": b"[]",
+    "w_deep.json": _deep(),
+    "w_digits400.json": RUNS["digits400"][0],
+    "w_digits5000.json": RUNS["digits5000"][0],
+    "w_flops_1e300.json": _profile(flops_per_sample=1e300),
+    "w_micro_batch_1e12.json": _profile(micro_batch=10**12),
+    "w_tokens_1e300.json": _profile(tokens_per_sample=1e300),
+    "o_thr_1e300.csv": (OBS_HEADER + "NVIDIA A100-SXM4-80GB,1,1,256,1e300,single,fp16\n").encode(),
+    "o_thr_1e-300.csv": (OBS_HEADER
+                         + "NVIDIA A100-SXM4-80GB,1,1,256,1e-300,single,fp16\n").encode(),
+    "o_count_digits400.csv": (OBS_HEADER + "NVIDIA A100-SXM4-80GB," + "9" * 400
+                              + ",1,256,2470,ddp,fp16\n").encode(),
+    "o_count_1e9.csv": (OBS_HEADER + "NVIDIA A100-SXM4-80GB,1000000000,1,256,2470,ddp,fp16\n"
+                        ).encode(),
+    "o_micro_batch_1e12.csv": (OBS_HEADER
+                               + "NVIDIA A100-SXM4-80GB,1,1,1e12,2470,single,fp16\n").encode(),
+}
+
+
+@dataclass(frozen=True)
+class Store:
+    uri: str
+    runs: dict[str, str]  # name -> run id
+    files: Path
+
+    def client(self):
+        from mlflow import MlflowClient
+
+        return MlflowClient(self.uri)
+
+    def run_count(self) -> int:
+        c = self.client()
+        return sum(len(c.search_runs([e.experiment_id]))
+                   for e in c.search_experiments())
+
+
+def _log_run(client, exp_id: str, name: str, profile: bytes | None, params: dict,
+             tmp: Path, metrics: dict | None = None) -> str:
+    rid = client.create_run(exp_id, run_name=name).info.run_id
+    for k, v in {**PARAMS, **params}.items():
+        client.log_param(rid, k, v)
+    for k, v in (metrics or {"gpuopt/summary/throughput_samples_per_s": 2470.0}).items():
+        for step, value in enumerate(v if isinstance(v, list) else [v]):
+            client.log_metric(rid, k, value, step=step)
+    if profile is not None:
+        d = tmp / "artifacts" / name
+        d.mkdir(parents=True)
+        (d / "profile.json").write_bytes(profile)
+        client.log_artifact(rid, str(d / "profile.json"), "gpuopt")
+    client.set_terminated(rid)
+    return rid
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    from mlflow import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("bad-input")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("bad-input", artifact_location=str(tmp / "mlruns"))
+    runs = {name: _log_run(client, exp, name, profile, params, tmp)
+            for name, (profile, params) in RUNS.items()}
+    files = tmp / "files"
+    files.mkdir()
+    for name, data in FILES.items():
+        (files / name).write_bytes(data)
+    return Store(uri=uri, runs=runs, files=files)
+
+
+def _env(store: Store) -> dict[str, str]:
+    return {"MLFLOW_TRACKING_URI": store.uri, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+
+
+def _argv(store: Store, args: list[str]) -> list[str]:
+    return [a.format(f=str(store.files) + "/", **store.runs) for a in args]
+
+
+PREDICT = ["predict", "--gpu", "A100-80GB-SXM4", "--gpus", "1"]
+PREDICT_FILES = [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}obs.csv"]
+RECOMMEND = ["recommend", "--samples", "1M", "--no-log"]
+
+#: (id, argv, what the one line must say). ``{f}`` is the files folder, ``{name}`` a run id.
+CASES = [
+    # a corrupt profile.json, read by recommend and predict
+    ("recommend-profile-binary", [*RECOMMEND, "--run-id", "{binary}"], "profile.json"),
+    ("predict-profile-binary", [*PREDICT, "--run-id", "{binary}"], "profile.json"),
+    ("recommend-profile-list", [*RECOMMEND, "--run-id", "{json_list}"], "JSON object"),
+    ("predict-profile-list", [*PREDICT, "--run-id", "{json_list}"], "JSON object"),
+    ("recommend-profile-400-digits", [*RECOMMEND, "--run-id", "{digits400}"], "'params'"),
+    ("recommend-profile-5000-digits", [*RECOMMEND, "--run-id", "{digits5000}"],
+     "profile.json"),
+    ("recommend-profile-100k-deep", [*RECOMMEND, "--run-id", "{deep}"], "nested"),
+    ("predict-profile-100k-deep", [*PREDICT, "--run-id", "{deep}"], "nested"),
+    ("recommend-profile-100k-deep-value", [*RECOMMEND, "--run-id", "{deep_value}"], "nested"),
+    # absurd values in a run
+    ("recommend-flops-1e300", [*RECOMMEND, "--run-id", "{flops_1e300}"], "flops_per_sample"),
+    ("predict-flops-1e300", [*PREDICT, "--run-id", "{flops_1e300}"], "flops_per_sample"),
+    ("recommend-micro-batch-1e12", [*RECOMMEND, "--run-id", "{micro_batch_1e12}"],
+     "micro_batch"),
+    ("recommend-params-1e15", [*RECOMMEND, "--run-id", "{params_1e15}"], "params"),
+    ("recommend-world-size-negative", [*RECOMMEND, "--run-id", "{world_size_negative}"],
+     "world_size"),
+    ("predict-world-size-negative", [*PREDICT, "--run-id", "{world_size_negative}"],
+     "world_size"),
+    ("recommend-nodes-1e9", [*RECOMMEND, "--run-id", "{nodes_huge}"], "nodes"),
+    # corrupt or absurd workload.json / observations CSV
+    ("predict-workload-100k-deep", [*PREDICT, "--workload", "{f}w_deep.json"], "nested"),
+    ("predict-workload-400-digits", [*PREDICT, "--workload", "{f}w_digits400.json"],
+     "'params'"),
+    ("predict-workload-5000-digits", [*PREDICT, "--workload", "{f}w_digits5000.json"],
+     "w_digits5000.json"),
+    ("predict-workload-flops-1e300", [*PREDICT, "--workload", "{f}w_flops_1e300.json"],
+     "flops_per_sample"),
+    ("predict-workload-micro-batch-1e12", [*PREDICT, "--workload",
+                                           "{f}w_micro_batch_1e12.json"], "micro_batch"),
+    ("predict-workload-tokens-1e300", [*PREDICT, "--workload", "{f}w_tokens_1e300.json"],
+     "tokens_per_sample"),
+    ("predict-observations-throughput-1e300",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_thr_1e300.csv"],
+     "throughput_samples_per_s"),
+    ("predict-observations-throughput-1e-300",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_thr_1e-300.csv"],
+     "throughput_samples_per_s"),
+    ("predict-observations-count-400-digits",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations",
+      "{f}o_count_digits400.csv"], "gpu_count"),
+    ("predict-observations-count-1e9",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_count_1e9.csv"],
+     "gpu_count"),
+    ("predict-observations-micro-batch-1e12",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations",
+      "{f}o_micro_batch_1e12.csv"], "micro_batch"),
+    # flags: not a number, absurd, empty
+    ("recommend-confidence-nan", [*RECOMMEND, "--run-id", "{good}", "--confidence", "nan"],
+     "--confidence"),
+    ("recommend-confidence-minus-nan",
+     [*RECOMMEND, "--run-id", "{good}", "--confidence", "-nan"], "--confidence"),
+    ("recommend-epochs-1e200", ["recommend", "--run-id", "{good}", "--epochs", "1e200",
+                                "--dataset-size", "1e200", "--json", "--no-log"],
+     "samples"),
+    ("recommend-samples-1e30", ["recommend", "--run-id", "{good}", "--samples", "1e30",
+                                "--no-log"], "--samples"),
+    ("predict-samples-1e30", [*PREDICT_FILES, "--samples", "1e30"], "--samples"),
+    ("recommend-steps-1e300", ["recommend", "--run-id", "{good}", "--steps", "1e300",
+                                "--no-log"], "--steps"),
+    ("predict-micro-batch-1e12", [*PREDICT_FILES, "--micro-batch", "1000000000000"],
+     "--micro-batch"),
+    ("predict-gpus-1e7", ["predict", "--gpu", "A100-80GB-SXM4", "--gpus", "10000000",
+                          "--workload", "{f}workload.json"], "--gpus"),
+    ("predict-grad-accum-1e12", [*PREDICT_FILES, "--grad-accum", "1000000000000"],
+     "--grad-accum"),
+    ("recommend-deadline-empty", [*RECOMMEND, "--run-id", "{good}", "--deadline", ""],
+     "--deadline"),
+    ("recommend-region-empty", [*RECOMMEND, "--run-id", "{good}", "--region", ""],
+     "--region"),
+    ("recommend-run-id-empty", [*RECOMMEND, "--run-id", ""], "--run-id"),
+    ("predict-strategy-empty", [*PREDICT_FILES, "--strategy", ""], "--strategy"),
+    ("compare-dataset-size-empty", ["compare", "--run-id", "{good}", "--dataset-size", ""],
+     "--dataset-size"),
+    # layouts that contradict themselves
+    ("predict-strategy-pp-twice", ["predict", "--gpu", "A100-80GB-SXM4", "--gpus", "8",
+                                   "--workload", "{f}workload.json", "--strategy",
+                                   "tp2xpp2xpp4"], "pipeline"),
+    ("predict-strategy-two-dp", ["predict", "--gpu", "A100-80GB-SXM4", "--gpus", "8",
+                                 "--workload", "{f}workload.json", "--strategy", "ddpxzero3"],
+     "data-parallel"),
+    ("predict-fp8-on-v100", ["predict", "--gpu", "V100-SXM2-16GB", "--gpus", "1",
+                             "--workload", "{f}workload.json", "--precision", "fp8"], "fp8"),
+]
+
+#: Bad inputs that already ended in one line and exit 2 before the checks above; kept so the
+#: suite counts every bad input it tries.
+HELD = [
+    ("predict-workload-binary", [*PREDICT, "--workload", "{f}w_binary.json"], "UTF-8"),
+    ("predict-workload-list", [*PREDICT, "--workload", "{f}w_list.json"], "JSON object"),
+    ("predict-epochs-1e200", [*PREDICT_FILES, "--epochs", "1e200", "--dataset-size", "1e200",
+                              "--json"], "samples"),
+    ("recommend-experiment-empty", [*RECOMMEND, "--experiment", ""], "--experiment"),
+    ("predict-workload-empty", [*PREDICT, "--workload", ""], "--workload"),
+    ("recommend-confidence-inf", [*RECOMMEND, "--run-id", "{good}", "--confidence", "inf"],
+     "--confidence"),
+    ("recommend-confidence-0", [*RECOMMEND, "--run-id", "{good}", "--confidence", "0"],
+     "--confidence"),
+    ("recommend-confidence-1", [*RECOMMEND, "--run-id", "{good}", "--confidence", "1"],
+     "--confidence"),
+]
+
+
+@pytest.mark.parametrize("args,message", [c[1:] for c in CASES + HELD],
+                         ids=[c[0] for c in CASES + HELD])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(store, args, message):
+    before = store.run_count()
+    result = CliRunner().invoke(gpuopt, _argv(store, args), env=_env(store))
+    everything = result.output + (repr(result.exc_info[1]) if result.exc_info else "")
+    assert result.exit_code == 2, everything[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error:") and message in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    assert len(lines[0]) < 400  # one readable line, not a 5000-digit echo
+    assert store.run_count() == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["recommend-profile-binary", "recommend-confidence-nan",
+                                  "predict-workload-100k-deep"])
+def test_real_process_stderr_is_one_line(store, case):
+    """The same through a real process: nothing else (MLflow's logging) reaches stderr."""
+    args = next(c[1] for c in CASES if c[0] == case)
+    env = {**os.environ, **_env(store), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([str(BIN / "mlflow-gpuopt"), *_argv(store, args)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:"), out.stderr[-3000:]
+
+
+def test_the_json_writer_never_writes_infinity_or_nan():
+    """The backstop: a non-finite float (an unbounded interval end) is written as null."""
+    from mlflow_gpuopt.cli._json import dumps
+
+    text = dumps({"hours": [1.5, float("inf"), float("nan")], "x": (-float("inf"),)})
+    assert json.loads(text) == {"hours": [1.5, None, None], "x": [None]}
+
+
+def test_json_output_never_holds_infinity_or_nan(store):
+    """``json.loads`` with a strict constant hook: Infinity/NaN would raise."""
+    def strict(name):
+        raise AssertionError(f"non-JSON constant {name} in the output")
+
+    for args in ([*RECOMMEND, "--run-id", "{good}", "--json"],
+                 [*PREDICT_FILES, "--samples", "1e18", "--json"]):
+        result = CliRunner().invoke(gpuopt, _argv(store, args), env=_env(store))
+        assert result.exit_code == 0, result.output[-3000:]
+        json.loads(result.stdout, parse_constant=strict)
+
+
+def test_no_plan_fits_is_said_once(store):
+    """A 10-trillion-parameter model on at most one GPU: nothing fits, and the line says so
+    once ("No plan fits: every offer was dropped ..."), exit 0 as before."""
+    result = CliRunner().invoke(gpuopt, _argv(store, [
+        *RECOMMEND, "--run-id", "{huge_model}", "--max-gpus", "1"]), env=_env(store))
+    assert result.exit_code == 0, result.output[-3000:]
+    assert result.output.lower().count("no plan fits") == 1, result.output
+
+
+# -- logging the recommendation fails: printed anyway, one line, exit 1 ----------------------
+
+def _read_only_artifact_store(tmp_path) -> tuple[str, str]:
+    """A sqlite store whose measured run is readable but where no new run can store
+    artifacts: the experiment's artifact root is a path under a regular file, which even
+    root cannot create (``NotADirectoryError``), like a refused or unmounted volume."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("ro", artifact_location=str(tmp_path / "mlruns"))
+    rid = _log_run(client, exp, "good", _profile(), {}, tmp_path)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the artifact root should be")
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
+                   (str(blocker / "mlruns"), exp))
+    return uri, rid
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_recommendation_is_printed_when_logging_fails(tmp_path, as_json):
+    uri, rid = _read_only_artifact_store(tmp_path)
+    args = ["recommend", "--run-id", rid, "--samples", "1M", "--deadline", "48h"]
+    result = CliRunner().invoke(gpuopt, args + (["--json"] if as_json else []),
+                                env={"MLFLOW_TRACKING_URI": uri})
+    assert result.exit_code == 1, result.output[-3000:]
+    assert "Traceback" not in result.output
+    err = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("Error:"), result.stderr
+    assert "could not log the recommendation to MLflow" in err[0]
+    if as_json:
+        doc = json.loads(result.stdout)
+        assert doc["candidates"] and "mlflow_run_id" not in doc
+    else:
+        assert "Target:" in result.stdout and "Logged to MLflow" not in result.stdout
+
+
+def test_full_disk_while_logging_prints_the_result_and_redacts(tmp_path, monkeypatch, store):
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    password = "s3cr3t-pa55word"
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, f"No space left on device: http://u:{password}@host/x")
+
+    monkeypatch.setattr(LocalArtifactRepository, "log_artifact", full)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.create_experiment("full", artifact_location=str(tmp_path / "mlruns"))
+    rid = _log_run(client, exp, "good", None, {}, tmp_path)
+    result = CliRunner().invoke(gpuopt, ["recommend", "--run-id", rid, "--samples", "1M"],
+                                env={"MLFLOW_TRACKING_URI": uri})
+    assert result.exit_code == 1, result.output[-3000:]
+    err = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and "No space left on device" in err[0], result.stderr
+    assert password not in result.output
+    assert "Target:" in result.stdout
+
+
+# -- a run whose trainer was killed before its summary ---------------------------------------
+
+def test_killed_run_is_used_from_its_throughput_series(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("killed", artifact_location=str(tmp_path / "mlruns"))
+    # warm-up, then steady at about 2470 samples/s; no gpuopt/summary/* (killed)
+    series = [300.0, 1900.0, 2400.0, 2460.0, 2470.0, 2480.0, 2465.0, 2475.0]
+    rid = _log_run(client, exp, "killed", _profile(), {}, tmp_path,
+                   metrics={"gpuopt/throughput_samples_per_s": series})
+    result = CliRunner().invoke(gpuopt, ["recommend", "--run-id", rid, "--samples", "1M",
+                                         "--json", "--no-log"], env={"MLFLOW_TRACKING_URI": uri})
+    assert result.exit_code == 0, result.output[-3000:]
+    doc = json.loads(result.stdout)
+    assert any("summary" in n and rid in n for n in doc["notes"]), doc["notes"]
+    result = CliRunner().invoke(gpuopt, ["predict", "--run-id", rid, "--gpu", "A100-80GB-SXM4",
+                                         "--gpus", "1", "--json"],
+                                env={"MLFLOW_TRACKING_URI": uri})
+    assert result.exit_code == 0, result.output[-3000:]
+    # the steady part (median of the last half), not the warm-up-dragged mean
+    assert json.loads(result.stdout)["throughput_samples_per_s"] == pytest.approx(2470, rel=0.02)
