@@ -17,6 +17,7 @@ from typing import Any
 
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
+from mlflow_gpuopt.perfmodel.compute import normalize_fp8_recipe
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
@@ -32,7 +33,8 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout"}
-_STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy"}
+_STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
+             "fp8_recipe"}
 #: Other spellings of workload keys.
 _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_sample",
                 "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size"}
@@ -162,6 +164,8 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
             kwargs["recompute"] = normalize_recompute(kwargs["recompute"])
         if "strategy" in kwargs:
             kwargs["strategy"] = _strategy(kwargs["strategy"])
+        if "fp8_recipe" in kwargs:
+            kwargs["fp8_recipe"] = normalize_fp8_recipe(kwargs["fp8_recipe"])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:

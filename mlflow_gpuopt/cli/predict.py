@@ -15,6 +15,7 @@ import click
 
 from mlflow_gpuopt.cli import _json
 from mlflow_gpuopt.cli._errors import UsageError
+from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
 from mlflow_gpuopt.cli.options import (
     load_catalog_or_fail,
     parse_target,
@@ -187,7 +188,7 @@ def _human(result: dict) -> str:
               default=None, help="Gradient-accumulation steps (default: the measured one).")
 @click.option("--precision", default=None,
               help="fp32, tf32, fp16, bf16 or fp8 (default: measured).")
-@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None,
+@click.option("--recompute", type=click.Choice(list(RECOMPUTE_MODES)), default=None,
               help="Activation recomputation (default: the workload's own, else none).")
 @click.option("--activation-checkpointing", is_flag=True,
               help="Full activation recomputation (same as --recompute full).")

@@ -17,6 +17,7 @@ import click
 from mlflow_gpuopt.catalog.schema import PROVIDERS
 from mlflow_gpuopt.cli import _json
 from mlflow_gpuopt.cli._errors import LoggingFailed, UsageError, one_line_reason
+from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
 from mlflow_gpuopt.cli.options import (
     check_run_source,
     load_catalog_or_fail,
@@ -105,7 +106,7 @@ def _print_table(doc, out) -> None:
                    "batch grows with the GPU count.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
-@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None,
+@click.option("--recompute", type=click.Choice(list(RECOMPUTE_MODES)), default=None,
               help="Activation recomputation the plans run with (default: the run's own, else "
                    "none); plans that fit only with full recomputation still get it.")
 @click.option("--activation-checkpointing", is_flag=True,

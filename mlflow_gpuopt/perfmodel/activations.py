@@ -30,6 +30,19 @@ paper's 10) is replicated (Sec. 4.2.1). Selective recomputation (Sec. 5) drops t
 tensors. Full recomputation keeps only each layer's input (``e`` per layer, ``/t`` with
 sequence parallelism) and rebuilds one layer's activations at a time in the backward pass.
 
+Per-op selective checkpointing (``selective-op``) is what torchtitan calls selective AC with
+``selective_ac_option = "op"`` (its default for the Llama 3 configurations): every transformer
+block runs under a checkpoint whose policy saves the outputs of ``aten.mm`` except every second
+one, and of the SDPA kernels (and, with tensor parallelism, of the sequence-parallel
+reduce-scatters), and recomputes everything else (torchtitan
+``torchtitan/parallelisms/parallelize_llama.py``, ``_save_list`` and ``_custom_policy``:
+"Saves output of all compute ops, except every second mm"). A layer then keeps its input
+(``e·h``, saved by the checkpoint), the outputs of the 1st, 3rd, 5th... projection in the
+order the forward runs them (Q, K, V, output projection, then fc1 [gate, up] and fc2), and
+SDPA's output (``e·h``) with its log-sum-exp. For a SwiGLU MLP with f = 3.5 that is about 15·h
+bytes per token instead of ~45. In the backward the layer's other tensors are rebuilt one
+layer at a time, as under full recomputation.
+
 Outside the layers (Sec. 4.3): the first pipeline stage keeps the embedding's dropout mask
 (``d``) and the token ids; the last keeps the final norm's input and the output projection's
 input (``2e``), and the fp32 log-probabilities of the cross-entropy (``4·v`` bytes per token,
@@ -44,7 +57,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("flash", "eager")
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full", "selective-op")
+#: Other spellings of the recompute modes: torchtitan's per-op selective checkpointing
+#: (``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``).
+_RECOMPUTE_ALIASES = {"op": "selective-op", "selective_op": "selective-op",
+                      "per-op": "selective-op", "selective(per-op)": "selective-op",
+                      "sac": "selective-op"}
 #: Spellings of the attention kernels: SDPA picks flash or memory-efficient attention, both
 #: of which store no scores.
 _ATTENTION_ALIASES = {"sdpa": "flash", "flash": "flash", "flash_attention": "flash",
@@ -73,12 +91,14 @@ def normalize_attention(name: str | None) -> str:
 
 
 def normalize_recompute(mode: str | None) -> str:
-    """``none``, ``selective`` or ``full`` (None means none)."""
+    """``none``, ``selective``, ``full`` or ``selective-op`` (None means none)."""
     if mode is None or not str(mode).strip():
         return "none"
     key = str(mode).strip().lower()
+    key = _RECOMPUTE_ALIASES.get(key, key)
     if key not in RECOMPUTE_MODES:
-        raise ValueError(f"unknown recompute mode {mode!r}; expected none, selective or full")
+        raise ValueError(f"unknown recompute mode {mode!r}; expected none, selective, full "
+                         "or selective-op")
     return key
 
 
@@ -106,6 +126,37 @@ class ActivationBytes:
     def peak_bytes(self) -> float:
         """What the GPU must hold at the peak of the backward pass."""
         return self.stored_bytes + self.recompute_bytes
+
+
+def matmul_outputs_per_token(dims: TransformerDims) -> tuple[float, ...]:
+    """Elements per token of each projection's output in one layer, in the order the forward
+    computes them: Q, K, V, attention output, then the MLP (gate, up, down for SwiGLU as
+    torchtitan's ``w2(silu(w1(x)) * w3(x))`` runs them; fc1, fc2 otherwise). K and V are taken
+    at the full hidden size (grouped-query attention's smaller K/V are not modelled)."""
+    h, ffn = float(dims.hidden_size), float(dims.ffn_hidden_size)
+    mlp = (ffn, ffn, h) if dims.gated_mlp else (ffn, h)
+    return (h, h, h, h) + mlp
+
+
+def selective_op_bytes_per_token(dims: TransformerDims, element_bytes: float,
+                                 tp: int = 1) -> float:
+    """Bytes one layer keeps per token under per-op selective checkpointing (module
+    docstring): the layer input, every other projection output (1st, 3rd...) and SDPA's
+    output with its fp32 log-sum-exp, each split over ``tp`` ranks."""
+    e, t = float(element_bytes), max(1, tp)
+    saved = sum(n for i, n in enumerate(matmul_outputs_per_token(dims)) if i % 2 == 0)
+    per_token = e * (float(dims.hidden_size) + saved + float(dims.hidden_size))
+    return (per_token + LOGIT_BYTES * float(dims.num_heads)) / t
+
+
+def selective_op_recompute_flops_per_token(dims: TransformerDims) -> float:
+    """Forward FLOPs per token per layer rebuilt in the backward under per-op selective
+    checkpointing: the projections whose outputs were not saved (2nd, 4th...), 2 FLOPs per
+    weight; SDPA's output is saved, so attention is not rerun."""
+    h, ffn = float(dims.hidden_size), float(dims.ffn_hidden_size)
+    # weights of each projection, in forward order: 4 attention ones h x h, MLP ones h x ffn
+    weights = (h * h,) * 4 + (h * ffn,) * (3 if dims.gated_mlp else 2)
+    return sum(2.0 * w for i, w in enumerate(weights) if i % 2 == 1)
 
 
 def layer_bytes_per_token(dims: TransformerDims, element_bytes: float, mask_bytes: float,
@@ -143,10 +194,13 @@ def activation_bytes(dims: TransformerDims, micro_batch: float, element_bytes: f
     tokens = float(micro_batch) * float(dims.seq_len)
     h, e, d = float(dims.hidden_size), float(element_bytes), float(mask_bytes)
     full_layer = layer_bytes_per_token(dims, e, d, attention, attention_dropout,
-                                       "none" if recompute == "full" else recompute, t,
-                                       sequence_parallel)
+                                       "none" if recompute in ("full", "selective-op")
+                                       else recompute, t, sequence_parallel)
     if recompute == "full":
         kept_layer = e * h / (t if sequence_parallel else 1)
+        working = full_layer * tokens
+    elif recompute == "selective-op":
+        kept_layer = selective_op_bytes_per_token(dims, e, t)
         working = full_layer * tokens
     else:
         kept_layer, working = full_layer, 0.0
@@ -177,7 +231,9 @@ def recompute_time_factor(recompute: str, attention: str, flops_per_sample: floa
                           dims: TransformerDims | None) -> float:
     """How much longer a micro-step runs with ``recompute`` than without.
 
-    Full: the forward again (× 4/3), dispatch and weight reads included. Selective: the
+    Full: the forward again (× 4/3), dispatch and weight reads included. Per-op selective
+    (``selective-op``): the forward of the projections whose outputs were not saved
+    (:func:`selective_op_recompute_flops_per_token` per token per layer). Selective: the
     forward of the score products QKᵀ and (softmax)·V, ``4·s²·h`` FLOPs per layer per sample,
     on top of ``flops_per_sample``; FlashAttention recomputes them in its backward anyway, so
     nothing is added there. None: 1.
@@ -185,6 +241,9 @@ def recompute_time_factor(recompute: str, attention: str, flops_per_sample: floa
     recompute = normalize_recompute(recompute)
     if recompute == "full":
         return 1.0 + FORWARD_SHARE
+    if recompute == "selective-op" and dims is not None and flops_per_sample > 0:
+        extra = selective_op_recompute_flops_per_token(dims) * dims.num_layers * dims.seq_len
+        return 1.0 + extra / flops_per_sample
     if recompute == "selective" and dims is not None and normalize_attention(attention) == \
             "eager" and flops_per_sample > 0:
         extra = 4.0 * dims.num_layers * dims.seq_len**2 * dims.hidden_size

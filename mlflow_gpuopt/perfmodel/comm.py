@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from mlflow_gpuopt.perfmodel import vendor
 from mlflow_gpuopt.perfmodel.layout import SHARDED_PARAMS, Layout
 from mlflow_gpuopt.perfmodel.types import Hardware
 
@@ -44,6 +45,18 @@ SYNC_OVERHEAD_PER_DOUBLING = 0.02
 #: all-gathered again for the backward pass).
 STRATEGY_VOLUME = {"single": 0.0, "ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5,
                    "fsdp": 1.5}
+
+
+def intra_bus_efficiency(hardware: Hardware) -> float:
+    """All-reduce bus bandwidth over the intra-node fabric's datasheet figure for
+    ``hardware``'s GPU: RCCL's measured share on AMD Infinity Fabric
+    (:func:`.vendor.collective_bus_efficiency`, 0.70 on MI300X: a full mesh cannot reduce in
+    a switch), ``BUS_EFFICIENCY`` on NVIDIA. The NCCL health-check figures vendor.py lists for
+    H100/H200 NVSwitch (~1.0, NVLS) are not applied: the NVIDIA models were calibrated on 0.75.
+    """
+    if vendor.is_amd(hardware.gpu):
+        return vendor.collective_bus_efficiency(hardware.gpu, BUS_EFFICIENCY)
+    return BUS_EFFICIENCY
 
 
 def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_bytes_per_s: float,
@@ -77,7 +90,7 @@ def hierarchical_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware) 
     of the network, then all-gather over NVLink."""
     r = max(1, layout.dp_ranks_per_node)
     n_nodes = max(1, layout.dp // r)
-    intra = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY
+    intra = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
     nic = nic_bytes_per_s_per_gpu(hardware) * BUS_EFFICIENCY
     inside = 0.0
     if r > 1:
@@ -107,7 +120,7 @@ def dp_link(hardware: Hardware, layout: Layout) -> tuple[float, float]:
     link bounds the ring, and a node's network is shared by the GPUs in it that run different
     rings at once (``gpus_per_node / dp_ranks_per_node`` of them).
     """
-    intra = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY
+    intra = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
     if not layout.dp_spans_nodes:
         return intra, INTRA_NODE_LATENCY_S
     concurrent = max(1, hardware.gpus_per_node // max(1, layout.dp_ranks_per_node))
@@ -149,7 +162,7 @@ def tp_allreduce_s(num_layers: int, micro_batch: float, seq_len: float, hidden: 
     if tp <= 1:
         return 0.0
     nbytes = micro_batch * seq_len * hidden * act_bytes
-    bw = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY
+    bw = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
     return 4.0 * num_layers * ring_allreduce_s(nbytes, tp, bw, INTRA_NODE_LATENCY_S)
 
 
@@ -162,7 +175,8 @@ def pp_p2p_s(boundary_bytes: float, layout: Layout, hardware: Hardware) -> float
         bw = nic_bytes_per_s_per_gpu(hardware) * BUS_EFFICIENCY
         lat = INTER_NODE_LATENCY_S
     else:
-        bw, lat = hardware.intra_node_bytes_per_s * BUS_EFFICIENCY, INTRA_NODE_LATENCY_S
+        bw = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
+        lat = INTRA_NODE_LATENCY_S
     return 2.0 * (boundary_bytes / bw + lat)
 
 

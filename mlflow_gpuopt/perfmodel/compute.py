@@ -48,6 +48,7 @@ from mlflow_gpuopt.perfmodel.precision import (
     peak_flops_per_s,
     uses_tensor_cores,
 )
+from mlflow_gpuopt.perfmodel import vendor
 from mlflow_gpuopt.perfmodel.types import Hardware, Workload
 
 #: Share of dense peak reached by the FLOP-heavy kernels: plain FP32 (SIMT) units get closer
@@ -98,19 +99,28 @@ LATENCY_FIXED_SHARE = 0.5
 #: (:func:`micro_step_overhead_s`).
 KERNELS_PER_LAYER_STEP = 100
 KERNEL_DISPATCH_S = 10e-6
-#: Share of datasheet memory bandwidth reached by streaming kernels.
+#: Share of datasheet memory bandwidth reached by streaming kernels (NVIDIA; an AMD GPU takes
+#: its vendor figure, :func:`.vendor.attainable_memory_fraction`).
 MEMORY_EFFICIENCY = 0.75
-#: DRAM bytes moved per byte of stored activations in a training step: written in forward,
-#: read in backward, activation gradients written and read, plus normalisation passes.
-TRAFFIC_PER_ACTIVATION_BYTE = 6.0
-#: Arithmetic intensity assumed when the profile says nothing about memory (FLOPs per byte
-#: of DRAM traffic with fp32 activations; halves the bytes at 16-bit).
-DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32 = 30.0
-#: Host-side cost of one micro-step (kernel launches, Python and framework overhead) when the
-#: profile did not count the kernels: a guess, of the order of 100 operators at
-#: ``KERNEL_DISPATCH_S``. With a count, count × ``KERNEL_DISPATCH_S`` replaces it
-#: (:func:`micro_step_overhead_s`).
-MICRO_STEP_OVERHEAD_S = 1.0e-3
+#: Speed of the FP8 linear layers per FP8 implementation and scaling recipe, relative to
+#: Transformer Engine's per-tensor scaling (``te``: delayed or current scaling, as NeMo and
+#: Megatron run it), on which ``GENERATION_MFU``'s Hopper FP8 figure was derived. torchao's
+#: float8 training (``tensorwise``: one dynamic scale per tensor, torchao's default;
+#: ``rowwise``: a scale per row, the weight-gradient matmul kept at higher precision in its
+#: default variant) computes its scales with separate amax and cast kernels around each
+#: linear layer (Transformer Engine fuses them into the neighbouring kernels), and row-wise
+#: ``_scaled_mm`` runs slower than per-tensor. Derived from torchao's own end-to-end table,
+#: independent of the rows bench_llm scores (pytorch/ao ``torchao/float8/README.md``, "e2e
+#: training benchmarks": Llama 3 8B on 8 × H100, torchtitan, FSDP2, per-op SAC, local batch 1,
+#: seq 8192: bf16 6,150, tensorwise 7,689.5 (+25.0%), rowwise 6,768 (+10.05%) tokens/s) by
+#: solving this module's FP8 time split (linear layers at FP8, attention at bf16, traffic
+#: and the rest unchanged) for those speed-ups; ``benchmarks/bench_llm.py --derive-fp8``
+#: prints the solution.
+FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.765, "rowwise": 0.633}
+_FP8_RECIPE_ALIASES = {"te": "te", "transformer_engine": "te", "transformer-engine": "te",
+                       "delayed": "te", "current": "te", "fp8-cs": "te",
+                       "tensorwise": "tensorwise", "torchao": "tensorwise",
+                       "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise"}
 
 
 def activation_bytes_per_sample(workload: Workload, precision: str) -> tuple[float, bool]:
@@ -139,6 +149,30 @@ def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float
                 / ACTIVATION_BYTES[own])
     act, _ = activation_bytes_per_sample(workload, p)
     return act * TRAFFIC_PER_ACTIVATION_BYTE
+
+
+#: DRAM bytes moved per byte of stored activations in a training step: written in forward,
+#: read in backward, activation gradients written and read, plus normalisation passes.
+TRAFFIC_PER_ACTIVATION_BYTE = 6.0
+#: Arithmetic intensity assumed when the profile says nothing about memory (FLOPs per byte
+#: of DRAM traffic with fp32 activations; halves the bytes at 16-bit).
+DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32 = 30.0
+#: Host-side cost of one micro-step (kernel launches, Python and framework overhead) when the
+#: profile did not count the kernels: a guess, of the order of 100 operators at
+#: ``KERNEL_DISPATCH_S``. With a count, count × ``KERNEL_DISPATCH_S`` replaces it
+#: (:func:`micro_step_overhead_s`).
+MICRO_STEP_OVERHEAD_S = 1.0e-3
+
+
+def normalize_fp8_recipe(name: str | None) -> str:
+    """``te``, ``tensorwise`` or ``rowwise`` from the usual spellings; None means ``te``
+    (Transformer Engine, the figure ``GENERATION_MFU`` was derived on)."""
+    if name is None or not str(name).strip():
+        return "te"
+    key = str(name).strip().lower()
+    if key not in _FP8_RECIPE_ALIASES:
+        raise ValueError(f"unknown fp8_recipe {name!r}; expected te, tensorwise or rowwise")
+    return _FP8_RECIPE_ALIASES[key]
 
 
 def architecture(gpu: str) -> str:
@@ -182,11 +216,24 @@ def attention_flops_share(workload: Workload) -> float:
 
 
 def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
+    """Seconds for ``flops`` of matmuls: on the tensor cores at the vendor's attainable share
+    of peak (:func:`.vendor.attainable_fraction`, AMD) or the generation's
+    (:func:`tensor_efficiency`, NVIDIA); off them at ``COMPUTE_EFFICIENCY_SIMT``."""
     peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
-    eff = (tensor_efficiency(hardware.gpu, precision)
-           if uses_tensor_cores(hardware.peak_flops_per_s, precision)
-           else COMPUTE_EFFICIENCY_SIMT)
+    if uses_tensor_cores(hardware.peak_flops_per_s, precision):
+        eff = vendor.attainable_fraction(hardware.gpu)
+        if eff is None:
+            eff = tensor_efficiency(hardware.gpu, precision)
+    else:
+        eff = COMPUTE_EFFICIENCY_SIMT
     return flops / (peak * eff)
+
+
+def memory_efficiency(hardware: Hardware) -> float:
+    """Share of datasheet memory bandwidth streaming kernels reach on ``hardware``: the vendor's
+    measured figure where there is one (AMD), else ``MEMORY_EFFICIENCY``."""
+    frac = vendor.attainable_memory_fraction(hardware.gpu)
+    return MEMORY_EFFICIENCY if frac is None else frac
 
 
 def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
@@ -195,11 +242,14 @@ def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> flo
 
     FP8 (Transformer Engine, torchao float8) runs the linear layers in FP8 and attention's
     matmuls in bf16 (FlashAttention), so the attention share (:func:`attention_flops_share`)
-    is timed at bf16: the attainable speed-up over bf16 is below the 2× of the peaks."""
+    is timed at bf16: the attainable speed-up over bf16 is below the 2× of the peaks. The
+    linear layers run at the speed of the workload's scaling recipe
+    (``FP8_RECIPE_EFFICIENCY``)."""
     flops = workload.flops_per_sample
     if normalize_precision(precision) == "fp8":
         a = attention_flops_share(workload)
-        return (_tensor_time_s(flops * (1.0 - a), hardware, "fp8")
+        recipe = FP8_RECIPE_EFFICIENCY[normalize_fp8_recipe(workload.fp8_recipe)]
+        return (_tensor_time_s(flops * (1.0 - a), hardware, "fp8") / recipe
                 + _tensor_time_s(flops * a, hardware, "bf16"))
     return _tensor_time_s(flops, hardware, precision)
 
@@ -207,7 +257,7 @@ def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> flo
 def traffic_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
     """Seconds per sample to move the sample's DRAM traffic at the memory bandwidth."""
     return (memory_traffic_bytes_per_sample(workload, precision)
-            / (hardware.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY))
+            / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware)))
 
 
 def per_sample_time_prior_s(workload: Workload, hardware: Hardware, precision: str) -> float:
@@ -256,7 +306,7 @@ def weight_traffic_time_s(params_per_gpu: float, hardware: Hardware, precision: 
     gradients at ``hardware``'s memory bandwidth."""
     w = weight_bytes_per_param(precision)
     traffic = params_per_gpu * (2 * w + w)
-    return traffic / (hardware.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
+    return traffic / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware))
 
 
 def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str,
@@ -274,4 +324,5 @@ def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_para
     read+write the fp32 weights and the optimizer state, read the gradient, and write the
     16-bit copy in mixed precision."""
     per_param = 2 * (4 + optimizer_state_bytes_per_param) + 4 + (2 if is_mixed(precision) else 0)
-    return params_updated * per_param / (hardware.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
+    return params_updated * per_param / (hardware.memory_bandwidth_bytes_per_s
+                                         * memory_efficiency(hardware))

@@ -99,6 +99,12 @@ class FitResult:
     log_optimizer_scale: dict[Key, float] = field(default_factory=dict, hash=False)
     #: standard deviation of log(comm_scale) from the fit (0 when not fitted).
     log_comm_sd: float = 0.0
+    #: The fit's covariance of its log compute scales and log communication scale, for the
+    #: spread of a prediction along the direction the observations pin down (one multi-GPU
+    #: run fixes the product of compute and communication scales, not each): index of
+    #: ``("k", key)`` and ``("kappa",)`` in ``param_cov``; empty when κ was not fitted.
+    param_index: dict[tuple, int] = field(default_factory=dict, hash=False, compare=False)
+    param_cov: tuple[tuple[float, ...], ...] = field(default=(), hash=False, compare=False)
 
 
 def is_cpu(name: str) -> bool:
@@ -250,12 +256,19 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
         if flops != (0.0, 0.0):
             latency[key] = flops
     comm_sd = 0.0
+    param_index: dict[tuple, int] = {}
+    param_cov: tuple[tuple[float, ...], ...] = ()
     if fit_kappa:
         idx = n_k + n_r
         comm_sd = max(rms, float(math.sqrt(max(cov[idx, idx], 0.0))))
+        picks = list(range(n_k)) + [idx]
+        param_index = {("k", key): i for i, key in enumerate(keys)}
+        param_index[("kappa",)] = n_k
+        param_cov = tuple(tuple(float(cov[i, j]) for j in picks) for i in picks)
     return FitResult(
         log_compute_scale=log_k, log_compute_sd=sd, log_fixed_scale=log_r,
         latency_flops=latency, log_optimizer_scale=log_opt, log_comm_sd=comm_sd,
+        param_index=param_index, param_cov=param_cov,
         comm_scale=math.exp(x[n_k + n_r]) if fit_kappa else 1.0,
         gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
         residual_rms=rms, observed_batches=batches,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.perfmodel import uncertainty as unc
+from mlflow_gpuopt.perfmodel.compute import architecture
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
@@ -19,6 +20,7 @@ from mlflow_gpuopt.perfmodel.memory import (
     max_micro_batch_fitting,
     optimizer_state_bytes_per_param,
     recompute_factor,
+    transformer_dims,
 )
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.shape import model_shape
@@ -72,7 +74,11 @@ class Predictor:
         self._notes = tuple(notes) + self._observed.notes
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
         self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}
-        self._calib_cache: dict[Key, tuple[Calibration, float, bool]] = {}
+        self._calib_cache: dict[Key, tuple[Calibration, float, float, bool]] = {}
+        # Described by its transformer architecture: GENERATION_MFU's spread applies to
+        # transfers (uncertainty.TRANSFORMER_MFU_SPREAD).
+        self._transformer = bool(transformer_dims(workload) is not None and workload.num_heads
+                                 and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
 
     @property
@@ -80,18 +86,19 @@ class Predictor:
         """What the model had to guess for this workload, in words."""
         return self._notes
 
-    def _calibration(self, key: Key) -> tuple[Calibration, float, bool]:
-        """(calibration, sd of log compute, extrapolated) for a GPU and precision (cached:
+    def _calibration(self, key: Key) -> tuple[Calibration, float, float, bool]:
+        """(calibration, sd of log compute from the fit, width of carrying it to this GPU or
+        precision, extrapolated) for a GPU and precision (cached:
         the recommender asks for the same few keys thousands of times)."""
         cached = self._calib_cache.get(key)
         if cached is None:
             cached = self._calib_cache[key] = self._build_calibration(key)
         return cached
 
-    def _build_calibration(self, key: Key) -> tuple[Calibration, float, bool]:
+    def _build_calibration(self, key: Key) -> tuple[Calibration, float, float, bool]:
         res = self.result
         pool = self._pool(key)
-        logk, sd_k, logr, extrapolated = self._compute_scale(key, pool)
+        logk, sd_k, extra, logr, extrapolated = self._compute_scale(key, pool)
         x_fixed = sum(res.latency_flops.get(k, (0.0, 0.0))[0] for k in pool) / len(pool)
         x_sample = sum(res.latency_flops.get(k, (0.0, 0.0))[1] for k in pool) / len(pool)
         opt = [res.log_optimizer_scale[k] for k in pool if k in res.log_optimizer_scale]
@@ -106,7 +113,7 @@ class Predictor:
                             latency_fixed_flops=x_fixed, latency_per_sample_flops=x_sample,
                             optimizer_scale=math.exp(sum(opt) / len(opt)) if opt else None,
                             overhead_scale=overhead)
-        return calib, sd_k, extrapolated
+        return calib, sd_k, extra, extrapolated
 
     def _pool(self, key: Key) -> list[Key]:
         """The calibrated keys a prediction for ``key`` borrows from (none: priors only)."""
@@ -141,19 +148,27 @@ class Predictor:
             self._batches_cache[key] = cached
         return cached
 
-    def _compute_scale(self, key: Key, pool: list[Key]) -> tuple[float, float, float, bool]:
-        """(log k, its sd, log r, extrapolated) for a GPU and precision, from ``_pool(key)``."""
+    def _compute_scale(self, key: Key, pool: list[Key]
+                       ) -> tuple[float, float, float, float, bool]:
+        """(log k, sd of the fit, width of the transfer, log r, extrapolated) for a GPU and
+        precision, from ``_pool(key)``."""
         res = self.result
         if key in res.log_compute_scale:
-            return (res.log_compute_scale[key], res.log_compute_sd[key],
+            return (res.log_compute_scale[key], res.log_compute_sd[key], 0.0,
                     res.log_fixed_scale.get(key, 0.0), False)
         if not res.log_compute_scale:
-            return 0.0, unc.SIGMA_PRIOR_ONLY, 0.0, True
+            return 0.0, unc.SIGMA_PRIOR_ONLY, 0.0, 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
         extra = unc.SIGMA_OTHER_PRECISION if same_gpu else unc.SIGMA_OTHER_GPU
+        if self._transformer:
+            spreads = [unc.transformer_transfer_sigma((architecture(k[0]), k[1]),
+                                                      (architecture(key[0]), key[1]))
+                       for k in pool]
+            if spreads and all(v is not None for v in spreads):
+                extra = max(spreads)
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
-        return logk, unc.combine(sd, extra), 0.0, not same_gpu
+        return logk, sd, extra, 0.0, not same_gpu
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:
@@ -170,16 +185,30 @@ class Predictor:
         layout, precision, m = self._resolve(config, hardware)
         res = self.result
         key = (hardware.gpu, precision)
-        calib, sd_k, extrapolated = self._calibration(key)
+        calib, sd_k, transfer, extrapolated = self._calibration(key)
         recompute = config.recompute_mode(self.workload.recompute)
+        rfactor = recompute_factor(self.workload, recompute)
         terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
-                           self._shape, self._opt_bytes, calib,
-                           recompute_factor(self.workload, recompute), recompute == "full")
+                           self._shape, self._opt_bytes, calib, rfactor, recompute == "full")
         throughput = terms.samples_per_step / terms.step_s
+        exposed_share = terms.exposed_comm_s / terms.step_s
 
         strategy = layout.strategy_name()
+        joint = self._joint_fit_sigma(key, hardware, layout, precision, m, config.grad_accum,
+                                      calib, rfactor, recompute == "full", throughput)
+        if joint is None:
+            fit_terms = (sd_k, unc.comm_fit_spread(res.log_comm_sd, exposed_share, layout.dp,
+                                                   res.max_observed_dp))
+        else:
+            # The observations pin down the step they measured, not compute and
+            # communication each; the spread along this prediction's own sensitivity, plus
+            # the floor for more replicas than measured.
+            beyond = layout.dp > res.max_observed_dp
+            fit_terms = (max(unc.SIGMA_FLOOR, res.residual_rms, joint),
+                         unc.SIGMA_COMM_FIT_FLOOR * min(1.0, exposed_share) if beyond
+                         else 0.0)
         sigma = unc.combine(
-            sd_k,
+            *fit_terms, transfer,
             unc.scale_beyond(layout.dp, res.max_observed_dp) if res.max_observed_dp else 0.0,
             unc.batch_away(m, self._reference_batches(key), key in res.log_fixed_scale),
             unc.SIGMA_UNOBSERVED_STRATEGY
@@ -188,8 +217,6 @@ class Predictor:
             and layout.gpus_total() > 1 else 0.0,
             unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
             else 0.0,
-            unc.comm_fit_spread(res.log_comm_sd, terms.exposed_comm_s / terms.step_s,
-                                layout.dp, res.max_observed_dp),
         )
         low, high = unc.interval(throughput, sigma)
 
@@ -226,6 +253,44 @@ class Predictor:
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"))
+
+    def _joint_fit_sigma(self, key: Key, hardware: Hardware, layout: Layout, precision: str,
+                         m: int,
+                         grad_accum: int, calib: Calibration, rfactor: float,
+                         full_recompute: bool, throughput: float) -> float | None:
+        """Spread of log throughput from the fitted compute and communication scales taken
+        together (delta method: ``gᵀ Σ g`` with ``g`` this prediction's sensitivity to each
+        log scale, by finite differences), or None where κ was not fitted."""
+        res = self.result
+        if not res.param_cov:
+            return None
+        pool = [k for k in self._pool(key) if ("k", k) in res.param_index]
+        if not pool:
+            return None
+        eps = 1e-3
+        f = math.exp(eps)
+
+        def log_rate(c: Calibration) -> float:
+            t = step_terms(self.workload, hardware, precision, layout, m,
+                           grad_accum, self._shape, self._opt_bytes, c, rfactor,
+                           full_recompute)
+            return math.log(t.samples_per_step / t.step_s)
+
+        base = math.log(throughput)
+        slower = replace(
+            calib, compute_scale=calib.compute_scale * f,
+            optimizer_scale=None if calib.optimizer_scale is None
+            else calib.optimizer_scale * f,
+            overhead_scale=None if calib.overhead_scale is None else calib.overhead_scale * f,
+            latency_fixed_flops=calib.latency_fixed_flops * f,
+            latency_per_sample_flops=calib.latency_per_sample_flops * f)
+        g_k = (log_rate(slower) - base) / eps / len(pool)
+        g_c = (log_rate(replace(calib, comm_scale=calib.comm_scale * f)) - base) / eps
+        idx = [res.param_index[("k", k)] for k in pool] + [res.param_index[("kappa",)]]
+        g = [g_k] * len(pool) + [g_c]
+        var = sum(g[a] * g[b] * res.param_cov[idx[a]][idx[b]]
+                  for a in range(len(g)) for b in range(len(g)))
+        return math.sqrt(max(var, 0.0))
 
     def _shape_notes(self, layout: Layout, checkpointing: bool) -> tuple[str, ...]:
         """The shape estimates this configuration's terms actually used."""

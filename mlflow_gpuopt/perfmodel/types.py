@@ -47,6 +47,10 @@ class Workload:
     recompute: str | None = None  # how the job runs: "none", "selective" or "full"
     #: The layout it was measured with, as ``--strategy`` spells it (``tp2xfsdp``...)
     strategy: str | None = None
+    #: Which FP8 implementation and scaling recipe the job runs: "te" (Transformer Engine,
+    #: per-tensor delayed/current scaling), "tensorwise" or "rowwise" (torchao float8's
+    #: recipes); None: te. See ``compute.FP8_RECIPE_EFFICIENCY``.
+    fp8_recipe: str | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,22 @@ SIGMA_FLOOR = 0.03
 SIGMA_PRIOR_ONLY = 0.75
 #: Calibrated on another GPU type (roofline transfer, Habitat-style).
 SIGMA_OTHER_GPU = 0.25
+#: Spread (standard deviation of log MFU) of large transformer pre-training within one GPU
+#: generation and precision: how far one model's efficiency strays from the generation's
+#: median (``compute.GENERATION_MFU``), in the same derivation set of
+#: ``shared/data/llm_training_throughput.tsv`` that ``benchmarks/bench_llm.py`` never scores:
+#: Ampere bf16 0.077 (torchtitan Llama 2 13B/70B on A100, 5 rows), Hopper bf16 0.063
+#: (Megatron-LM README 2024, 9 rows with their layout), Hopper fp8 0.126 (NeMo 24.07, 12 rows,
+#: linear-layer efficiency). Blackwell takes Hopper's (as GENERATION_MFU does). A calibration
+#: of such a transformer carried from (generation, precision) A to B through
+#: ``GENERATION_MFU`` strays by both groups' spreads: ``sqrt(sd_A² + sd_B²)`` (bf16 A100 ->
+#: H100 0.10, bf16 -> fp8 on Hopper 0.14), used instead of ``SIGMA_OTHER_GPU`` /
+#: ``SIGMA_OTHER_PRECISION`` for workloads described by their transformer architecture
+#: (layers, hidden size, sequence, heads and vocabulary: what the generation figures were
+#: measured on). Pairs with a group not listed keep the generic widths.
+TRANSFORMER_MFU_SPREAD = {("ampere", "bf16"): 0.077, ("hopper", "bf16"): 0.063,
+                          ("hopper", "fp8"): 0.126, ("blackwell", "bf16"): 0.063,
+                          ("blackwell", "fp8"): 0.126}
 #: Calibrated on the same GPU at another precision (tensor-core efficiency differs).
 SIGMA_OTHER_PRECISION = 0.2
 #: More data-parallel replicas than any observation had: per doubling beyond the largest.
@@ -41,6 +57,21 @@ SIGMA_PER_BATCH_DOUBLING = 0.05
 #: a fit to 2 GPUs cannot tell bandwidth from per-hop latency or how NCCL's bus bandwidth
 #: changes with ring size (nccl-tests busbw moves by about ±40% between 2 and 8 ranks).
 SIGMA_COMM_FIT_FLOOR = 0.4
+
+
+def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str]
+                               ) -> float | None:
+    """Width of carrying a transformer's calibration from ``source`` to ``target``, each an
+    (architecture, precision) pair: both groups' spreads in quadrature
+    (``TRANSFORMER_MFU_SPREAD``); None where either group has no measured spread."""
+    def group(key: tuple[str, str]) -> tuple[str, str]:
+        arch, precision = key
+        return arch, "bf16" if precision == "fp16" else precision
+    a = TRANSFORMER_MFU_SPREAD.get(group(source))
+    b = TRANSFORMER_MFU_SPREAD.get(group(target))
+    if a is None or b is None:
+        return None
+    return combine(a, b)
 
 
 def combine(*sigmas: float) -> float:
