@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from mlflow_gpuopt.cli import emit as launch_emit
 from mlflow_gpuopt.cli._errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -139,8 +140,10 @@ def _print_table(doc, out) -> None:
               help="How many ranked plans to show / return.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
+@launch_emit.emit_options
 def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps, deadline,
-              providers, region, spot, max_gpus, max_nodes, confidence, top, as_json, no_log):
+              providers, region, spot, max_gpus, max_nodes, confidence, top, as_json, no_log,
+              emit, plan_rank, out_path, force, script):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train."""
     from mlflow_gpuopt.quantities import QuantityError, parse_duration_hours
 
@@ -154,6 +157,7 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
                         dataset_size=dataset_size, tokens=tokens, steps=steps)
     except QuantityError as exc:
         raise UsageError(str(exc)) from None
+    emit_req = launch_emit.check_request(emit, plan_rank, out_path, force, script, top)
 
     from mlflow_gpuopt.catalog import CatalogError, load_catalog
     from mlflow_gpuopt.recommend import NoOffersError, SearchSpace, filter_offers
@@ -190,12 +194,14 @@ def recommend(run_ids, experiment, samples, epochs, dataset_size, tokens, steps,
     doc = recommendation_dict(rec, top=top)
     doc["source_run_ids"] = list(run_ids)
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
+    launch_emit.check_plan(emit_req, doc)
 
     # 4. Log (unless --no-log), then print.
     logged = None
     if not no_log and rec.candidates:
         logged = _log(doc, rec, observations, run_ids, workload)
         doc["mlflow_run_id"] = logged.run_id
+    launch_emit.emit(emit_req, rec, doc, logged, run_ids)
     out = sys.stdout
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=_json_default), file=out)
@@ -303,3 +309,4 @@ def _print_human(doc, out, logged) -> None:
                    f"with {len(logged.child_run_ids)} candidate runs; open it with "
                    "`mlflow ui` → the source run → its nested recommendation run → "
                    "Artifacts → gpuopt/report.html", file=out)
+    launch_emit.print_lines(doc, out)
