@@ -68,6 +68,9 @@ def batches(data: DataLoader, steps: int):
 
 
 def add_args(parser) -> None:
-    parser.add_argument("--batch", type=int, default=32, help="micro-batch per rank")
+    from _common import plan_int
+
+    parser.add_argument("--batch", type=int, default=plan_int("GPUOPT_MICRO_BATCH", 32),
+                        help="micro-batch per rank (default: $GPUOPT_MICRO_BATCH or 32)")
     parser.add_argument("--autolog", action="store_true",
                         help="call mlflow.autolog() on every rank (one run per job still)")

@@ -1,19 +1,24 @@
 """Train a tiny decoder-only GPT (character level) on generated text, tracked by gpuopt.
 
     python examples/train_tiny_gpt.py --steps 30
+    torchrun --nproc-per-node 2 examples/train_tiny_gpt.py --steps 30   # DDP, one run
 
 Text: sentences from a small generated grammar (deterministic; nothing downloaded).
-Optimizer AdamW; bf16 autocast when the CPU (or GPU) supports it. Logs into MLflow's current
-tracking URI (``sqlite:///mlflow.db`` if none is set).
+Optimizer AdamW; bf16 autocast when the CPU (or GPU) supports it. Under ``torchrun`` (more than
+one process) the model is wrapped in DistributedDataParallel (gloo on CPU, nccl on GPU) and
+only rank 0 talks to MLflow. ``--batch`` / ``--grad-accum`` default to a launched plan's
+``GPUOPT_MICRO_BATCH`` / ``GPUOPT_GRAD_ACCUM``. Logs into MLflow's current tracking URI
+(``sqlite:///mlflow.db`` if none is set).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
-from _common import base_parser, setup_mlflow
+from _common import add_batch_args, base_parser, setup_mlflow
 
 
 @dataclass(frozen=True)
@@ -116,46 +121,87 @@ def bf16_available(device: str) -> bool:
         return False
 
 
+def _init_distributed() -> tuple[int, int]:
+    """``(rank, world_size)``; joins the process group when started by ``torchrun`` with
+    more than one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
 def main(argv: list[str] | None = None) -> str | None:
-    """Train and track; returns the MLflow run id."""
+    """Train and track; returns the MLflow run id (``None`` on ranks other than 0)."""
     import mlflow
 
     import mlflow_gpuopt as gpuopt
 
     parser = base_parser("Tiny GPT on generated text, tracked by gpuopt", steps=30)
     parser.add_argument("--precision", choices=["bf16", "fp32"], default=None)
+    add_batch_args(parser, micro_batch=GPTConfig.batch_size)
     args = parser.parse_args(argv)
+    if args.batch < 1 or args.grad_accum < 1:
+        parser.error("--batch and --grad-accum must be at least 1")
+    rank, world = _init_distributed()
     torch.manual_seed(args.seed)
-    setup_mlflow()
-    cfg = GPTConfig()
+    if rank == 0:  # only rank 0 talks to MLflow
+        setup_mlflow()
+        plan = os.environ.get("GPUOPT_PLAN")
+        if plan:
+            print(f"gpuopt plan {plan}: micro-batch {args.batch} × {args.grad_accum}, "
+                  f"{world} process(es)", flush=True)
+    cfg = replace(GPTConfig(), batch_size=args.batch)
     text = make_text(seed=args.seed)
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     assert len(chars) <= cfg.vocab_size
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = TinyGPT(cfg).to(device)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    model = TinyGPT(cfg).to(torch.device("cuda", local_rank) if device == "cuda" else device)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+
+        model = DDP(model, device_ids=[local_rank] if device == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     use_bf16 = (args.precision or ("bf16" if bf16_available(device) else "fp32")) == "bf16"
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed + rank)  # each rank its own batches
     it = batches(data, cfg, gen)
-    with mlflow.start_run(run_name="tiny-gpt") as run:
-        mlflow.log_params({"model": "TinyGPT", "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
-                           "d_model": cfg.d_model, "n_layers": cfg.n_layers})
-        with gpuopt.track(model=model, optimizer=opt, interval_s=args.interval, name="tiny-gpt"):
+    run_ctx = mlflow.start_run(run_name="tiny-gpt") if rank == 0 else contextlib.nullcontext()
+    with run_ctx as run:
+        if rank == 0:
+            mlflow.log_params({"model": "TinyGPT", "batch_size": cfg.batch_size,
+                               "seq_len": cfg.seq_len, "d_model": cfg.d_model,
+                               "n_layers": cfg.n_layers})
+        with gpuopt.track(model=model, optimizer=opt, interval_s=args.interval, name="tiny-gpt",
+                          print_summary=rank == 0):
             for step in range(args.steps):
-                x, y = (z.to(device) for z in next(it))
-                with torch.autocast(device, dtype=torch.bfloat16, enabled=use_bf16):
-                    logits = model(x)
-                loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y.view(-1))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                for micro in range(args.grad_accum):
+                    x, y = (z.to(device) for z in next(it))
+                    last = micro == args.grad_accum - 1
+                    sync = contextlib.nullcontext() if last or world == 1 else model.no_sync()
+                    with sync:
+                        with torch.autocast(device, dtype=torch.bfloat16, enabled=use_bf16):
+                            logits = model(x)
+                        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size),
+                                               y.view(-1))
+                        (loss / args.grad_accum).backward()
                 opt.step()
-                if step % 10 == 0 or step == args.steps - 1:
+                opt.zero_grad(set_to_none=True)
+                if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
                     mlflow.log_metric("loss", loss.item(), step=step)
                     print(f"step {step:4d}  loss {loss.item():.3f}  "
                           f"(uniform {math.log(len(chars)):.3f})")
-        return run.info.run_id
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return run.info.run_id if rank == 0 else None
 
 
 if __name__ == "__main__":

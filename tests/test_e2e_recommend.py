@@ -316,3 +316,114 @@ def test_real_model_never_places_a_too_large_model_on_v100_16gb_with_ddp():
                 micro_batch=1, grad_accum=8, tp=1, pp=1, precision="fp16"),
         hardware_for_gpu(cat.gpus["V100-SXM2-16GB"], gpus_per_node=8))
     assert not ddp_on_v100.fits  # the case the recommender had to leave out
+
+
+def test_emit_torchrun_names_every_plan_and_writes_the_winner_once(store, tmp_path):
+    env, run_id, client = store
+    before = len(_all_runs(client))
+    script = tmp_path / "launch.sh"
+    args = ("recommend", "--run-id", run_id, "--tokens", "2B", "--deadline", "24h", "--top",
+            "8", "--json", "--emit", "torchrun", "--out", str(script))
+    out = _cli(env, *args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    rec_id, cands = doc["mlflow_run_id"], doc["candidates"]
+    assert [c["plan_id"] for c in cands] == [f"{rec_id}:{i}" for i in range(1, len(cands) + 1)]
+    assert doc["winner"]["plan_id"] == f"{rec_id}:1"
+    children = client.search_runs([client.get_run(rec_id).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{rec_id}'")
+    by_rank = {int(c.data.params["rank"]): c.info.run_id for c in children}
+    assert {c["rank"]: c["plan_run_id"] for c in cands if "plan_run_id" in c} == by_rank
+    win = cands[0]
+    assert doc["emitted"] == {"kind": "torchrun", "path": str(script), "rank": 1,
+                              "plan_id": f"{rec_id}:1", "notes": [],
+                              "script": client.get_run(run_id).data.tags["mlflow.source.name"]}
+    text = script.read_text()
+    assert script.stat().st_mode & 0o111
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    for line in (f"NNODES={win['nodes']}", f"NPROC_PER_NODE={win['gpus_per_node']}",
+                 f"GPUOPT_PLAN={rec_id}:1", f"GPUOPT_MICRO_BATCH={win['micro_batch']}",
+                 f"GPUOPT_GRAD_ACCUM={win['grad_accum']}", f"GPUOPT_PRECISION={win['precision']}",
+                 f"GPUOPT_STRATEGY={win['strategy']}",
+                 f"MLFLOW_TRACKING_URI=${{MLFLOW_TRACKING_URI:-{env['MLFLOW_TRACKING_URI']}}}",
+                 "MLFLOW_EXPERIMENT_NAME=${MLFLOW_EXPERIMENT_NAME:-gpuopt-examples}",
+                 f"SCRIPT=${{GPUOPT_SCRIPT:-{REPO / 'examples' / 'train_tiny_gpt.py'}}}"):
+        assert line in text.splitlines(), line
+    assert len(_all_runs(client)) == before + 1 + len(children)
+    # the file exists: a second emit is refused before anything is read or logged
+    again = _cli(env, *args)
+    assert again.returncode == 2 and "exists; pass --force" in again.stderr
+    assert script.read_text() == text and len(_all_runs(client)) == before + 1 + len(children)
+    forced = _cli(env, *args, "--force", "--plan", "2")
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    doc2 = json.loads(forced.stdout)
+    assert f"GPUOPT_PLAN={doc2['mlflow_run_id']}:2" in script.read_text().splitlines()
+    assert [p.name for p in tmp_path.iterdir()] == ["launch.sh"]  # no temporary left
+
+
+def test_emit_text_output_and_no_log_plan_ids(store, tmp_path, monkeypatch):
+    env, run_id, client = store
+    from mlflow_gpuopt.cli import gpuopt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    before = len(_all_runs(client))
+    path = tmp_path / "plan.sh"
+    res = CliRunner().invoke(gpuopt, ["recommend", "--run-id", run_id, "--steps", "50k",
+                                      "--no-log", "--top", "3", "--emit", "torchrun",
+                                      "--plan", "3", "--script", "my_train.py", "--out",
+                                      str(path)])
+    assert res.exit_code == 0, res.output
+    assert "Plan ids: the rank (not logged: --no-log), e.g. #1 = 1" in res.output
+    assert f"Wrote the torchrun launch artefact of plan 3 to {path}" in res.output
+    lines = path.read_text().splitlines()
+    assert "GPUOPT_PLAN=3" in lines and "SCRIPT=${GPUOPT_SCRIPT:-my_train.py}" in lines
+    assert len(_all_runs(client)) == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--emit", "torchrun", "--plan", "0"], "--plan 0: plans are ranked from 1"),
+    (["--emit", "torchrun", "--plan", "4", "--top", "3"], "beyond the 3 plans shown"),
+    (["--plan", "2"], "--plan: only with --emit"),
+    (["--emit", "torchrun", "--out", "{tmp}/no/such/x.sh"], "does not exist"),
+    (["--emit", "torchrun", "--out", "{tmp}/file.txt/x.sh"], "is not a directory"),
+    (["--emit", "torchrun", "--out", "{tmp}"], "is a directory"),
+    (["--emit", "skypilot", "--provider", "colab"], "colab plan: SkyPilot cannot launch"),
+    (["--emit", "torchrun", "--provider", "lambda", "--max-gpus", "1", "--plan", "20"],
+     "ranked plan(s)"),
+    (["--emit", "ray"], "'ray' is not one of"),
+])
+def test_emit_bad_input_is_one_line_exit_2_and_writes_nothing(store, tmp_path, args, message):
+    env, run_id, client = store
+    (tmp_path / "file.txt").write_text("keep me")
+    before = len(_all_runs(client))
+    argv = [a.format(tmp=tmp_path) for a in args]
+    out = subprocess.run([str(BIN / "mlflow-gpuopt"), "recommend", "--run-id", run_id,
+                          "--samples", "1e7", *argv], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    err = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("Error:") and message in err[0], err
+    assert len(_all_runs(client)) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+    assert (tmp_path / "file.txt").read_text() == "keep me"
+
+
+def test_emit_skypilot_task_is_accepted_by_skypilot(store, tmp_path):
+    from test_launch import skypilot_check
+
+    env, run_id, client = store
+    task = tmp_path / "task.yaml"
+    out = subprocess.run([str(BIN / "mlflow-gpuopt"), "recommend", "--run-id", run_id,
+                          "--tokens", "20B", "--provider", "aws", "--top", "5", "--json",
+                          "--emit", "skypilot", "--out", str(task)],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    win = doc["candidates"][0]
+    got = skypilot_check("task", str(task))
+    assert got["instance_type"] == win["instance_type"] and got["cloud"] == "aws"
+    assert got["num_nodes"] == win["nodes"] and got["use_spot"] is (win["pricing"] == "spot")
+    assert sum(got["accelerators"].values()) * win["nodes"] == win["gpus"]
+    assert got["envs"]["GPUOPT_PLAN"] == f"{doc['mlflow_run_id']}:1"
+    assert got["envs"]["GPUOPT_SCRIPT"] == "examples/train_tiny_gpt.py"  # inside the workdir
+    assert any("local to this machine" in n for n in doc["emitted"]["notes"])

@@ -345,6 +345,26 @@ def test_json_has_the_contract_keys():
         assert c["cost_low_usd"] <= c["cost_high_usd"]
 
 
+def test_every_ranked_plan_has_one_id_wherever_it_appears():
+    from mlflow_gpuopt.cli.emit import add_plan_ids
+    from mlflow_gpuopt.launch import parse_plan_id
+    from mlflow_gpuopt.mlflow_io.recommendation import LoggedRecommendation
+
+    doc = recommendation_dict(run(), top=8)
+    add_plan_ids(doc, LoggedRecommendation("rec42", "0", ("c1", "c2", "c3")))
+    rows = doc["candidates"] + doc["pareto"] + [doc["winner"], doc["fastest"], doc["cheapest"]]
+    for row in rows:
+        if row["rank"] is None:  # a frontier plan beyond the ranked list has no rank
+            assert "plan_id" not in row
+            continue
+        assert parse_plan_id(row["plan_id"]) == ("rec42", row["rank"])
+        assert row.get("plan_run_id") == {1: "c1", 2: "c2", 3: "c3"}.get(row["rank"])
+    assert doc["winner"]["plan_id"] == "rec42:1"
+    unlogged = recommendation_dict(run(), top=3)
+    add_plan_ids(unlogged, None)
+    assert [c["plan_id"] for c in unlogged["candidates"]] == ["1", "2", "3"]
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.floats(min_value=0.5, max_value=500), st.floats(min_value=1.01, max_value=3))
 def test_p_meets_deadline_grows_with_the_deadline(deadline, factor):

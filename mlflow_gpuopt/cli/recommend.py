@@ -16,6 +16,7 @@ import click
 
 from mlflow_gpuopt.catalog.schema import PROVIDERS
 from mlflow_gpuopt.cli import _json
+from mlflow_gpuopt.cli import emit as launch_emit
 from mlflow_gpuopt.cli._errors import LoggingFailed, UsageError, one_line_reason
 from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
 from mlflow_gpuopt.cli.options import (
@@ -111,10 +112,11 @@ def _print_table(doc, out) -> None:
                    "none); plans that fit only with full recomputation still get it.")
 @click.option("--activation-checkpointing", is_flag=True,
               help="Same as --recompute full.")
+@launch_emit.emit_options
 def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
-              recompute, activation_checkpointing):
+              recompute, activation_checkpointing, emit, plan_rank, out_path, force, script):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -152,6 +154,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
                          f"{bound.text()} hours ({bound.why})")
     training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
                                    tokens=tokens, steps=steps, required=True)
+    emit_req = launch_emit.check_request(emit, plan_rank, out_path, force, script, top)
 
     from mlflow_gpuopt.recommend import NoOffersError, SearchSpace, filter_offers
 
@@ -200,6 +203,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
             "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
     doc["notes"] = [*input_notes, *doc["notes"]]
+    launch_emit.check_plan(emit_req, doc)
 
     # 4. Log (unless --no-log), then print. The recommendation is printed even when logging
     # fails: it cost the user a search, and the printout is all they need to act on it.
@@ -211,6 +215,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
             log_error = one_line_reason(exc)
         else:
             doc["mlflow_run_id"] = logged.run_id
+    launch_emit.emit(emit_req, rec, doc, logged, run_ids)
     out = sys.stdout
     if as_json:
         click.echo(_json.dumps(doc, indent=2), file=out)
@@ -323,3 +328,4 @@ def _print_human(doc, out, logged) -> None:
                    f"with {len(logged.child_run_ids)} candidate runs; open it with "
                    "`mlflow ui` → the source run → its nested recommendation run → "
                    "Artifacts → gpuopt/report.html", file=out)
+    launch_emit.print_lines(doc, out)
