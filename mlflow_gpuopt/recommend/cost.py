@@ -10,7 +10,7 @@ into a probability.
 Colab is billed in compute units (CU), not hours (:func:`compute_unit_cost`):
 
 * pay-as-you-go (no monthly fee in the catalog row) costs CU used × $/CU; its ``pricing``
-  is ``on_demand`` (design.md's values are on_demand | spot | subscription);
+  is ``on_demand`` (the contract's values are on_demand | spot | subscription);
 * Pro / Pro+ (``subscription_usd_per_month`` set) cost the monthly fee for every month the
   job spans, which includes ``compute_units_per_month`` CU; CUs beyond those are bought at
   the row's $/CU. A short job on Pro+ therefore costs the whole $49.99. Its ``pricing`` is

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.devices import GPUs
 from mlflow_gpuopt.tracking._warn import WarnOnce
 
@@ -43,17 +44,17 @@ class HardwareReader:
                 self._warn(f"gpu{i}", "GPU %d reading failed: %s", i, exc)
                 continue
             if s.utilization_percent is not None:
-                m[f"gpuopt/gpu_{i}_utilization_percent"] = s.utilization_percent
+                m[contract.gpu_metric(i, contract.GPU_UTILIZATION_PERCENT)] = s.utilization_percent
                 self.util_sum += s.utilization_percent
                 self.util_n += 1
             if s.memory_used_bytes is not None:
-                m[f"gpuopt/gpu_{i}_memory_used_bytes"] = s.memory_used_bytes
+                m[contract.gpu_metric(i, contract.GPU_MEMORY_USED_BYTES)] = s.memory_used_bytes
                 self.peak_gpu_memory_used_bytes = max(self.peak_gpu_memory_used_bytes or 0.0,
                                                       s.memory_used_bytes)
             if s.power_watts is not None:
-                m[f"gpuopt/gpu_{i}_power_watts"] = s.power_watts
+                m[contract.gpu_metric(i, contract.GPU_POWER_WATTS)] = s.power_watts
             if s.sm_clock_mhz is not None:
-                m[f"gpuopt/gpu_{i}_sm_clock_mhz"] = s.sm_clock_mhz
+                m[contract.gpu_metric(i, contract.GPU_SM_CLOCK_MHZ)] = s.sm_clock_mhz
             if s.energy_joules is not None:
                 self.first_energy_j.setdefault(i, s.energy_joules)
                 self.last_energy_j[i] = s.energy_joules
@@ -66,8 +67,8 @@ class HardwareReader:
                 except Exception as exc:
                     self._warn(f"torch{i}", "torch.cuda memory reading failed: %s", exc)
                     continue
-                m[f"gpuopt/gpu_{i}_torch_allocated_bytes"] = t.allocated_bytes
-                m[f"gpuopt/gpu_{i}_torch_reserved_bytes"] = t.reserved_bytes
+                m[contract.gpu_metric(i, contract.GPU_TORCH_ALLOCATED_BYTES)] = t.allocated_bytes
+                m[contract.gpu_metric(i, contract.GPU_TORCH_RESERVED_BYTES)] = t.reserved_bytes
                 self.peak_torch_reserved_bytes = max(self.peak_torch_reserved_bytes or 0.0,
                                                      t.peak_reserved_bytes)
         if self.host is not None:
@@ -77,11 +78,11 @@ class HardwareReader:
                 self._warn("host", "host reading failed: %s", exc)
             else:
                 if h.cpu_utilization_percent is not None:
-                    m["gpuopt/cpu_utilization_percent"] = h.cpu_utilization_percent
+                    m[contract.METRIC_CPU_UTILIZATION] = h.cpu_utilization_percent
                 if h.host_memory_used_bytes is not None:
-                    m["gpuopt/host_memory_used_bytes"] = h.host_memory_used_bytes
+                    m[contract.METRIC_HOST_MEMORY_USED] = h.host_memory_used_bytes
                 if h.process_rss_bytes is not None:
-                    m["gpuopt/process_rss_bytes"] = h.process_rss_bytes
+                    m[contract.METRIC_PROCESS_RSS] = h.process_rss_bytes
                     self.peak_process_rss_bytes = max(self.peak_process_rss_bytes or 0.0,
                                                       h.process_rss_bytes)
         return m

@@ -15,12 +15,14 @@ import os
 import time
 from typing import Any, Callable
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.distributed import DistributedContext, StepWindow
 from mlflow_gpuopt.tracking.rank_rows import WIDTH, GpuReading, JobCombiner, RankReport, encode
 
 logger = logging.getLogger(__name__)
 
-_GPU_METRICS = ("utilization_percent", "memory_used_bytes", "power_watts")
+_GPU_METRICS = (contract.GPU_UTILIZATION_PERCENT, contract.GPU_MEMORY_USED_BYTES,
+                contract.GPU_POWER_WATTS)
 
 
 class JobTracking:
@@ -121,7 +123,7 @@ class JobTracking:
 
         gpus = []
         for j, gpu_id in enumerate(self.gpu_ids):
-            vals = [hw.get(f"gpuopt/gpu_{j}_{name}", nan) for name in _GPU_METRICS]
+            vals = [hw.get(contract.gpu_metric(j, name), nan) for name in _GPU_METRICS]
             gpus.append(GpuReading(gpu_id, *vals))
         return RankReport(
             rank=self.ctx.rank, node_rank=self.ctx.node_rank, local_rank=self.ctx.local_rank,
@@ -140,9 +142,9 @@ class JobTracking:
             comm_steps=int(comm_steps), comm_step_time_s=float(comm_time),
             comm_collectives=int(comm[0]), comm_time_total_s=float(comm[1]),
             comm_bytes_total=float(comm[2]), comm_exposed_total_s=float(comm[3]),
-            process_cpu_percent=cpu, process_rss_bytes=hw.get("gpuopt/process_rss_bytes", nan),
-            cpu_utilization_percent=hw.get("gpuopt/cpu_utilization_percent", nan),
-            host_memory_used_bytes=hw.get("gpuopt/host_memory_used_bytes", nan),
+            process_cpu_percent=cpu, process_rss_bytes=hw.get(contract.METRIC_PROCESS_RSS, nan),
+            cpu_utilization_percent=hw.get(contract.METRIC_CPU_UTILIZATION, nan),
+            host_memory_used_bytes=hw.get(contract.METRIC_HOST_MEMORY_USED, nan),
             peak_memory_bytes=_opt(peak_memory_bytes),
             energy_joules=_opt(hw_reader.energy_joules if hw_reader is not None else None),
             gpus=tuple(gpus))
@@ -152,7 +154,7 @@ class JobTracking:
 
     # -- layout params (rank 0) ----------------------------------------------------------------
     def params(self) -> dict[str, Any]:
-        """``gpuopt.*`` layout params from the gathered reports (the launcher's environment
+        """The layout params from the gathered reports (the launcher's environment
         when no round has come back)."""
         layout = self.combiner.layout() if self.combiner is not None else None
         if layout is not None:
@@ -162,10 +164,10 @@ class JobTracking:
             world, nodes = self.ctx.world_size, self.ctx.nodes
             per_node = len(self.gpu_ids) * self.ctx.local_world_size
             count = per_node * nodes
-        return {"gpuopt.strategy": self.strategy, "gpuopt.world_size": world,
-                "gpuopt.nodes": nodes, "gpuopt.gpus_per_node": per_node,
-                "gpuopt.device_count": count, "gpuopt.backend": backend(),
-                "gpuopt.interconnect": interconnect(self.gpu_ids, per_node, nodes)}
+        return {contract.PARAM_STRATEGY: self.strategy, contract.PARAM_WORLD_SIZE: world,
+                contract.PARAM_NODES: nodes, contract.PARAM_GPUS_PER_NODE: per_node,
+                contract.PARAM_DEVICE_COUNT: count, contract.PARAM_BACKEND: backend(),
+                contract.PARAM_INTERCONNECT: interconnect(self.gpu_ids, per_node, nodes)}
 
 
 def backend() -> str:

@@ -4,11 +4,11 @@ A journal is one append-only file of JSON lines, named by run id, in ``$GPUOPT_J
 (default ``./.gpuopt-journal/``). The first line is a header; the others are records, acks
 and markers, always in the order they were produced:
 
-    {"journal": "gpuopt.journal/1", "run_id": "...", "tracking_uri": "http://user:***@host", ...}
+    {"journal": <contract.JOURNAL_SCHEMA>, "run_id": "...", "tracking_uri": "http://u:***@h", ...}
     {"seq": 1, "kind": "metrics", "step": 0, "ts": 1700000000000, "values": {"loss": 2.3}}
-    {"seq": 2, "kind": "params", "values": {"gpuopt.device": "cpu"}}
+    {"seq": 2, "kind": "params", "values": {<param name>: "cpu"}}
     {"seq": 3, "kind": "tags", "values": {...}}
-    {"seq": 4, "kind": "dict", "file": "gpuopt/profile.json", "obj": {...}}
+    {"seq": 4, "kind": "dict", "file": <contract.PROFILE_ARTIFACT>, "obj": {...}}
     {"ack": 2}          # every record with seq <= 2 is in MLflow
     {"uncertain": 4}    # a send of records up to seq 4 failed after the request may have
                         # reached the server: check the run before sending them again
@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from mlflow_gpuopt import contract
+
 logger = logging.getLogger(__name__)
 
-SCHEMA = "gpuopt.journal/1"
+SCHEMA = contract.JOURNAL_SCHEMA
 #: Environment variable that overrides the default journal directory.
 JOURNAL_DIR_ENV = "GPUOPT_JOURNAL_DIR"
 _DEFAULT_DIR = ".gpuopt-journal"

@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from mlflow_gpuopt import contract
+
 #: Rounds a rank may go without a step before the others' figures are logged without it.
 STALLED_ROUNDS = 3
 #: GPUs one rank can report (one process usually drives one GPU; a fixed width keeps the
@@ -173,13 +175,12 @@ def round_metrics(reports: list[RankReport], job_sums: bool = True) -> dict[str,
     measured = any(r.collectives or r.comm_collectives for r in reports)
     nodes_seen: set[int] = set()
     for r in sorted(reports, key=lambda r: (r.node_rank, r.local_rank)):
-        p = f"gpuopt/rank_{r.rank}/"
         if r.steps > 0 and r.step_time_sum_s > 0:
             step_times.append(r.step_time_sum_s / r.steps)
-            m[p + "step_time_s"] = step_times[-1]
+            m[contract.rank_metric(r.rank, contract.RANK_STEP_TIME_S)] = step_times[-1]
             if r.samples > 0:
                 rates.append(r.samples / r.step_time_sum_s)
-                m[p + "throughput_samples_per_s"] = rates[-1]
+                m[contract.rank_metric(r.rank, contract.RANK_THROUGHPUT_SAMPLES)] = rates[-1]
             else:
                 all_rates = False
             if r.tokens > 0:
@@ -189,30 +190,31 @@ def round_metrics(reports: list[RankReport], job_sums: bool = True) -> dict[str,
                 comm_bytes.append(r.comm_bytes / r.steps)
                 exposed += r.exposed_comm_s
                 busy += r.step_time_sum_s
-        for name in ("process_cpu_percent", "process_rss_bytes"):
+        for name in (contract.RANK_PROCESS_CPU_PERCENT, contract.RANK_PROCESS_RSS_BYTES):
             if _finite(getattr(r, name)):
-                m[p + name] = getattr(r, name)
-        node = f"gpuopt/node_{r.node_rank}/"
+                m[contract.rank_metric(r.rank, name)] = getattr(r, name)
         if r.node_rank not in nodes_seen:  # host-wide figures: the node's first rank says them
             nodes_seen.add(r.node_rank)
-            for name in ("cpu_utilization_percent", "host_memory_used_bytes"):
+            for name in (contract.NODE_CPU_UTILIZATION_PERCENT,
+                         contract.NODE_HOST_MEMORY_USED_BYTES):
                 if _finite(getattr(r, name)):
-                    m[node + name] = getattr(r, name)
+                    m[contract.node_metric(r.node_rank, name)] = getattr(r, name)
         for g in r.gpus:
-            for name in ("utilization_percent", "memory_used_bytes", "power_watts"):
+            for name in (contract.GPU_UTILIZATION_PERCENT, contract.GPU_MEMORY_USED_BYTES,
+                         contract.GPU_POWER_WATTS):
                 if _finite(getattr(g, name)):
-                    m[f"{node}gpu_{g.index}_{name}"] = getattr(g, name)
+                    m[contract.node_gpu_metric(r.node_rank, g.index, name)] = getattr(g, name)
     if step_times:
-        m["gpuopt/step_time_s"] = sum(step_times) / len(step_times)
+        m[contract.METRIC_STEP_TIME_S] = sum(step_times) / len(step_times)
     if rates and all_rates and job_sums:
-        m["gpuopt/throughput_samples_per_s"] = sum(rates)
+        m[contract.METRIC_THROUGHPUT_SAMPLES] = sum(rates)
     if token_rates and job_sums:
-        m["gpuopt/throughput_tokens_per_s"] = sum(token_rates)
+        m[contract.METRIC_THROUGHPUT_TOKENS] = sum(token_rates)
     if comm_time:
-        m["gpuopt/comm_time_s"] = sum(comm_time) / len(comm_time)
-        m["gpuopt/comm_bytes"] = sum(comm_bytes) / len(comm_bytes)
+        m[contract.METRIC_COMM_TIME_S] = sum(comm_time) / len(comm_time)
+        m[contract.METRIC_COMM_BYTES] = sum(comm_bytes) / len(comm_bytes)
         if busy > 0:
-            m["gpuopt/exposed_comm_fraction"] = min(1.0, exposed / busy)
+            m[contract.METRIC_EXPOSED_COMM_FRACTION] = min(1.0, exposed / busy)
     return m
 
 
@@ -226,34 +228,34 @@ def summary_metrics(reports: list[RankReport]) -> dict[str, float]:
     m: dict[str, float] = {}
     rates = [r.steady_throughput_samples_per_s for r in reports]
     if rates and all(_finite(v) and v > 0 for v in rates):
-        m["gpuopt/summary/throughput_samples_per_s"] = sum(rates)
+        m[contract.SUMMARY_THROUGHPUT_SAMPLES] = sum(rates)
     tokens = [r.steady_throughput_tokens_per_s for r in reports]
     if tokens and all(_finite(v) and v > 0 for v in tokens):
-        m["gpuopt/summary/throughput_tokens_per_s"] = sum(tokens)
+        m[contract.SUMMARY_THROUGHPUT_TOKENS] = sum(tokens)
     for name in ("throughput_steps_per_s", "step_time_mean_s", "step_time_p50_s",
                  "step_time_p90_s"):
         v = _mean([getattr(r, "steady_" + name) for r in reports])
         if v is not None:
-            m["gpuopt/summary/" + name] = v
+            m[contract.summary_metric(name)] = v
     with_comm = [r for r in reports if r.comm_steps > 0 and r.comm_collectives > 0]
     if with_comm:
         n = len(with_comm)
-        m["gpuopt/summary/comm_time_per_step_s"] = sum(
+        m[contract.SUMMARY_COMM_TIME_PER_STEP_S] = sum(
             r.comm_time_total_s / r.comm_steps for r in with_comm) / n
-        m["gpuopt/summary/comm_bytes_per_step"] = sum(
+        m[contract.SUMMARY_COMM_BYTES_PER_STEP] = sum(
             r.comm_bytes_total / r.comm_steps for r in with_comm) / n
-        m["gpuopt/summary/collectives_per_step"] = sum(
+        m[contract.SUMMARY_COLLECTIVES_PER_STEP] = sum(
             r.comm_collectives / r.comm_steps for r in with_comm) / n
         busy = sum(r.comm_step_time_s for r in with_comm)
         if busy > 0:
-            m["gpuopt/summary/exposed_comm_fraction"] = min(
+            m[contract.SUMMARY_EXPOSED_COMM_FRACTION] = min(
                 1.0, sum(r.comm_exposed_total_s for r in with_comm) / busy)
     peak = [r.peak_memory_bytes for r in reports if _finite(r.peak_memory_bytes)]
     if peak:
-        m["gpuopt/summary/peak_memory_bytes"] = max(peak)
+        m[contract.SUMMARY_PEAK_MEMORY_BYTES] = max(peak)
     energy = [r.energy_joules for r in reports if _finite(r.energy_joules)]
     if energy:
-        m["gpuopt/summary/energy_joules"] = sum(energy)
+        m[contract.SUMMARY_ENERGY_JOULES] = sum(energy)
     return m
 
 
@@ -328,5 +330,5 @@ class JobCombiner:
     def summary(self) -> dict[str, float]:
         m = summary_metrics(self.reports)
         if self._util_n:
-            m["gpuopt/summary/gpu_utilization_percent"] = self._util_sum / self._util_n
+            m[contract.SUMMARY_GPU_UTILIZATION] = self._util_sum / self._util_n
         return m

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.aggregate import SteadyState
 
 
@@ -24,22 +25,22 @@ class TrackSummary:
     gpu_utilization_mean_percent: float | None
 
     def metrics(self) -> dict[str, float]:
-        """``gpuopt/summary/*`` metrics; figures that are unknown are left out."""
+        """The summary metrics (``contract.SUMMARY_*``); figures that are unknown are left out."""
         s = self.steady
         values = {
-            "gpuopt/summary/throughput_samples_per_s": s.throughput_samples_per_s,
-            "gpuopt/summary/throughput_tokens_per_s": s.throughput_tokens_per_s,
-            "gpuopt/summary/throughput_steps_per_s": s.throughput_steps_per_s,
-            "gpuopt/summary/step_time_p50_s": s.step_time_p50_s,
-            "gpuopt/summary/step_time_p90_s": s.step_time_p90_s,
-            "gpuopt/summary/step_time_mean_s": s.step_time_mean_s,
-            "gpuopt/summary/steps": float(self.total_steps),
-            "gpuopt/summary/steady_steps": float(s.steps),
-            "gpuopt/summary/warmup_steps": float(s.warmup_steps),
-            "gpuopt/summary/peak_memory_bytes": self.peak_memory_bytes,
-            "gpuopt/summary/mfu": self.mfu,
-            "gpuopt/summary/energy_joules": self.energy_joules,
-            "gpuopt/summary/gpu_utilization_percent": self.gpu_utilization_mean_percent,
+            contract.SUMMARY_THROUGHPUT_SAMPLES: s.throughput_samples_per_s,
+            contract.SUMMARY_THROUGHPUT_TOKENS: s.throughput_tokens_per_s,
+            contract.SUMMARY_THROUGHPUT_STEPS: s.throughput_steps_per_s,
+            contract.SUMMARY_STEP_TIME_P50_S: s.step_time_p50_s,
+            contract.SUMMARY_STEP_TIME_P90_S: s.step_time_p90_s,
+            contract.SUMMARY_STEP_TIME_MEAN_S: s.step_time_mean_s,
+            contract.SUMMARY_STEPS: float(self.total_steps),
+            contract.SUMMARY_STEADY_STEPS: float(s.steps),
+            contract.SUMMARY_WARMUP_STEPS: float(s.warmup_steps),
+            contract.SUMMARY_PEAK_MEMORY_BYTES: self.peak_memory_bytes,
+            contract.SUMMARY_MFU: self.mfu,
+            contract.SUMMARY_ENERGY_JOULES: self.energy_joules,
+            contract.SUMMARY_GPU_UTILIZATION: self.gpu_utilization_mean_percent,
         }
         return {k: float(v) for k, v in values.items() if v is not None}
 

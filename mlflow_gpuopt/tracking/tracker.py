@@ -16,6 +16,7 @@ import logging
 import threading
 from typing import Any, Iterator
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.distributed import DistributedContext
@@ -24,7 +25,7 @@ from mlflow_gpuopt.tracking.summary import TrackSummary
 
 logger = logging.getLogger(__name__)
 
-PROFILE_ARTIFACT = "gpuopt/profile.json"
+PROFILE_ARTIFACT = contract.PROFILE_ARTIFACT
 
 
 class Tracker:
@@ -143,12 +144,13 @@ class Tracker:
                                     cfg.interval_s)
         if self._dist.is_logging_rank:  # other ranks never touch MLflow
             self._open_run()
-        params: dict[str, Any] = {"gpuopt.device": self._device, "gpuopt.gpu_backend": gpus.backend}
+        params: dict[str, Any] = {contract.PARAM_DEVICE: self._device,
+                                  contract.PARAM_GPU_BACKEND: gpus.backend}
         if self._job is None:  # a job's layout is logged once the ranks have reported
-            params.update({"gpuopt.device_count": self._device_count,
-                           "gpuopt.nodes": self._dist.nodes,
-                           "gpuopt.world_size": self._dist.world_size,
-                           "gpuopt.strategy": self._dist.strategy})
+            params.update({contract.PARAM_DEVICE_COUNT: self._device_count,
+                           contract.PARAM_NODES: self._dist.nodes,
+                           contract.PARAM_WORLD_SIZE: self._dist.world_size,
+                           contract.PARAM_STRATEGY: self._dist.strategy})
         self._log_params(params)
         profiler = (WorkloadProfiler(self.model, self.optimizer, cfg.name)
                     if cfg.profile and self.model is not None and self._dist.is_logging_rank
@@ -245,8 +247,9 @@ class Tracker:
         except Exception as exc:
             self._warn("layout", "could not read the job layout: %s", exc)
             d = self._dist
-            self._job_params = {"gpuopt.strategy": self._job.strategy,
-                                "gpuopt.world_size": d.world_size, "gpuopt.nodes": d.nodes}
+            self._job_params = {contract.PARAM_STRATEGY: self._job.strategy,
+                                contract.PARAM_WORLD_SIZE: d.world_size,
+                                contract.PARAM_NODES: d.nodes}
         self._log_params(self._job_params)
 
     def _select_gpus(self) -> tuple[Any, list[int]]:
@@ -285,7 +288,7 @@ class Tracker:
             self._binding = bind_run(self.config.run_id, self.config.run_name)
             self.run_id = self._binding.run_id
             self._writer = RunWriter(self.run_id)
-            self._writer.set_tags({"gpuopt.tracked": "true"})
+            self._writer.set_tags({contract.TAG_TRACKED: "true"})
         except Exception as exc:
             self._warn("run", "no MLflow run; measuring without logging: %s", exc)
 
@@ -322,11 +325,11 @@ class Tracker:
                 if job.gatherer is not None:
                     window = None
             if window is not None:
-                metrics["gpuopt/step_time_s"] = window.duration_s / window.steps
+                metrics[contract.METRIC_STEP_TIME_S] = window.duration_s / window.steps
                 if window.duration_s > 0 and window.samples > 0 and self._agg.samples_known:
-                    metrics["gpuopt/throughput_samples_per_s"] = window.samples / window.duration_s
+                    metrics[contract.METRIC_THROUGHPUT_SAMPLES] = window.samples / window.duration_s
                 if window.duration_s > 0 and window.tokens > 0:
-                    metrics["gpuopt/throughput_tokens_per_s"] = window.tokens / window.duration_s
+                    metrics[contract.METRIC_THROUGHPUT_TOKENS] = window.tokens / window.duration_s
             metrics.update(hw)
             self._maybe_log_profile_params()
             if self._writer is not None and metrics and not self._stopped_logging:
@@ -368,23 +371,23 @@ class Tracker:
     def _log_profile_params(self, p: WorkloadProfile | None) -> None:
         c = self.config
         params: dict[str, Any] = {
-            "gpuopt.precision": (p.precision if p else None) or c.precision
+            contract.PARAM_PRECISION: (p.precision if p else None) or c.precision
             or self._fallback_precision(),
-            "gpuopt.micro_batch": (p.micro_batch if p else None) or c.micro_batch
+            contract.PARAM_MICRO_BATCH: (p.micro_batch if p else None) or c.micro_batch
             or c.samples_per_step or (self._clock.last_step_samples if self._clock else None),
-            "gpuopt.grad_accum": (p.grad_accum if p else None) or c.grad_accum or 1,
+            contract.PARAM_GRAD_ACCUM: (p.grad_accum if p else None) or c.grad_accum or 1,
         }
         if p is not None:
-            params["gpuopt.params"] = p.params
-            params["gpuopt.trainable_params"] = p.trainable_params
+            params[contract.PARAM_PARAMS] = p.params
+            params[contract.PARAM_TRAINABLE_PARAMS] = p.trainable_params
             if p.flops_per_sample is not None:
-                params["gpuopt.flops_per_sample"] = f"{p.flops_per_sample:.6g}"
+                params[contract.PARAM_FLOPS_PER_SAMPLE] = f"{p.flops_per_sample:.6g}"
             if p.optimizer:
-                params["gpuopt.optimizer"] = p.optimizer
+                params[contract.PARAM_OPTIMIZER] = p.optimizer
             if p.tokens_per_sample:
-                params["gpuopt.tokens_per_sample"] = p.tokens_per_sample
+                params[contract.PARAM_TOKENS_PER_SAMPLE] = p.tokens_per_sample
             if p.kernels_per_micro_step:
-                params["gpuopt.kernels_per_micro_step"] = f"{p.kernels_per_micro_step:.10g}"
+                params[contract.PARAM_KERNELS_PER_MICRO_STEP] = f"{p.kernels_per_micro_step:.10g}"
         self._log_params({k: v for k, v in params.items() if v not in (None, "", 0)})
 
     def _fallback_precision(self) -> str:
@@ -458,7 +461,7 @@ class Tracker:
         hw.update({"device": self._device, "device_count": self._device_count,
                    "world_size": self._dist.world_size, "nodes": self._dist.nodes})
         if self._job_params:  # a distributed job: its layout as the ranks reported it
-            hw.update({k.split(".", 1)[1]: v for k, v in self._job_params.items()})
+            hw.update({contract.param_field(k): v for k, v in self._job_params.items()})
         return hw
 
     def _peak_memory(self) -> float | None:
@@ -508,7 +511,7 @@ class Tracker:
         layout = job.combiner.layout()
 
         def g(name: str, default: Any) -> Any:
-            return m.get("gpuopt/summary/" + name, default)
+            return m.get(contract.summary_metric(name), default)
 
         steady = replace(
             steady,

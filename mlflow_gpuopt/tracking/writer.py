@@ -14,13 +14,13 @@ bounded queue. Two daemon threads do the rest:
   exactly once (acks in the journal; a batch whose request may have landed is checked against
   the run before it is sent again). When it has caught up, the journal is deleted.
 
-Interface (stable; other modules code against it):
+Interface (stable; other modules code against it; names from :mod:`mlflow_gpuopt.contract`):
 
     writer = RunWriter(run_id)                      # tracking URI: MLflow's current one
-    writer.log_params({"gpuopt.device": "cpu"})     # never blocks, never raises
-    writer.log_metrics({"gpuopt/step_time_s": 0.01}, step=12, timestamp_ms=...)
+    writer.log_params({PARAM_DEVICE: "cpu"})        # never blocks, never raises
+    writer.log_metrics({METRIC_STEP_TIME_S: 0.01}, step=12, timestamp_ms=...)
     writer.set_tags({...})
-    writer.log_dict({...}, "gpuopt/profile.json")   # a JSON artifact
+    writer.log_dict({...}, PROFILE_ARTIFACT)        # a JSON artifact
     writer.flush(timeout_s=5.0)                     # optional: wait until delivered
     report = writer.close(timeout_s=10.0)           # drain, then stop the threads
 
