@@ -151,7 +151,7 @@ def test_fingerprint_tags():
 @pytest.mark.parametrize("visible, expected", [("1", "nvlink"), ("0", "pcie"),
                                                ("GPU-fake-0001", "nvlink")])
 def test_interconnect_reads_nvlink_of_the_visible_gpu(monkeypatch, visible, expected):
-    from mlflow_gpuopt.tracking.job import interconnect
+    from mlflow_gpuopt.tracking.distributed.job import interconnect
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     with fake_nvml([FakeGPU(), FakeGPU(nvlink_active=True)]) as nvml:

@@ -10,11 +10,11 @@ from collections import deque
 
 import pytest
 
-from mlflow_gpuopt.tracking import comm as comm_mod
+from mlflow_gpuopt.tracking.distributed import comm_meter as comm_mod
 from mlflow_gpuopt.tracking.aggregate import StepAggregator
-from mlflow_gpuopt.tracking.comm import CommMeter
-from mlflow_gpuopt.tracking.distributed import DistributedContext
-from mlflow_gpuopt.tracking.rank_rows import (
+from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter
+from mlflow_gpuopt.tracking.distributed.context import DistributedContext
+from mlflow_gpuopt.tracking.distributed.rank_rows import (
     MAX_GPUS_PER_RANK,
     WIDTH,
     GpuReading,
@@ -163,7 +163,7 @@ def test_combiner_carries_intervals_until_every_rank_has_stepped():
 def test_a_rank_that_stops_stepping_does_not_hide_the_others():
     """After STALLED_ROUNDS rounds without a step from rank 1, rank 0's figures are logged
     over the rounds it waited, without a job sum that would leave rank 1 out silently."""
-    from mlflow_gpuopt.tracking.rank_rows import STALLED_ROUNDS
+    from mlflow_gpuopt.tracking.distributed.rank_rows import STALLED_ROUNDS
 
     c = JobCombiner()
     out = []

@@ -234,7 +234,7 @@ def test_tracking_server_refuses_writes(monkeypatch, tmp_path, caplog):
 
 
 def test_writer_cannot_start(tracking_uri, caplog, monkeypatch):
-    import mlflow_gpuopt.tracking.writer as writer
+    import mlflow_gpuopt.mlflow_io.writer as writer
 
     def broken(*args, **kwargs):
         raise PermissionError("journal dir not writable")

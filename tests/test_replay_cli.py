@@ -12,7 +12,7 @@ from _mlflow_server import MlflowServer, TinyTraining
 from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt
-from mlflow_gpuopt.tracking.journal import JournalWriter
+from mlflow_gpuopt.mlflow_io.journal import JournalWriter
 
 
 def _run(uri: str) -> str:
@@ -119,7 +119,7 @@ def test_close_while_server_down_then_replay(tmp_path, caplog):
 
     from mlflow.tracking import MlflowClient
 
-    from mlflow_gpuopt.tracking.writer import RunWriter
+    from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
     server = MlflowServer(tmp_path / "server")
     try:

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from _mlflow_server import MlflowServer
 
-from mlflow_gpuopt.tracking.redact import redact, redact_mapping, redact_obj, redact_uri
+from mlflow_gpuopt.redact import redact, redact_mapping, redact_obj, redact_uri
 
 # Obviously fake values, long enough to be unique in any file.
 FAKE = {
@@ -52,7 +52,7 @@ _TRAINING = textwrap.dedent("""
     import logging, sys, time
     import mlflow, torch
     import mlflow_gpuopt as gpuopt
-    from mlflow_gpuopt.tracking.writer import RunWriter
+    from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
     uri = sys.argv[1]

@@ -45,7 +45,7 @@ def _train(training: TinyTraining, writer, steps: range, expected: dict, net: Ne
 def test_server_killed_mid_run_every_step_delivered_once(server, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from mlflow_gpuopt.tracking.writer import RunWriter
+    from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
     journal_dir = tmp_path / "journal"
     run_id = _new_run(server.uri)

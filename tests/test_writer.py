@@ -9,8 +9,8 @@ import pytest
 from _mlflow_server import free_port
 from _net_watch import NetWatch
 
-from mlflow_gpuopt.tracking.journal import iter_pending, read_state
-from mlflow_gpuopt.tracking.writer import RunWriter
+from mlflow_gpuopt.mlflow_io.journal import iter_pending, read_state
+from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
 
 def _run(uri: str) -> str:

@@ -10,8 +10,24 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from mlflow_gpuopt.tracking.distributed import StepWindow
 from mlflow_gpuopt.tracking.quantiles import LogHistogram
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """Steps completed between two sampler ticks, as seen by this process."""
+
+    first_step: int
+    last_step: int
+    steps: int
+    duration_s: float  # sum of the step times in the window
+    samples: int  # samples processed in the window (0 = unknown)
+    tokens: int
+    step_time_max_s: float = 0.0  # the window's slowest step
+    collectives: int = 0  # communication of the window's steps (distributed jobs)
+    comm_time_s: float = 0.0  # sum of collective launch -> completion times
+    comm_bytes: int = 0  # payload bytes this rank sent into collectives
+    exposed_comm_s: float = 0.0  # communication the steps waited on (not hidden by compute)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """The step clock: the only tracking code on the training thread's hot path.
 
 Each training step appends one tuple ``(perf_counter_s, samples, tokens, forwards, cuda_event,
-comm)`` to a bounded deque (``comm``: the :class:`~.comm.CommMeter`'s cumulative totals in a
-distributed job, else ``None``); everything else (step times, quantiles, throughput) is
-computed by the sampler thread from that deque. A step is an optimizer step (global
-post-hook) or a manual ``mark()`` — once ``mark()`` is called, it is the only step clock. Any
-exception in a hook switches the clock off (one warning) and training goes on with a hook that
-returns at once.
+comm)`` to a bounded deque (``comm``: the :class:`~.distributed.comm_meter.CommMeter`'s
+cumulative totals in a distributed job, else ``None``); everything else (step times, quantiles,
+throughput) is computed by the sampler thread from that deque. A step is an optimizer step
+(global post-hook) or a manual ``mark()`` — once ``mark()`` is called, it is the only step
+clock. Any exception in a hook switches the clock off (one warning) and training goes on with a
+hook that returns at once.
 """
 
 from __future__ import annotations

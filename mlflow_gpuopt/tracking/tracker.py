@@ -3,7 +3,7 @@
 The façade only wires parts together: a :class:`StepClock` on the training thread (hooks),
 a :class:`Sampler` thread that turns step records and device readings into metrics, a
 :class:`WorkloadProfiler` run once on a real step, and :class:`RunWriter` for MLflow.
-Under torchrun (``WORLD_SIZE`` > 1) a :class:`~.job.JobTracking` times the model's
+Under torchrun (``WORLD_SIZE`` > 1) a :class:`~.distributed.job.JobTracking` times the model's
 collectives and its gatherer thread brings every rank's figures to rank 0 — the only rank
 that opens a run or touches MLflow — which logs the job as one run.
 Nothing in here may break training: every failure becomes one warning.
@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
-from mlflow_gpuopt.tracking.distributed import DistributedContext
+from mlflow_gpuopt.tracking.distributed.context import DistributedContext
 from mlflow_gpuopt.tracking.profiler import WorkloadProfile, WorkloadProfiler, detect_precision
 from mlflow_gpuopt.tracking.summary import TrackSummary
 
@@ -127,7 +127,7 @@ class Tracker:
 
         from mlflow_gpuopt.devices import get_host
         from mlflow_gpuopt.tracking.aggregate import StepAggregator
-        from mlflow_gpuopt.tracking.hardware import HardwareReader
+        from mlflow_gpuopt.tracking.hw_reader import HardwareReader
         from mlflow_gpuopt.tracking.sampler import Sampler
         from mlflow_gpuopt.tracking.steps import StepClock
 
@@ -138,7 +138,7 @@ class Tracker:
         self._device = gpus.name(0) if len(gpus) else "cpu"
         self._hw = HardwareReader(gpus, get_host(), cuda_indices, warn=self._warn)
         if self._dist.is_distributed:
-            from mlflow_gpuopt.tracking.job import JobTracking
+            from mlflow_gpuopt.tracking.distributed.job import JobTracking
 
             self._job = JobTracking(self._dist, self.model, cfg.strategy, self._gpu_ids,
                                     cfg.interval_s)
@@ -214,7 +214,7 @@ class Tracker:
 
     def _collect_row(self, final: bool) -> list[float]:
         """This rank's report for one gathering round (gatherer thread; never raises)."""
-        from mlflow_gpuopt.tracking.rank_rows import RankReport, encode
+        from mlflow_gpuopt.tracking.distributed.rank_rows import RankReport, encode
 
         try:
             self._tick(final=final)
@@ -281,8 +281,8 @@ class Tracker:
         return gpus.select(self._gpu_ids), model_cuda
 
     def _open_run(self) -> None:
-        from mlflow_gpuopt.tracking.runs import bind_run
-        from mlflow_gpuopt.tracking.writer import RunWriter
+        from mlflow_gpuopt.mlflow_io.run_binding import bind_run
+        from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
         try:
             self._binding = bind_run(self.config.run_id, self.config.run_name)
@@ -476,7 +476,7 @@ class Tracker:
 
     def _summarize(self) -> TrackSummary:
         """This process's summary; on rank 0 of a job whose ranks reported, the job's."""
-        from mlflow_gpuopt.tracking.peaks import peak_flops_per_s
+        from mlflow_gpuopt.catalog import peak_flops_per_s
 
         steady = self._agg.steady_state()
         hw = self._hw
@@ -533,7 +533,7 @@ class Tracker:
             except Exception as exc:
                 self._warn("flush", "could not flush to MLflow: %s", exc)
         if self._binding is not None:
-            from mlflow_gpuopt.tracking.runs import end_run
+            from mlflow_gpuopt.mlflow_io.run_binding import end_run
 
             try:
                 end_run(self._binding, failed)

@@ -10,12 +10,12 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 import requests
 
 from mlflow_gpuopt.catalog.errors import RefreshError
+from mlflow_gpuopt.redact import mask_values, public_url
 
 logger = logging.getLogger(__name__)
 
@@ -23,20 +23,6 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: Downloads larger than this (bytes) are refused: no EC2 region offer file comes close.
 MAX_DOWNLOAD_BYTES = 4 * 1024**3
 _PROGRESS_MIN_BYTES = 1024**2
-
-
-def public_url(url: str) -> str:
-    """``url`` without its query string (which may carry a key) for messages."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}"
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``***``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 class HttpClient:
@@ -71,7 +57,7 @@ class HttpClient:
         self.session = session or requests.Session()
 
     def _fail(self, message: str) -> RefreshError:
-        return RefreshError(redact(message, self.secrets))
+        return RefreshError(mask_values(message, self.secrets))
 
     def get_bytes(
         self,
@@ -136,7 +122,7 @@ class HttpClient:
         show = self.progress and expected is not None and expected >= _PROGRESS_MIN_BYTES
         # The label is the caller's short description, never the URL (whose query string may
         # carry a key); redacted all the same in case a caller put a secret into it.
-        label = redact(what, self.secrets)
+        label = mask_values(what, self.secrets)
         bar = click.progressbar(length=expected, label=label, file=sys.stderr) if show else None
         try:
             for chunk in resp.iter_content(chunk_size=1 << 16):

@@ -44,9 +44,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mlflow_gpuopt.tracking import delivery
-from mlflow_gpuopt.tracking.journal import JournalWriter, iter_lines, new_journal_path
-from mlflow_gpuopt.tracking.redact import (
+from mlflow_gpuopt.mlflow_io import delivery
+from mlflow_gpuopt.mlflow_io.journal import JournalWriter, iter_lines, new_journal_path
+from mlflow_gpuopt.redact import (
     redact,
     redact_mapping,
     redact_obj,

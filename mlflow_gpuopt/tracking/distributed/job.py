@@ -1,10 +1,11 @@
 """The distributed half of tracking: what every rank of a torchrun job runs beside training.
 
-:class:`JobTracking` owns the communication meter attached to the model (:mod:`.comm`), the
-:class:`~.rank_gather.RankGatherer` that brings every rank's :class:`~.rank_rows.RankReport`
-to rank 0 once per interval, and — on rank 0 only — the :class:`~.rank_rows.JobCombiner`
-whose metrics the tracker logs. Nothing here runs on the training thread except the one-off
-gatherer creation (a collective, at ``track()`` start or at the first step).
+:class:`JobTracking` owns the communication meter attached to the model (:mod:`.comm_meter`),
+the :class:`~.rank_gather.RankGatherer` that brings every rank's
+:class:`~.rank_rows.RankReport` to rank 0 once per interval, and — on rank 0 only — the
+:class:`~.rank_rows.JobCombiner` whose metrics the tracker logs. Nothing here runs on the
+training thread except the one-off gatherer creation (a collective, at ``track()`` start or at
+the first step).
 """
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ import time
 from typing import Any, Callable
 
 from mlflow_gpuopt import contract
-from mlflow_gpuopt.tracking.distributed import DistributedContext, StepWindow
-from mlflow_gpuopt.tracking.rank_rows import WIDTH, GpuReading, JobCombiner, RankReport, encode
+from mlflow_gpuopt.tracking.aggregate import StepWindow
+from mlflow_gpuopt.tracking.distributed.context import DistributedContext
+from mlflow_gpuopt.tracking.distributed.rank_rows import (
+    WIDTH,
+    GpuReading,
+    JobCombiner,
+    RankReport,
+    encode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +46,7 @@ class JobTracking:
 
     def __init__(self, ctx: DistributedContext, model: Any, strategy: str | None,
                  gpu_ids: list[int], interval_s: float) -> None:
-        from mlflow_gpuopt.tracking.comm import CommMeter, instrument
+        from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter, instrument
 
         self.ctx = ctx
         self.meter = CommMeter()
@@ -65,7 +73,7 @@ class JobTracking:
         self.pending = False
         if not (dist.is_available() and dist.is_initialized()):
             return False
-        from mlflow_gpuopt.tracking.rank_gather import RankGatherer
+        from mlflow_gpuopt.tracking.distributed.rank_gather import RankGatherer
 
         self.gatherer = RankGatherer(WIDTH, collect, on_round if self.combiner else None,
                                      interval_s=self.interval_s,

@@ -1,6 +1,6 @@
 """Sending tracking records to MLflow: batching, one short request at a time, exactly once.
 
-Shared by :class:`~mlflow_gpuopt.tracking.writer.RunWriter` (its sender thread) and
+Shared by :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` (its sender thread) and
 ``mlflow gpuopt replay``. Records are the journal's dicts (see :mod:`.journal`).
 
 Why not ``MlflowClient``: for an ``http(s)://`` tracking server MLflow retries every request
@@ -29,7 +29,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol
 
-from mlflow_gpuopt.tracking.redact import redact
+from mlflow_gpuopt.redact import redact
 
 logger = logging.getLogger(__name__)
 

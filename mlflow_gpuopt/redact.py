@@ -1,11 +1,12 @@
-"""Keep provider API keys and MLflow credentials out of everything tracking writes.
+"""Keep provider API keys and MLflow credentials out of everything the package writes or says.
 
 Secrets reach this package in two ways: as environment variables (cloud provider keys such as
 ``LAMBDA_API_KEY``, ``GPUOPT_GCP_API_KEY``, ``AWS_SECRET_ACCESS_KEY``, ``AZURE_*``; MLflow's
 ``MLFLOW_TRACKING_TOKEN`` / ``MLFLOW_TRACKING_PASSWORD``) and inside a tracking URI
 (``https://user:password@host``). Anything tracking turns into text that leaves the process —
 params, tags, JSON artifacts, the journal, warning messages (an exception message may quote
-the URI) — goes through :func:`redact` or :func:`redact_obj` first.
+the URI) — goes through :func:`redact` or :func:`redact_obj` first; the price refreshers mask
+the keys they were given with :func:`mask_values` and show URLs through :func:`public_url`.
 
 Pure string functions; they read ``os.environ`` only when no environment is passed.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 #: What replaces a secret.
@@ -98,6 +99,20 @@ def redact(text: str, extra_secrets: tuple[str, ...] | list[str] = (),
         if secret in out:
             out = out.replace(secret, MASK)
     return out
+
+
+def mask_values(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` (values the caller holds, of any length) replaced by
+    ``***``, longest first."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+def public_url(url: str) -> str:
+    """``url`` without user-info or query string (either may carry a key), for messages."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 def uri_secrets(uri: str | None) -> list[str]:

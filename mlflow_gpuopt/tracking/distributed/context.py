@@ -1,10 +1,10 @@
-"""Which process of a (possibly distributed) job this is, and the per-step window record.
+"""Which process of a (possibly distributed) job this is.
 
 ``DistributedContext.from_env()`` reads torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node's rank) and ``GROUP_WORLD_SIZE`` (nodes), and
 prefers ``torch.distributed``'s rank and world size when a process group is initialised.
-A single process's window is logged as it is; the ranks of a distributed job are combined
-on rank 0 from gathered reports (:mod:`.rank_rows`).
+The ranks of a distributed job are combined on rank 0 from gathered reports
+(:mod:`.rank_rows`).
 """
 
 from __future__ import annotations
@@ -79,21 +79,3 @@ def _torch_rank(rank: int, world: int) -> tuple[int, int]:
     except Exception:  # noqa: BLE001 - fall back to the launcher's environment
         pass
     return rank, world
-
-
-@dataclass(frozen=True)
-class StepWindow:
-    """Steps completed between two sampler ticks, as seen by this process."""
-
-    first_step: int
-    last_step: int
-    steps: int
-    duration_s: float  # sum of the step times in the window
-    samples: int  # samples processed in the window (0 = unknown)
-    tokens: int
-    step_time_max_s: float = 0.0  # the window's slowest step
-    collectives: int = 0  # communication of the window's steps (distributed jobs)
-    comm_time_s: float = 0.0  # sum of collective launch -> completion times
-    comm_bytes: int = 0  # payload bytes this rank sent into collectives
-    exposed_comm_s: float = 0.0  # communication the steps waited on (not hidden by compute)
-

@@ -41,7 +41,7 @@ def end_run(binding: RunBinding, failed: bool) -> None:
         return
     import mlflow
 
-    from mlflow_gpuopt.tracking.redact import no_url_echo
+    from mlflow_gpuopt.redact import no_url_echo
 
     active = mlflow.active_run()
     with no_url_echo(mlflow.get_tracking_uri()):  # MLflow would print the URI's password
