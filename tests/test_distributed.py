@@ -12,6 +12,7 @@ import pytest
 
 from mlflow_gpuopt.tracking.distributed import comm_meter as comm_mod
 from mlflow_gpuopt.tracking.aggregate import StepAggregator
+from mlflow_gpuopt.tracking.steps import CommTotals, StepRecord
 from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
 from mlflow_gpuopt.tracking.distributed.rank_rows import (
@@ -220,17 +221,20 @@ def test_comm_meter_exposed_tail_per_step(monkeypatch):
 def test_aggregator_turns_cumulative_comm_into_window_and_steady_sums():
     agg = StepAggregator(start_time_s=0.0, warmup_steps=1)
     records = deque([
-        (0.1, 32, 0, 1, None, (1, 0.05, 1000, 0.02)),
-        (0.2, 32, 0, 1, None, (2, 0.08, 2000, 0.03)),
-        (0.3, 32, 0, 1, None, (3, 0.10, 3000, 0.05)),
+        StepRecord(0.1, 32, 0, 1, None, CommTotals(1, 0.05, 1000, 0.02)),
+        StepRecord(0.2, 32, 0, 1, None, CommTotals(2, 0.08, 2000, 0.03)),
+        StepRecord(0.3, 32, 0, 1, None, CommTotals(3, 0.10, 3000, 0.05)),
     ])
     w = agg.consume(records)
     assert (w.steps, w.collectives, w.comm_bytes) == (3, 3, 3000)
     assert w.comm_time_s == pytest.approx(0.10) and w.exposed_comm_s == pytest.approx(0.05)
     assert w.step_time_max_s == pytest.approx(0.1)
-    assert agg.steady_comm[0] == 2 and agg.steady_comm[2] == 2000  # warm-up step left out
-    assert agg.steady_comm[1] == pytest.approx(0.05)
-    # single-process records (5-tuples, no comm) still work
+    steady = agg.comm_summary()  # past warm-up: the steady steps only
+    assert steady.steps == 2
+    assert steady.totals.collectives == 2 and steady.totals.bytes == 2000  # warm-up left out
+    assert steady.totals.time_s == pytest.approx(0.05)
+    assert steady.step_time_s == pytest.approx(0.2)
+    # single-process records (no comm) give a window without communication
     agg2 = StepAggregator(0.0, 0)
-    w2 = agg2.consume(deque([(0.1, 8, 0, 1, None)]))
+    w2 = agg2.consume(deque([StepRecord(0.1, 8, 0, 1, None, None)]))
     assert w2.steps == 1 and w2.comm_time_s == 0.0

@@ -1,4 +1,4 @@
-"""The end-of-run summary: one frozen record, its MLflow metrics and its one-line printout."""
+"""The end-of-run summary: one frozen record (with its MFU), its MLflow metrics and printout."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.aggregate import SteadyState
+from mlflow_gpuopt.tracking.profiler import WorkloadProfile
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,34 @@ class TrackSummary:
         if self.mfu is not None:
             parts.append(f"MFU {self.mfu * 100:.1f}%")
         return " | ".join(parts)
+
+
+def model_flops_utilization(flops_per_sample: float | None,
+                            throughput_samples_per_s: float | None, device: str, precision: str,
+                            device_count: int) -> float | None:
+    """Model FLOPs utilisation, 0..1: achieved model FLOP/s over the dense peak of
+    ``device_count`` ``device`` GPUs at ``precision`` (``pricing/gpus.csv``); ``None`` when a
+    figure is missing or the GPU's peak is unknown (CPU runs)."""
+    if not (flops_per_sample and throughput_samples_per_s and device_count):
+        return None
+    from mlflow_gpuopt.catalog import peak_flops_per_s
+
+    peak = peak_flops_per_s(device, precision)
+    if not peak:
+        return None
+    return flops_per_sample * throughput_samples_per_s / (peak * device_count)
+
+
+def build_summary(run_id: str | None, device: str, device_count: int, total_steps: int,
+                  steady: SteadyState, peak_memory_bytes: float | None,
+                  energy_joules: float | None, gpu_utilization_mean_percent: float | None,
+                  profile: WorkloadProfile | None) -> TrackSummary:
+    """The summary of a process or a job, its MFU computed from the profile's FLOPs."""
+    p = profile
+    mfu = (model_flops_utilization(p.flops_per_sample, steady.throughput_samples_per_s,
+                                   device, p.precision, device_count) if p else None)
+    return TrackSummary(
+        run_id=run_id, device=device, device_count=device_count, total_steps=total_steps,
+        steady=steady, peak_memory_bytes=peak_memory_bytes, mfu=mfu,
+        flops_per_sample=p.flops_per_sample if p else None, params=p.params if p else None,
+        energy_joules=energy_joules, gpu_utilization_mean_percent=gpu_utilization_mean_percent)

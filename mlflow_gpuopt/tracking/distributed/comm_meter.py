@@ -58,7 +58,8 @@ class CommMeter:
                 self._last_end = now
 
     def end_step(self) -> tuple[int, float, int, float]:
-        """Close a step: ``(collectives, comm_time_s, comm_bytes, exposed_s)``, cumulative."""
+        """Close a step: the cumulative totals, in :class:`~..steps.CommTotals`' field order (a
+        plain tuple on the step hook; the aggregator reads it as ``CommTotals``)."""
         with self._lock:
             if self._last_launch and self._last_end > self._last_launch:
                 self._exposed_s += self._last_end - self._last_launch

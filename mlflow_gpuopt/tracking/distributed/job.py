@@ -14,12 +14,16 @@ import ipaddress
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from mlflow_gpuopt import contract
-from mlflow_gpuopt.tracking.aggregate import StepWindow
+from mlflow_gpuopt.tracking.aggregate import StepAggregator, StepWindow
+from mlflow_gpuopt.tracking.hw_reader import HardwareReading
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
+from mlflow_gpuopt.tracking.distributed.rank_gather import RankGatherer
 from mlflow_gpuopt.tracking.distributed.rank_rows import (
+    NAN,
     WIDTH,
     GpuReading,
     JobCombiner,
@@ -29,8 +33,36 @@ from mlflow_gpuopt.tracking.distributed.rank_rows import (
 
 logger = logging.getLogger(__name__)
 
-_GPU_METRICS = (contract.GPU_UTILIZATION_PERCENT, contract.GPU_MEMORY_USED_BYTES,
-                contract.GPU_POWER_WATTS)
+
+
+def _opt(v: float | None) -> float:
+    return float(v) if v is not None else NAN
+
+
+@dataclass
+class _Interval:
+    """This rank's steps since its last report (several ticks may fall in one round)."""
+
+    steps: int = 0
+    samples: int = 0
+    tokens: int = 0
+    collectives: int = 0
+    comm_bytes: int = 0
+    step_time_sum_s: float = 0.0
+    comm_time_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    step_time_max_s: float = 0.0
+
+    def add(self, w: StepWindow) -> None:
+        self.steps += w.steps
+        self.samples += w.samples
+        self.tokens += w.tokens
+        self.collectives += w.collectives
+        self.comm_bytes += w.comm_bytes
+        self.step_time_sum_s += w.duration_s
+        self.comm_time_s += w.comm_time_s
+        self.exposed_comm_s += w.exposed_comm_s
+        self.step_time_max_s = max(self.step_time_max_s, w.step_time_max_s)
 
 
 class JobTracking:
@@ -55,11 +87,11 @@ class JobTracking:
         self.gpu_ids = list(gpu_ids)
         self.interval_s = interval_s
         self.combiner = JobCombiner() if ctx.is_logging_rank else None
-        self.gatherer: Any = None
+        self.gatherer: RankGatherer | None = None
         self.pending = True  # the gatherer is still to be created
         # interval accumulation on this rank (several ticks may fall in one round)
-        self._window: dict[str, float] = {}
-        self._hw: dict[str, float] = {}
+        self._window = _Interval()
+        self._hw = HardwareReading()
         self._cpu_t = (time.perf_counter(), time.process_time())
         self._cpu_pct = float("nan")  # this process's CPU %, all threads, last interval
 
@@ -73,8 +105,6 @@ class JobTracking:
         self.pending = False
         if not (dist.is_available() and dist.is_initialized()):
             return False
-        from mlflow_gpuopt.tracking.distributed.rank_gather import RankGatherer
-
         self.gatherer = RankGatherer(WIDTH, collect, on_round if self.combiner else None,
                                      interval_s=self.interval_s,
                                      timeout_s=max(120.0, 10 * self.interval_s))
@@ -93,53 +123,39 @@ class JobTracking:
         return self.combiner is not None and self.combiner.rounds > 0
 
     # -- this rank's report --------------------------------------------------------------------
-    def add(self, window: StepWindow | None, hw: dict[str, float]) -> None:
+    def add(self, window: StepWindow | None, reading: HardwareReading | None) -> None:
         """One tick's step window and hardware reading, added to the current interval."""
         if window is not None:
-            w = self._window
-            for name in ("steps", "samples", "tokens", "collectives", "comm_bytes"):
-                w[name] = w.get(name, 0) + getattr(window, name)
-            w["step_time_sum_s"] = w.get("step_time_sum_s", 0.0) + window.duration_s
-            w["comm_time_s"] = w.get("comm_time_s", 0.0) + window.comm_time_s
-            w["exposed_comm_s"] = w.get("exposed_comm_s", 0.0) + window.exposed_comm_s
-            w["step_time_max_s"] = max(w.get("step_time_max_s", 0.0), window.step_time_max_s)
-        if hw:
-            self._hw = hw
+            self._window.add(window)
+        if reading is not None:
+            self._hw = reading
 
-    def report(self, agg: Any, hw_reader: Any, peak_memory_bytes: float | None) -> RankReport:
+    def report(self, agg: StepAggregator, energy_joules: float | None,
+               peak_memory_bytes: float | None) -> RankReport:
         """This rank's report for the round; resets the interval."""
         steady = agg.steady_state()
-        if agg.hist.count:  # communication over the steady steps
-            comm_steps, comm_time = agg.hist.count, agg.steady_time_s
-            comm = agg.steady_comm
-        else:  # too short for a steady state: all steps
-            comm_steps = agg.steps
-            comm_time = sum(agg.warmup_times)
-            comm = agg.total_comm
+        comm = agg.comm_summary()
         now = (time.perf_counter(), time.process_time())
         wall = now[0] - self._cpu_t[0]
         if wall >= 0.5 * self.interval_s:  # shorter (the last rounds): keep the last figure
             self._cpu_pct = 100.0 * (now[1] - self._cpu_t[1]) / wall
             self._cpu_t = now
         cpu = self._cpu_pct
-        w, self._window = self._window, {}
+        w, self._window = self._window, _Interval()
         hw = self._hw
-        nan = float("nan")
-
-        def _opt(v: Any) -> float:
-            return float(v) if v is not None else nan
-
+        host = hw.host
         gpus = []
         for j, gpu_id in enumerate(self.gpu_ids):
-            vals = [hw.get(contract.gpu_metric(j, name), nan) for name in _GPU_METRICS]
-            gpus.append(GpuReading(gpu_id, *vals))
+            s = hw.gpus.get(j)
+            gpus.append(GpuReading(gpu_id) if s is None else GpuReading(
+                gpu_id, _opt(s.utilization_percent), _opt(s.memory_used_bytes),
+                _opt(s.power_watts)))
         return RankReport(
             rank=self.ctx.rank, node_rank=self.ctx.node_rank, local_rank=self.ctx.local_rank,
-            steps_total=agg.steps, steps=int(w.get("steps", 0)), samples=int(w.get("samples", 0)),
-            tokens=int(w.get("tokens", 0)), step_time_sum_s=w.get("step_time_sum_s", 0.0),
-            step_time_max_s=w.get("step_time_max_s", 0.0),
-            collectives=int(w.get("collectives", 0)), comm_time_s=w.get("comm_time_s", 0.0),
-            comm_bytes=float(w.get("comm_bytes", 0)), exposed_comm_s=w.get("exposed_comm_s", 0.0),
+            steps_total=agg.steps, steps=w.steps, samples=w.samples, tokens=w.tokens,
+            step_time_sum_s=w.step_time_sum_s, step_time_max_s=w.step_time_max_s,
+            collectives=w.collectives, comm_time_s=w.comm_time_s, comm_bytes=float(w.comm_bytes),
+            exposed_comm_s=w.exposed_comm_s,
             steady_steps=steady.steps,
             steady_throughput_samples_per_s=_opt(steady.throughput_samples_per_s),
             steady_throughput_tokens_per_s=_opt(steady.throughput_tokens_per_s),
@@ -147,18 +163,21 @@ class JobTracking:
             steady_step_time_mean_s=_opt(steady.step_time_mean_s),
             steady_step_time_p50_s=_opt(steady.step_time_p50_s),
             steady_step_time_p90_s=_opt(steady.step_time_p90_s),
-            comm_steps=int(comm_steps), comm_step_time_s=float(comm_time),
-            comm_collectives=int(comm[0]), comm_time_total_s=float(comm[1]),
-            comm_bytes_total=float(comm[2]), comm_exposed_total_s=float(comm[3]),
-            process_cpu_percent=cpu, process_rss_bytes=hw.get(contract.METRIC_PROCESS_RSS, nan),
-            cpu_utilization_percent=hw.get(contract.METRIC_CPU_UTILIZATION, nan),
-            host_memory_used_bytes=hw.get(contract.METRIC_HOST_MEMORY_USED, nan),
-            peak_memory_bytes=_opt(peak_memory_bytes),
-            energy_joules=_opt(hw_reader.energy_joules if hw_reader is not None else None),
+            comm_steps=int(comm.steps), comm_step_time_s=float(comm.step_time_s),
+            comm_collectives=int(comm.totals.collectives),
+            comm_time_total_s=float(comm.totals.time_s),
+            comm_bytes_total=float(comm.totals.bytes),
+            comm_exposed_total_s=float(comm.totals.exposed_s),
+            process_cpu_percent=cpu,
+            process_rss_bytes=_opt(host.process_rss_bytes if host else None),
+            cpu_utilization_percent=_opt(host.cpu_utilization_percent if host else None),
+            host_memory_used_bytes=_opt(host.host_memory_used_bytes if host else None),
+            peak_memory_bytes=_opt(peak_memory_bytes), energy_joules=_opt(energy_joules),
             gpus=tuple(gpus))
 
-    def row(self, agg: Any, hw_reader: Any, peak_memory_bytes: float | None) -> list[float]:
-        return encode(self.report(agg, hw_reader, peak_memory_bytes))
+    def row(self, agg: StepAggregator, energy_joules: float | None,
+            peak_memory_bytes: float | None) -> list[float]:
+        return encode(self.report(agg, energy_joules, peak_memory_bytes))
 
     # -- layout params (rank 0) ----------------------------------------------------------------
     def params(self) -> dict[str, Any]:
