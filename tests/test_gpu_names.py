@@ -73,11 +73,10 @@ def test_every_canonical_name_resolves_to_itself():
 
 
 def test_benchmark_csv_gpu_names_all_resolve():
-    path = Path("/work/shared/data/nvidia_dle_benchmarks.csv")
-    if not path.exists():
-        pytest.skip("shared benchmark data not present")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nvidia_dle_benchmarks.csv"
     names = {row["gpu"] for row in csv.DictReader(path.open())}
     resolved = {n: resolve_gpu(n) for n in names}
+    assert len(names) >= 5  # the benchmark table (kept in the repository) was read
     assert resolved["A100-80GB-SXM4"] == "A100-80GB-SXM4"
     assert resolved["V100-16GB-SXM2"] == "V100-SXM2-16GB"
 
