@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from mlflow_gpuopt.catalog import catalog_cache_dir
 from mlflow_gpuopt.cli import gpuopt
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pricing"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
 FAKE_LAMBDA_KEY = "FAKE_lambda_secret_cli_not_real"
 CONTRACT_KEYS = {"provider", "instance_type", "region", "gpu", "gpu_count", "gpu_memory_gb",
                  "vcpus", "memory_gb", "price_per_hour_usd", "spot_price_per_hour_usd",

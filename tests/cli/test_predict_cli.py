@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = {"schema": "gpuopt.workload/1", "name": "resnet50", "params": 25557032,
             "flops_per_sample": 2.46e10, "precision": "fp16", "micro_batch": 256,
             "optimizer": "SGD", "optimizer_state_bytes_per_param": 4,

@@ -17,7 +17,7 @@ from mlflow_gpuopt.catalog import RefreshError, catalog_cache_dir, load_catalog
 from mlflow_gpuopt.catalog.refreshers import refresh
 from mlflow_gpuopt.catalog.refreshers._http import HttpClient
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pricing"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
 FAKE_GCP_KEY = "FAKE-gcp-key-0000-not-real"
 FAKE_LAMBDA_KEY = "FAKE_lambda_secret_0000_not_real"
 AWS_PATH = "/offers/v1.0/aws/AmazonEC2/current/{}/index.json"

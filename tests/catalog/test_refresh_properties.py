@@ -15,7 +15,7 @@ from mlflow_gpuopt.catalog.refreshers import aws, azure, gcp, lambda_cloud
 from mlflow_gpuopt.catalog.rows import offers_to_csv, parse_offers_csv
 from mlflow_gpuopt.catalog.store import load_gpus
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pricing"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
 CAT = load_catalog(use_user_cache=False, reload=True)
 GPUS = load_gpus()
 TEMPLATES = {p: [o for o in CAT.offers if o.provider == p]

@@ -13,7 +13,7 @@ import pytest
 from mlflow_gpuopt.catalog import load_catalog
 from mlflow_gpuopt.catalog.refreshers import aws, azure, gcp, lambda_cloud
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pricing"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
 AS_OF = "2025-09-01"
 
 
