@@ -98,7 +98,7 @@ def compare(target_s: float, rounds: int, block_s: float) -> tuple[float, float,
 def hook_cost_us(n: int = 200_000, comm: bool = False) -> tuple[float, float]:
     """Microseconds per call of the optimizer post-hook and of the forward pre-hook
     (``comm``: with a distributed job's communication meter closing each step)."""
-    from mlflow_gpuopt.tracking.comm import CommMeter
+    from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter
 
     model, opt, x = make(8, 4)
     clock = StepClock(opt, WorkloadProfiler(model, opt), profile_step=-1, maxlen=n + 1,

@@ -22,8 +22,8 @@ def _rss_bytes() -> int:
 
 
 def main(n: int = 1_000_000, steps_per_s: float = 10_000.0) -> None:
-    from mlflow_gpuopt.tracking.journal import read_state
-    from mlflow_gpuopt.tracking.writer import RunWriter
+    from mlflow_gpuopt.mlflow_io.journal import read_state
+    from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

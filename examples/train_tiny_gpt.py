@@ -95,7 +95,7 @@ def analytic_flops_per_sample(cfg: GPTConfig) -> float:
     6 · (matmul params) · tokens + attention (QKᵀ and AV: 12 · L · T² · d).
 
     Not used for training: it is the paper-and-pencil figure that the tracker's measured
-    ``flops_per_sample`` is checked against (tests/test_examples.py).
+    ``flops_per_sample`` is checked against (tests/tracking/test_examples.py).
     """
     d, t, layers = cfg.d_model, cfg.seq_len, cfg.n_layers
     matmul_params = layers * (3 * d * d + d * d + 8 * d * d) + d * cfg.vocab_size

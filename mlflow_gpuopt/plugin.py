@@ -1,7 +1,8 @@
 """MLflow entry points: the run-context provider (hardware tags) and the ``mlflow gpuopt`` hook.
 
 MLflow imports this module on every ``import mlflow``; it must stay cheap and must never
-raise. The provider class is defined by the tracking work; the CLI hook by the recommend work.
+raise. The provider tags each new run with the hardware fingerprint (``devices.fingerprint``);
+the hook attaches the ``gpuopt`` command group (``_mlflow_cli_hook``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.compute import normalize_fp8_recipe
@@ -281,7 +282,7 @@ def load_observations(path: str | Path, resolve_gpu: Callable[[str], str] | None
 def workload_to_dict(workload: Workload) -> dict[str, Any]:
     """The ``workload.json`` document of ``workload`` (unknown fields left out), which
     :func:`workload_from_dict` reads back to an equal :class:`Workload`."""
-    doc: dict[str, Any] = {"schema": "gpuopt.workload/1"}
+    doc: dict[str, Any] = {"schema": contract.PROFILE_SCHEMA}
     for f in fields(Workload):
         value = getattr(workload, f.name)
         if value is not None:

@@ -53,3 +53,30 @@ def _isolate_mlflow_globals():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _reset_process_caches():
+    """Each test starts without what earlier tests cached process-wide: the loaded catalog,
+    the GPU-name tables built from it, and the hardware fingerprint (a test may fake the
+    devices or the environment it reads)."""
+    _clear_process_caches()
+    yield
+    _clear_process_caches()
+
+
+def _clear_process_caches() -> None:
+    import sys
+
+    store = sys.modules.get("mlflow_gpuopt.catalog.store")
+    if store is not None:
+        store.clear_catalog_cache()
+    catalog = sys.modules.get("mlflow_gpuopt.catalog")
+    if catalog is not None:
+        catalog._gpu_memory.cache_clear()
+    names = sys.modules.get("mlflow_gpuopt.catalog.gpu_names")
+    if names is not None:
+        names.build_alias_table.cache_clear()
+    fingerprint = sys.modules.get("mlflow_gpuopt.devices.fingerprint")
+    if fingerprint is not None:
+        fingerprint.hardware_fingerprint.cache_clear()

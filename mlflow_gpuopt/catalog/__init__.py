@@ -10,6 +10,7 @@ resolve_gpu("Tesla V100-SXM2-16GB")        # -> "V100-SXM2-16GB"
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
 from mlflow_gpuopt.catalog.catalog import GLOBAL_REGION, Catalog
@@ -23,10 +24,12 @@ from mlflow_gpuopt.catalog.store import (
     load_gpus,
 )
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "CATALOG_SCHEMA_VERSION", "GLOBAL_REGION", "PROVIDERS", "Catalog", "CatalogError", "GpuSpec",
     "Offer", "RefreshError", "UnknownGpuError", "catalog_cache_dir", "clear_catalog_cache",
-    "load_catalog", "load_gpus", "resolve_gpu",
+    "load_catalog", "load_gpus", "peak_flops_per_s", "resolve_gpu",
 ]
 
 
@@ -48,3 +51,19 @@ def resolve_gpu(name: str) -> str:
     """
     memory = _gpu_memory()
     return resolve_gpu_in(name, memory, memory)
+
+
+def peak_flops_per_s(gpu_name: str, precision: str) -> float | None:
+    """Dense peak FLOP/s of one ``gpu_name`` GPU at ``precision`` from ``pricing/gpus.csv``
+    (datasheet figures, no sparsity); ``None`` for ``cpu`` or a GPU the catalog lacks.
+
+    ``gpu_name`` is any spelling :func:`resolve_gpu` accepts (an NVML name, typically).
+    """
+    if not gpu_name or gpu_name == "cpu":
+        return None
+    try:
+        value = load_gpus()[resolve_gpu(gpu_name)].peak_tflops(precision)
+    except (CatalogError, ValueError) as exc:  # unknown GPU / precision, unreadable specs
+        logger.debug("gpuopt: no peak for %s/%s: %s", gpu_name, precision, exc)
+        return None
+    return float(value) * 1e12 if value else None

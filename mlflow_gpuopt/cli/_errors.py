@@ -27,7 +27,7 @@ class LoggingFailed(click.ClickException):
 def one_line_reason(exc: BaseException, limit: int = 300) -> str:
     """The first line of ``exc``'s message (or its type), secrets masked, at most ``limit``
     characters: what a one-line error may quote of an exception from MLflow or the OS."""
-    from mlflow_gpuopt.tracking.redact import redact
+    from mlflow_gpuopt.redact import redact
 
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else type(exc).__name__

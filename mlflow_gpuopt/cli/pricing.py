@@ -10,7 +10,7 @@ import click
 from mlflow_gpuopt.cli._errors import UsageError
 from mlflow_gpuopt.cli.options import load_catalog_or_fail
 
-#: Keys of ``pricing show --json`` (design.md's contract first, then the rest of the offer).
+#: Keys of ``pricing show --json`` (the documented contract keys first, then the rest of the offer).
 JSON_KEYS = (
     "provider", "instance_type", "region", "gpu", "gpu_count", "gpu_memory_gb", "vcpus",
     "memory_gb", "price_per_hour_usd", "spot_price_per_hour_usd", "intra_node_link",

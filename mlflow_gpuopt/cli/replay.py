@@ -33,14 +33,14 @@ class _Unreachable(click.ClickException):
               show_default=True, help="Seconds to wait for each request to MLflow.")
 def replay(path: str, tracking_uri: str | None, timeout_s: float) -> None:
     """Deliver a tracking journal (PATH) to MLflow, then remove it."""
-    from mlflow_gpuopt.tracking import delivery
-    from mlflow_gpuopt.tracking.journal import (
+    from mlflow_gpuopt.mlflow_io import delivery
+    from mlflow_gpuopt.mlflow_io.journal import (
         JournalError,
         JournalWriter,
         iter_pending,
         read_state,
     )
-    from mlflow_gpuopt.tracking.redact import redact, redact_uri, uri_secrets
+    from mlflow_gpuopt.redact import redact, redact_uri, uri_secrets
 
     try:
         state = read_state(path)

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
+from mlflow_gpuopt import contract
+
 logger = logging.getLogger(__name__)
 
 DMI_DIR = Path("/sys/class/dmi/id")
@@ -38,16 +40,16 @@ class HardwareFingerprint:
     def tags(self) -> dict[str, str]:
         """The MLflow tags of this fingerprint (``gpuopt.hw.*``); unknown values are left out."""
         tags = {
-            "gpuopt.hw.gpu": self.gpu,
-            "gpuopt.hw.gpu_count": str(self.gpu_count),
-            "gpuopt.hw.cpu": self.cpu,
-            "gpuopt.hw.cpu_count": str(self.cpu_count),
-            "gpuopt.hw.memory_gb": f"{self.memory_bytes / 1e9:.1f}",
+            contract.TAG_HW_GPU: self.gpu,
+            contract.TAG_HW_GPU_COUNT: str(self.gpu_count),
+            contract.TAG_HW_CPU: self.cpu,
+            contract.TAG_HW_CPU_COUNT: str(self.cpu_count),
+            contract.TAG_HW_MEMORY_GB: f"{self.memory_bytes / 1e9:.1f}",
         }
         if self.cloud:
-            tags["gpuopt.hw.cloud"] = self.cloud
+            tags[contract.TAG_HW_CLOUD] = self.cloud
         if self.instance_type:
-            tags["gpuopt.hw.instance_type"] = self.instance_type
+            tags[contract.TAG_HW_INSTANCE_TYPE] = self.instance_type
         return tags
 
 

@@ -1,6 +1,10 @@
-"""The edge where MLflow runs are read (and written): nothing else imports ``mlflow``'s
-tracking client for gpuopt data.
+"""The MLflow edge: the only package code (with ``cli/``, ``plugin.py`` and the CLI hook) that
+imports ``mlflow``.
 
-``runs``: run ids → the models' ``Workload`` and ``Observation`` records
-(:func:`mlflow_gpuopt.mlflow_io.runs.load_run_inputs`).
+Writes: ``run_binding`` (which run tracking writes into; ending it), ``writer`` (the
+asynchronous, exactly-once :class:`~.writer.RunWriter`), ``delivery`` (one batch to the
+tracking server), ``journal`` (records kept on disk while the server is away),
+``recommendation`` (a recommendation and its candidates as runs). Reads: ``runs`` (run ids →
+the models' ``Workload`` and ``Observation``), ``measured`` (measured runs for ``compare``).
+Every name written or read comes from :mod:`mlflow_gpuopt.contract`.
 """

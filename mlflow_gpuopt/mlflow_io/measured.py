@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.mlflow_io.runs import _float, _int
 
 logger = logging.getLogger(__name__)
@@ -50,30 +51,31 @@ def _measured(run) -> MeasuredRun:
     p, m = run.data.params, run.data.metrics
     return MeasuredRun(
         run_id=run.info.run_id, run_name=run.info.run_name or "",
-        device=p.get("gpuopt.device", "unknown"),
-        device_count=_int(p, "gpuopt.device_count") or 1,
-        nodes=_int(p, "gpuopt.nodes") or 1,
-        world_size=_int(p, "gpuopt.world_size") or 1,
-        strategy=p.get("gpuopt.strategy"), precision=p.get("gpuopt.precision"),
-        micro_batch=_int(p, "gpuopt.micro_batch"), params=_int(p, "gpuopt.params"),
-        flops_per_sample=_float(p, "gpuopt.flops_per_sample"),
-        throughput_samples_per_s=m.get("gpuopt/summary/throughput_samples_per_s"),
-        mfu=m.get("gpuopt/summary/mfu"),
-        step_time_p50_s=m.get("gpuopt/summary/step_time_p50_s"),
-        peak_memory_bytes=m.get("gpuopt/summary/peak_memory_bytes"),
+        device=p.get(contract.PARAM_DEVICE, "unknown"),
+        device_count=_int(p, contract.PARAM_DEVICE_COUNT) or 1,
+        nodes=_int(p, contract.PARAM_NODES) or 1,
+        world_size=_int(p, contract.PARAM_WORLD_SIZE) or 1,
+        strategy=p.get(contract.PARAM_STRATEGY), precision=p.get(contract.PARAM_PRECISION),
+        micro_batch=_int(p, contract.PARAM_MICRO_BATCH), params=_int(p, contract.PARAM_PARAMS),
+        flops_per_sample=_float(p, contract.PARAM_FLOPS_PER_SAMPLE),
+        throughput_samples_per_s=m.get(contract.SUMMARY_THROUGHPUT_SAMPLES),
+        mfu=m.get(contract.SUMMARY_MFU),
+        step_time_p50_s=m.get(contract.SUMMARY_STEP_TIME_P50_S),
+        peak_memory_bytes=m.get(contract.SUMMARY_PEAK_MEMORY_BYTES),
         start_time_ms=run.info.start_time or 0,
     )
 
 
 def _is_tracked(run) -> bool:
-    return ((run.data.tags.get("gpuopt.tracked") == "true"
-             or any(k.startswith("gpuopt.") for k in run.data.params))
-            and run.data.tags.get("gpuopt.kind") not in ("recommendation", "candidate"))
+    return ((run.data.tags.get(contract.TAG_TRACKED) == "true"
+             or any(k.startswith(contract.PARAM_PREFIX) for k in run.data.params))
+            and run.data.tags.get(contract.TAG_KIND) not in (contract.KIND_RECOMMENDATION,
+                                                             contract.KIND_CANDIDATE))
 
 
 def _is_measured(run, require_profile: bool = True) -> bool:
     return _is_tracked(run) and (not require_profile
-                                 or "gpuopt.flops_per_sample" in run.data.params)
+                                 or contract.PARAM_FLOPS_PER_SAMPLE in run.data.params)
 
 
 def measured_runs_in_experiment(name: str, client=None, *,

@@ -16,13 +16,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_gpuopt import contract
+
 logger = logging.getLogger(__name__)
 
-RECOMMENDATION_JSON = "gpuopt/recommendation.json"
-CANDIDATES_TABLE = "gpuopt/candidates_table.json"
-REPORT_HTML = "gpuopt/report.html"
-PARETO_PNG = "gpuopt/pareto.png"
-SCALING_PNG = "gpuopt/scaling.png"
+RECOMMENDATION_JSON = contract.RECOMMENDATION_JSON
+CANDIDATES_TABLE = contract.CANDIDATES_TABLE
+REPORT_HTML = contract.REPORT_HTML
+PARETO_PNG = contract.PARETO_PNG
+SCALING_PNG = contract.SCALING_PNG
 
 #: Candidate keys that become child-run params / metrics.
 CHILD_PARAMS = ("rank", "provider", "instance_type", "region", "gpu", "nodes", "gpus",
@@ -74,8 +76,8 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
         name += f" {best['provider']} {best['instance_type']} ×{best['nodes']}"
     run = client.create_run(exp_id, run_name=name, tags={
         "mlflow.parentRunId": source_run_ids[0],
-        "gpuopt.kind": "recommendation",
-        "gpuopt.source_run_ids": ",".join(source_run_ids),
+        contract.TAG_KIND: contract.KIND_RECOMMENDATION,
+        contract.TAG_SOURCE_RUN_IDS: ",".join(source_run_ids),
         "mlflow.note.content": "\n\n".join(doc.get("explanation") or doc.get("notes") or []),
     })
     run_id = run.info.run_id
@@ -127,7 +129,7 @@ def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any],
     name = (f"#{cand['rank']} {cand['provider']} {cand['instance_type']} ×{cand['nodes']} "
             f"{cand.get('strategy_label', cand['strategy'])} {cand['pricing'].replace('_', '-')}")
     child = client.create_run(exp_id, run_name=name, tags={
-        "mlflow.parentRunId": parent_id, "gpuopt.kind": "candidate"})
+        "mlflow.parentRunId": parent_id, contract.TAG_KIND: contract.KIND_CANDIDATE})
     cid = child.info.run_id
     now = int(time.time() * 1000)
     try:
@@ -137,7 +139,7 @@ def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any],
                      if isinstance(cand.get(k), (int, float))],
             params=[param_cls(k, _param_value(cand[k])) for k in CHILD_PARAMS
                     if cand.get(k) is not None],
-            tags=[run_tag_cls("gpuopt.why", _param_value(cand.get("why", "")))],
+            tags=[run_tag_cls(contract.TAG_WHY, _param_value(cand.get("why", "")))],
         )
     finally:
         client.set_terminated(cid)

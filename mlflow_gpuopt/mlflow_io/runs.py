@@ -1,9 +1,8 @@
 """Read what ``gpuopt.track()`` logged into runs and turn it into the models' inputs.
 
-Contract (``design.md``): params ``gpuopt.device``, ``gpuopt.device_count``, ``gpuopt.nodes``,
-``gpuopt.world_size``, ``gpuopt.precision``, ``gpuopt.micro_batch``, ``gpuopt.grad_accum``,
-``gpuopt.strategy``, ``gpuopt.params``, ``gpuopt.flops_per_sample``; metric
-``gpuopt/summary/throughput_samples_per_s``; artifact ``gpuopt/profile.json``.
+Names read (:mod:`mlflow_gpuopt.contract`, documented in ``docs/metrics.md``): the layout and
+workload params, the summary throughput and exposed-communication metrics, and the profile
+artifact.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
 from mlflow_gpuopt.validation import OutOfRangeError, check
 from mlflow_gpuopt.workload_files import (
@@ -27,11 +27,11 @@ from mlflow_gpuopt.workload_files import (
 
 logger = logging.getLogger(__name__)
 
-PROFILE_ARTIFACT = "gpuopt/profile.json"
-THROUGHPUT_METRIC = "gpuopt/summary/throughput_samples_per_s"
+PROFILE_ARTIFACT = contract.PROFILE_ARTIFACT
+THROUGHPUT_METRIC = contract.SUMMARY_THROUGHPUT_SAMPLES
 #: Per-interval throughput; a run whose trainer was killed has this series but no summary.
-THROUGHPUT_SERIES_METRIC = "gpuopt/throughput_samples_per_s"
-EXPOSED_COMM_METRIC = "gpuopt/summary/exposed_comm_fraction"  # distributed runs only
+THROUGHPUT_SERIES_METRIC = contract.METRIC_THROUGHPUT_SAMPLES
+EXPOSED_COMM_METRIC = contract.SUMMARY_EXPOSED_COMM_FRACTION  # distributed runs only
 HOW_TO_TRACK = "run it under gpuopt.track() (e.g. `python examples/train_tiny_gpt.py`)"
 #: Runs whose FLOPs per sample differ by more than this are not the same workload.
 FLOPS_TOLERANCE = 0.15
@@ -77,7 +77,7 @@ def _read_profile(client: Any, run_id: str) -> dict | None:
     """``gpuopt/profile.json`` of a run, or None when the run has none; a profile that is
     not UTF-8 JSON holding one object is a :class:`RunInputError` (one line)."""
     try:
-        listed = {f.path for f in client.list_artifacts(run_id, "gpuopt")}
+        listed = {f.path for f in client.list_artifacts(run_id, contract.ARTIFACT_DIR)}
     except Exception as exc:  # an unreachable artifact store: say so, fall back to params
         logger.warning("cannot list artifacts of run %s: %s", run_id, exc)
         return None
@@ -104,13 +104,7 @@ def _read_profile(client: Any, run_id: str) -> dict | None:
 def _workload(run_id: str, params: dict[str, str], profile: dict | None) -> Workload:
     doc: dict[str, Any] = dict(profile or {})
     # Params fill what the profile lacks (the profile wins: it has the full-precision figures).
-    fallbacks = {"params": "gpuopt.params", "flops_per_sample": "gpuopt.flops_per_sample",
-                 "precision": "gpuopt.precision", "micro_batch": "gpuopt.micro_batch",
-                 "grad_accum": "gpuopt.grad_accum", "optimizer": "gpuopt.optimizer",
-                 "tokens_per_sample": "gpuopt.tokens_per_sample",
-                 "trainable_params": "gpuopt.trainable_params",
-                 "kernels_per_micro_step": "gpuopt.kernels_per_micro_step"}
-    for key, param in fallbacks.items():
+    for key, param in contract.WORKLOAD_PARAMS.items():
         if doc.get(key) in (None, "") and params.get(param) not in (None, "", "None"):
             doc[key] = params[param]
     try:
@@ -126,11 +120,11 @@ _RANGED_PARAMS = ("world_size", "device_count", "nodes", "micro_batch", "grad_ac
 def _check_params(run_id: str, params: dict[str, str]) -> None:
     """Counts no real job has (a negative world size, 1e9 nodes) are a damaged run."""
     for name in _RANGED_PARAMS:
-        value = _float(params, f"gpuopt.{name}")
+        value = _float(params, contract.PARAM_PREFIX + name)
         if value is None or (value == 0 and name in ("micro_batch", "grad_accum")):
             continue  # absent, or 0: not measured (the profile's value is used)
         try:
-            check(name, value, where=f"run {run_id}", label=f"param gpuopt.{name}")
+            check(name, value, where=f"run {run_id}", label=f"param {contract.PARAM_PREFIX}{name}")
         except OutOfRangeError as exc:
             raise RunInputError(str(exc)) from None
 
@@ -153,7 +147,7 @@ def _series_throughput(client: Any, run_id: str) -> float | None:
 def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
                  workload: Workload, resolve_gpu: Callable[[str], str] | None,
                  client: Any = None, notes: list[str] | None = None) -> Observation:
-    device = params.get("gpuopt.device", "cpu") or "cpu"
+    device = params.get(contract.PARAM_DEVICE, "cpu") or "cpu"
     gpu = "cpu"
     if device.strip().lower() != "cpu":
         gpu = device
@@ -180,20 +174,20 @@ def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
               label=f"metric {THROUGHPUT_METRIC}")
     except OutOfRangeError as exc:
         raise RunInputError(str(exc)) from None
-    nodes = _int(params, "gpuopt.nodes", 1) or 1
-    world = _int(params, "gpuopt.world_size")
-    count = world or ((_int(params, "gpuopt.device_count", 1) or 1) * nodes if gpu != "cpu"
+    nodes = _int(params, contract.PARAM_NODES, 1) or 1
+    world = _int(params, contract.PARAM_WORLD_SIZE)
+    count = world or ((_int(params, contract.PARAM_DEVICE_COUNT, 1) or 1) * nodes if gpu != "cpu"
                       else 1)
-    strategy = (params.get("gpuopt.strategy") or "").lower() or (
+    strategy = (params.get(contract.PARAM_STRATEGY) or "").lower() or (
         "single" if count == 1 else "ddp")
     if strategy not in STRATEGIES:
-        raise RunInputError(f"run {run_id}: unknown gpuopt.strategy {strategy!r}")
+        raise RunInputError(f"run {run_id}: unknown {contract.PARAM_STRATEGY} {strategy!r}")
     return Observation(
         gpu=gpu, gpu_count=max(1, count), throughput_samples_per_s=float(throughput),
         nodes=nodes if count % nodes == 0 else 1,
-        micro_batch=_int(params, "gpuopt.micro_batch") or workload.micro_batch,
-        strategy=strategy, precision=params.get("gpuopt.precision") or workload.precision,
-        grad_accum=_int(params, "gpuopt.grad_accum", 1) or 1,
+        micro_batch=_int(params, contract.PARAM_MICRO_BATCH) or workload.micro_batch,
+        strategy=strategy, precision=params.get(contract.PARAM_PRECISION) or workload.precision,
+        grad_accum=_int(params, contract.PARAM_GRAD_ACCUM, 1) or 1,
         exposed_comm_fraction=_fraction(metrics.get(EXPOSED_COMM_METRIC)))
 
 
@@ -258,7 +252,7 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
     for run_id in dict.fromkeys(run_ids):  # keep order, drop repeats
         run = get_run(client, run_id)
         params = dict(run.data.params)
-        if not any(k.startswith("gpuopt.") for k in params):
+        if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
             raise RunInputError(f"run {run_id} has no gpuopt data; {HOW_TO_TRACK}")
         profile = _read_profile(client, run_id)
         this = _workload(run_id, params, profile)

@@ -318,8 +318,9 @@ def dispatch_bound_s(workload: Workload) -> float:
     With a count, the prior's per-micro-step overhead already holds the host-side dispatch
     (count × ``KERNEL_DISPATCH_S``); this cap is for GPU-side latency on top of it (each
     kernel occupies the GPU for some µs however small it is: launch latency, a partial wave),
-    bounded by the same per-kernel figure. Measured against the max(dispatch, GPU) form, the
-    additive one predicts the accuracy benchmark better (commit 6cfc7ed)."""
+    bounded by the same per-kernel figure. Additive rather than max(dispatch, GPU): host
+    dispatch and GPU-side latency are spent one after the other for kernels too small to
+    overlap, and the additive form predicts ``benchmarks/bench_accuracy.py`` better."""
     if workload.kernels_per_micro_step:
         return workload.kernels_per_micro_step * KERNEL_DISPATCH_S
     layers = model_shape(workload).num_layers

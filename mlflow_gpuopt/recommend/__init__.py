@@ -25,7 +25,7 @@ from mlflow_gpuopt.recommend.types import (
     Target,
 )
 
-Plan = Candidate  # the name design.md uses for one ranked option
+Plan = Candidate  # the name the documented contract uses for one ranked option
 
 __all__ = [
     "CANDIDATE_KEYS", "Candidate", "Costing", "LARGE_MODEL_PARAMS", "NoOffersError", "Plan",

@@ -12,7 +12,7 @@ Colab is billed in compute units (CU), not hours (:func:`compute_unit_cost`):
 * pay-as-you-go (no monthly fee in the catalog row) is sold in packs of
   :data:`COMPUTE_UNITS_PER_PACK` CU at the row's $/CU (100 CU for $9.99, the smallest
   purchase), so a job costs whole packs: ceil(CU used ÷ 100) × $9.99, and a 10-minute job
-  pays $9.99, not the cents its CUs are worth. Its ``pricing`` is ``on_demand`` (design.md's
+  pays $9.99, not the cents its CUs are worth. Its ``pricing`` is ``on_demand`` (the contract's
   values are on_demand | spot | subscription);
 * Pro / Pro+ (``subscription_usd_per_month`` set) cost the monthly fee for every month the
   job spans, which includes ``compute_units_per_month`` CU; CUs beyond those are bought in

@@ -1,9 +1,10 @@
 """A recommendation as plain JSON-ready dicts (the ``recommend --json`` contract).
 
-Keys of each candidate are fixed by design.md: rank, provider, instance_type, gpu, nodes,
-gpus, strategy, micro_batch, grad_accum, precision, pricing, throughput_samples_per_s,
-predicted_hours, predicted_hours_low, predicted_hours_high, predicted_cost_usd, cost_low_usd,
-cost_high_usd, p_meets_deadline, meets_deadline, why, launch. A few more are added.
+Keys of each candidate are a stable contract (``docs/metrics.md``): rank, provider,
+instance_type, gpu, nodes, gpus, strategy, micro_batch, grad_accum, precision, pricing,
+throughput_samples_per_s, predicted_hours, predicted_hours_low, predicted_hours_high,
+predicted_cost_usd, cost_low_usd, cost_high_usd, p_meets_deadline, meets_deadline, why,
+launch. A few more are added.
 """
 
 from __future__ import annotations

@@ -9,9 +9,27 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from mlflow_gpuopt.tracking.distributed import StepWindow
 from mlflow_gpuopt.tracking.quantiles import LogHistogram
+from mlflow_gpuopt.tracking.steps import NO_COMM, CommTotals, StepRecord
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """Steps completed between two sampler ticks, as seen by this process."""
+
+    first_step: int
+    last_step: int
+    steps: int
+    duration_s: float  # sum of the step times in the window
+    samples: int  # samples processed in the window (0 = unknown)
+    tokens: int
+    step_time_max_s: float = 0.0  # the window's slowest step
+    collectives: int = 0  # communication of the window's steps (distributed jobs)
+    comm_time_s: float = 0.0  # sum of collective launch -> completion times
+    comm_bytes: int = 0  # payload bytes this rank sent into collectives
+    exposed_comm_s: float = 0.0  # communication the steps waited on (not hidden by compute)
 
 
 @dataclass(frozen=True)
@@ -28,8 +46,20 @@ class SteadyState:
     throughput_steps_per_s: float | None
 
 
+_as_record = StepRecord._make  # the step clock queues plain tuples in this field order
+_as_totals = CommTotals._make
+
+
+class CommSummary(NamedTuple):
+    """Communication over the steady steps (all steps when there is no steady state yet)."""
+
+    steps: int
+    step_time_s: float  # the step time of those steps
+    totals: CommTotals
+
+
 class StepAggregator:
-    """Consumes ``(t, samples, tokens, forwards, cuda_event, comm)`` records in step order.
+    """Consumes the step clock's records (:class:`~.steps.StepRecord` fields) in step order.
 
     Step ``i``'s time is the gap between boundaries ``i-1`` and ``i`` (step 0 starts at
     tracking start). With CUDA events, times are GPU-side and a record waits until its event
@@ -48,15 +78,15 @@ class StepAggregator:
         self.steady_tokens = 0
         self.samples_known = True
         # communication (distributed jobs): cumulative meter totals of the last step seen, and
-        # the steady-state sums (collectives, comm_time_s, comm_bytes, exposed_s)
-        self._prev_comm: tuple = (0, 0.0, 0, 0.0)
-        self.steady_comm: list = [0, 0.0, 0, 0.0]
-        self.total_comm: tuple = (0, 0.0, 0, 0.0)
+        # the sums over the steady steps
+        self._prev_comm = NO_COMM
+        self.steady_comm = NO_COMM
+        self.total_comm = NO_COMM
         self._prev_t = start_time_s
         self._prev_event = start_event
         self._waiting: deque = deque()
 
-    def consume(self, records: deque, final: bool = False) -> StepWindow | None:
+    def consume(self, records: deque[tuple], final: bool = False) -> StepWindow | None:
         """Take every available record; return the window they form (``None`` if no step)."""
         while True:
             try:
@@ -68,8 +98,8 @@ class StepAggregator:
         samples = tokens = 0
         comm_start = self._prev_comm
         while self._waiting:
-            rec = self._waiting[0]
-            t, s, k, _fwd, ev = rec[:5]
+            rec = _as_record(self._waiting[0])
+            t, s, k, ev = rec.t_s, rec.samples, rec.tokens, rec.cuda_event
             if ev is not None:
                 if not final and not ev.query():
                     break
@@ -85,29 +115,32 @@ class StepAggregator:
             self._waiting.popleft()
             self._prev_t = t
             self._add(dt, s, k)
-            comm = rec[5] if len(rec) > 5 else None
-            if comm is not None:
-                self._add_comm(comm)
+            if rec.comm is not None:
+                self._add_comm(_as_totals(rec.comm))
             duration += dt
             longest = max(longest, dt)
             samples += s
             tokens += k
         if self.steps == first:
             return None
-        c = self._prev_comm
+        c = self._prev_comm.minus(comm_start)
         return StepWindow(first_step=first + 1, last_step=self.steps, steps=self.steps - first,
                           duration_s=duration, samples=samples, tokens=tokens,
-                          step_time_max_s=longest, collectives=c[0] - comm_start[0],
-                          comm_time_s=c[1] - comm_start[1], comm_bytes=c[2] - comm_start[2],
-                          exposed_comm_s=c[3] - comm_start[3])
+                          step_time_max_s=longest, collectives=c.collectives,
+                          comm_time_s=c.time_s, comm_bytes=c.bytes, exposed_comm_s=c.exposed_s)
 
-    def _add_comm(self, comm: tuple) -> None:
+    def _add_comm(self, comm: CommTotals) -> None:
         """One step's communication: the difference of cumulative meter totals."""
         prev = self._prev_comm
         self._prev_comm = self.total_comm = comm
         if self.steps > self.warmup_steps:
-            for i in range(4):
-                self.steady_comm[i] += comm[i] - prev[i]
+            self.steady_comm = self.steady_comm.plus(comm.minus(prev))
+
+    def comm_summary(self) -> CommSummary:
+        """Communication over the steady steps; all steps while there is no steady state."""
+        if self.hist.count:
+            return CommSummary(self.hist.count, self.steady_time_s, self.steady_comm)
+        return CommSummary(self.steps, sum(self.warmup_times), self.total_comm)
 
     def _add(self, dt: float, samples: int, tokens: int) -> None:
         self.steps += 1

@@ -40,9 +40,11 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mlflow_gpuopt import contract
+
 logger = logging.getLogger(__name__)
 
-SCHEMA = "gpuopt.workload/1"
+SCHEMA = contract.PROFILE_SCHEMA
 
 
 @dataclass(frozen=True)

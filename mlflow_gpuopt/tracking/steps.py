@@ -1,12 +1,12 @@
 """The step clock: the only tracking code on the training thread's hot path.
 
-Each training step appends one tuple ``(perf_counter_s, samples, tokens, forwards, cuda_event,
-comm)`` to a bounded deque (``comm``: the :class:`~.comm.CommMeter`'s cumulative totals in a
-distributed job, else ``None``); everything else (step times, quantiles, throughput) is
-computed by the sampler thread from that deque. A step is an optimizer step (global
-post-hook) or a manual ``mark()`` — once ``mark()`` is called, it is the only step clock. Any
-exception in a hook switches the clock off (one warning) and training goes on with a hook that
-returns at once.
+Each training step appends one record (the fields of :class:`StepRecord`) to a bounded deque
+(``comm``: the :class:`~.distributed.comm_meter.CommMeter`'s cumulative :class:`CommTotals` in
+a distributed job, else ``None``); everything else (step times, quantiles, throughput) is
+computed by the sampler thread from that deque. A step is an optimizer step (global post-hook)
+or a manual ``mark()`` — once ``mark()`` is called, it is the only step clock. Any exception in
+a hook switches the clock off (one warning) and training goes on with a hook that returns at
+once.
 """
 
 from __future__ import annotations
@@ -14,11 +14,47 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from mlflow_gpuopt.tracking.profiler import WorkloadProfiler, first_tensor
 
+if TYPE_CHECKING:
+    from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter
+
 logger = logging.getLogger(__name__)
+
+
+class CommTotals(NamedTuple):
+    """A communication meter's cumulative totals (or the difference of two)."""
+
+    collectives: int
+    time_s: float  # sum of collective launch -> completion times
+    bytes: int  # payload bytes this rank sent into collectives
+    exposed_s: float  # communication the steps waited on (not hidden by compute)
+
+    def minus(self, earlier: CommTotals) -> CommTotals:
+        return CommTotals(self.collectives - earlier.collectives, self.time_s - earlier.time_s,
+                          self.bytes - earlier.bytes, self.exposed_s - earlier.exposed_s)
+
+    def plus(self, other: CommTotals) -> CommTotals:
+        return CommTotals(self.collectives + other.collectives, self.time_s + other.time_s,
+                          self.bytes + other.bytes, self.exposed_s + other.exposed_s)
+
+
+NO_COMM = CommTotals(0, 0.0, 0, 0.0)
+
+
+class StepRecord(NamedTuple):
+    """One step boundary, as the training thread leaves it for the sampler thread."""
+
+    t_s: float  # perf_counter at the boundary
+    samples: int  # samples of the step (0 = unknown)
+    tokens: int
+    forwards: int  # gradient-recording forwards of the step (micro-batches)
+    cuda_event: Any  # a recorded torch.cuda.Event (GPU-side timing), or None
+    comm: CommTotals | None  # the meter's cumulative totals (distributed jobs), or None
+
+
 
 
 class StepClock:
@@ -27,8 +63,9 @@ class StepClock:
     def __init__(self, optimizer: Any = None, profiler: WorkloadProfiler | None = None,
                  profile_step: int = 1, cuda_events: bool = False, maxlen: int = 1_000_000,
                  on_error: Callable[[str, BaseException], None] | None = None,
-                 comm_meter: Any = None) -> None:
-        self.records: deque = deque(maxlen=maxlen)
+                 comm_meter: CommMeter | None = None) -> None:
+        # plain tuples in StepRecord's field order (see _mark)
+        self.records: deque[tuple] = deque(maxlen=maxlen)
         self._comm_step = comm_meter.end_step if comm_meter is not None else None
         self.optimizer = optimizer
         self.profiler = profiler
@@ -137,6 +174,9 @@ class StepClock:
             s = samples or self.pending_samples
             k = tokens or self.pending_tokens
             comm = self._comm_step() if self._comm_step is not None else None
+            # a plain tuple, read as a StepRecord off the training thread: the garbage
+            # collector untracks exact tuples of plain values, while it would traverse every
+            # queued NamedTuple (up to maxlen of them) on each collection
             self.records.append((t, s, k, self.pending_forwards, ev, comm))
             self.last_step_samples = s
             self.last_step_forwards = self.pending_forwards

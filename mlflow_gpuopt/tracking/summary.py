@@ -1,10 +1,12 @@
-"""The end-of-run summary: one frozen record, its MLflow metrics and its one-line printout."""
+"""The end-of-run summary: one frozen record (with its MFU), its MLflow metrics and printout."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.aggregate import SteadyState
+from mlflow_gpuopt.tracking.profiler import WorkloadProfile
 
 
 @dataclass(frozen=True)
@@ -24,22 +26,22 @@ class TrackSummary:
     gpu_utilization_mean_percent: float | None
 
     def metrics(self) -> dict[str, float]:
-        """``gpuopt/summary/*`` metrics; figures that are unknown are left out."""
+        """The summary metrics (``contract.SUMMARY_*``); figures that are unknown are left out."""
         s = self.steady
         values = {
-            "gpuopt/summary/throughput_samples_per_s": s.throughput_samples_per_s,
-            "gpuopt/summary/throughput_tokens_per_s": s.throughput_tokens_per_s,
-            "gpuopt/summary/throughput_steps_per_s": s.throughput_steps_per_s,
-            "gpuopt/summary/step_time_p50_s": s.step_time_p50_s,
-            "gpuopt/summary/step_time_p90_s": s.step_time_p90_s,
-            "gpuopt/summary/step_time_mean_s": s.step_time_mean_s,
-            "gpuopt/summary/steps": float(self.total_steps),
-            "gpuopt/summary/steady_steps": float(s.steps),
-            "gpuopt/summary/warmup_steps": float(s.warmup_steps),
-            "gpuopt/summary/peak_memory_bytes": self.peak_memory_bytes,
-            "gpuopt/summary/mfu": self.mfu,
-            "gpuopt/summary/energy_joules": self.energy_joules,
-            "gpuopt/summary/gpu_utilization_percent": self.gpu_utilization_mean_percent,
+            contract.SUMMARY_THROUGHPUT_SAMPLES: s.throughput_samples_per_s,
+            contract.SUMMARY_THROUGHPUT_TOKENS: s.throughput_tokens_per_s,
+            contract.SUMMARY_THROUGHPUT_STEPS: s.throughput_steps_per_s,
+            contract.SUMMARY_STEP_TIME_P50_S: s.step_time_p50_s,
+            contract.SUMMARY_STEP_TIME_P90_S: s.step_time_p90_s,
+            contract.SUMMARY_STEP_TIME_MEAN_S: s.step_time_mean_s,
+            contract.SUMMARY_STEPS: float(self.total_steps),
+            contract.SUMMARY_STEADY_STEPS: float(s.steps),
+            contract.SUMMARY_WARMUP_STEPS: float(s.warmup_steps),
+            contract.SUMMARY_PEAK_MEMORY_BYTES: self.peak_memory_bytes,
+            contract.SUMMARY_MFU: self.mfu,
+            contract.SUMMARY_ENERGY_JOULES: self.energy_joules,
+            contract.SUMMARY_GPU_UTILIZATION: self.gpu_utilization_mean_percent,
         }
         return {k: float(v) for k, v in values.items() if v is not None}
 
@@ -62,3 +64,34 @@ class TrackSummary:
         if self.mfu is not None:
             parts.append(f"MFU {self.mfu * 100:.1f}%")
         return " | ".join(parts)
+
+
+def model_flops_utilization(flops_per_sample: float | None,
+                            throughput_samples_per_s: float | None, device: str, precision: str,
+                            device_count: int) -> float | None:
+    """Model FLOPs utilisation, 0..1: achieved model FLOP/s over the dense peak of
+    ``device_count`` ``device`` GPUs at ``precision`` (``pricing/gpus.csv``); ``None`` when a
+    figure is missing or the GPU's peak is unknown (CPU runs)."""
+    if not (flops_per_sample and throughput_samples_per_s and device_count):
+        return None
+    from mlflow_gpuopt.catalog import peak_flops_per_s
+
+    peak = peak_flops_per_s(device, precision)
+    if not peak:
+        return None
+    return flops_per_sample * throughput_samples_per_s / (peak * device_count)
+
+
+def build_summary(run_id: str | None, device: str, device_count: int, total_steps: int,
+                  steady: SteadyState, peak_memory_bytes: float | None,
+                  energy_joules: float | None, gpu_utilization_mean_percent: float | None,
+                  profile: WorkloadProfile | None) -> TrackSummary:
+    """The summary of a process or a job, its MFU computed from the profile's FLOPs."""
+    p = profile
+    mfu = (model_flops_utilization(p.flops_per_sample, steady.throughput_samples_per_s,
+                                   device, p.precision, device_count) if p else None)
+    return TrackSummary(
+        run_id=run_id, device=device, device_count=device_count, total_steps=total_steps,
+        steady=steady, peak_memory_bytes=peak_memory_bytes, mfu=mfu,
+        flops_per_sample=p.flops_per_sample if p else None, params=p.params if p else None,
+        energy_joules=energy_joules, gpu_utilization_mean_percent=gpu_utilization_mean_percent)

@@ -1,11 +1,13 @@
 """``track()`` and ``Tracker``: measure a PyTorch training loop into an MLflow run.
 
-The façade only wires parts together: a :class:`StepClock` on the training thread (hooks),
-a :class:`Sampler` thread that turns step records and device readings into metrics, a
-:class:`WorkloadProfiler` run once on a real step, and :class:`RunWriter` for MLflow.
-Under torchrun (``WORLD_SIZE`` > 1) a :class:`~.job.JobTracking` times the model's
-collectives and its gatherer thread brings every rank's figures to rank 0 — the only rank
-that opens a run or touches MLflow — which logs the job as one run.
+The façade wires the parts together and owns none of their policy: a :class:`StepClock` on
+the training thread (hooks), a :class:`Sampler` thread whose ticks turn step records and
+device readings into figures, a :class:`WorkloadProfiler` run once on a real step, a
+:class:`~.reporting.Reporter` that decides what the figures become (a single process's
+metrics, or a rank's report to rank 0 of a torchrun job — the only rank that opens a run),
+and a :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` for MLflow. GPU selection lives in
+:mod:`.gpu_select`, param precedence in :mod:`.run_params`, MFU with the summary
+(:mod:`.summary`), metric names in :mod:`mlflow_gpuopt.contract`.
 Nothing in here may break training: every failure becomes one warning.
 """
 
@@ -14,17 +16,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
-from mlflow_gpuopt.tracking.distributed import DistributedContext
+from mlflow_gpuopt.tracking.distributed.context import DistributedContext
 from mlflow_gpuopt.tracking.profiler import WorkloadProfile, WorkloadProfiler, detect_precision
-from mlflow_gpuopt.tracking.summary import TrackSummary
+from mlflow_gpuopt.tracking.reporting import Figures, JobReporter, LocalReporter, Reporter
+from mlflow_gpuopt.tracking.run_params import device_params, profile_overrides, workload_params
+from mlflow_gpuopt.tracking.summary import TrackSummary, build_summary
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.mlflow_io.run_binding import RunBinding
+    from mlflow_gpuopt.mlflow_io.writer import RunWriter
+    from mlflow_gpuopt.tracking.aggregate import StepAggregator
+    from mlflow_gpuopt.tracking.hw_reader import HardwareReader
+    from mlflow_gpuopt.tracking.sampler import Sampler
+    from mlflow_gpuopt.tracking.steps import StepClock
 
 logger = logging.getLogger(__name__)
 
-PROFILE_ARTIFACT = "gpuopt/profile.json"
+PROFILE_ARTIFACT = contract.PROFILE_ARTIFACT
 
 
 class Tracker:
@@ -55,20 +68,16 @@ class Tracker:
         self._warn = WarnOnce(logger, every=100)
         self._lock = threading.Lock()
         self._handles: list[Any] = []
-        self._writer: Any = None
-        self._binding: Any = None
-        self._sampler: Any = None
-        self._clock: Any = None
-        self._agg: Any = None
-        self._hw: Any = None
+        self._writer: RunWriter | None = None
+        self._binding: RunBinding | None = None
+        self._sampler: Sampler | None = None
+        self._clock: StepClock | None = None
+        self._agg: StepAggregator | None = None
+        self._hw: HardwareReader | None = None
+        self._reporter: Reporter | None = None
         self._device = "cpu"
         self._device_count = 0
         self._dist = DistributedContext()
-        self._gpu_ids: list[int] = []  # node-local indices of the sampled GPUs
-        self._job: Any = None  # JobTracking in a distributed job
-        self._job_params: dict[str, Any] | None = None
-        self._first_step_handle: Any = None
-        self._last_hw_s = float("-inf")  # perf_counter of the last hardware reading
         self._profile_params_logged = False
         self._started = False
         self._stopped = False
@@ -94,8 +103,8 @@ class Tracker:
         clock = self._clock
         if clock is not None:
             clock.mark(samples, tokens)
-            if self._first_step_handle is not None:
-                self._start_gatherer()
+            if isinstance(self._reporter, JobReporter):
+                self._reporter.on_manual_step()
 
     def stop(self, failed: bool = False) -> TrackSummary | None:
         """Stop, log the summary and profile, flush, end the run if it was started here.
@@ -124,39 +133,30 @@ class Tracker:
     def _start(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        from mlflow_gpuopt.devices import get_host
+        from mlflow_gpuopt.devices import get_gpus, get_host
         from mlflow_gpuopt.tracking.aggregate import StepAggregator
-        from mlflow_gpuopt.tracking.hardware import HardwareReader
+        from mlflow_gpuopt.tracking.gpu_select import select_gpus
+        from mlflow_gpuopt.tracking.hw_reader import HardwareReader
         from mlflow_gpuopt.tracking.sampler import Sampler
         from mlflow_gpuopt.tracking.steps import StepClock
 
         cfg = self.config
         self._dist = DistributedContext.from_env(strategy=cfg.strategy)
-        gpus, cuda_indices = self._select_gpus()
-        self._device_count = len(gpus)
-        self._device = gpus.name(0) if len(gpus) else "cpu"
-        self._hw = HardwareReader(gpus, get_host(), cuda_indices, warn=self._warn)
-        if self._dist.is_distributed:
-            from mlflow_gpuopt.tracking.job import JobTracking
-
-            self._job = JobTracking(self._dist, self.model, cfg.strategy, self._gpu_ids,
-                                    cfg.interval_s)
+        sel = select_gpus(self.model, cfg.gpu_indices, self._dist, get_gpus())
+        self._device_count = len(sel.gpus)
+        self._device = sel.device
+        self._hw = HardwareReader(sel.gpus, get_host(), list(sel.cuda_indices), warn=self._warn)
+        self._reporter = self._make_reporter(list(sel.gpu_ids))
         if self._dist.is_logging_rank:  # other ranks never touch MLflow
             self._open_run()
-        params: dict[str, Any] = {"gpuopt.device": self._device, "gpuopt.gpu_backend": gpus.backend}
-        if self._job is None:  # a job's layout is logged once the ranks have reported
-            params.update({"gpuopt.device_count": self._device_count,
-                           "gpuopt.nodes": self._dist.nodes,
-                           "gpuopt.world_size": self._dist.world_size,
-                           "gpuopt.strategy": self._dist.strategy})
-        self._log_params(params)
+        self._log_params({**device_params(self._device, sel.gpus.backend),
+                          **self._reporter.start_params(self._device_count)})
         profiler = (WorkloadProfiler(self.model, self.optimizer, cfg.name)
                     if cfg.profile and self.model is not None and self._dist.is_logging_rank
                     else None)
         self._clock = StepClock(self.optimizer, profiler, cfg.profile_step,
-                                cuda_events=bool(cuda_indices), maxlen=cfg.max_step_records,
-                                on_error=self._hook_error,
-                                comm_meter=self._job.meter if self._job is not None else None)
+                                cuda_events=bool(sel.cuda_indices), maxlen=cfg.max_step_records,
+                                on_error=self._hook_error, comm_meter=self._reporter.comm_meter)
         self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps,
                                    self._clock.start_event)
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
@@ -169,123 +169,45 @@ class Tracker:
         except Exception as exc:
             self._warn("tick", "hardware sampling failed: %s", exc)
         self._sampler = Sampler(self._tick, cfg.interval_s, warn=self._warn)
-        if self._job is None:
-            self._sampler.start()
-            return
-        import torch.distributed as dist
+        self._handles += self._reporter.begin(self._sampler)
 
-        if dist.is_available() and dist.is_initialized():
-            self._start_gatherer()
-        else:  # the gatherer's group is made at the first step, which every rank reaches
-            self._first_step_handle = register_optimizer_step_post_hook(self._on_first_step)
-            self._handles.append(self._first_step_handle)
+    def _make_reporter(self, gpu_ids: list[int]) -> Reporter:
+        if not self._dist.is_distributed:
+            return LocalReporter(self._dist)
+        from mlflow_gpuopt.tracking.distributed.job import JobTracking
 
-    # -- distributed job -----------------------------------------------------------------------
-    def _on_first_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if self.optimizer is not None and optimizer is not self.optimizer:
-            return
-        if self._clock is not None and self._clock.manual:
-            return
-        self._start_gatherer()
-
-    def _start_gatherer(self) -> None:
-        """Create the rank gatherer (a collective: every rank, main thread, same point);
-        without a process group, fall back to this rank's own sampler."""
-        handle, self._first_step_handle = self._first_step_handle, None
-        if handle is not None:
-            try:
-                handle.remove()
-            except Exception as exc:
-                self._warn("unhook", "could not remove a hook: %s", exc)
-        job = self._job
-        if job is None or not job.pending:
-            return
-        try:
-            started = job.start_gatherer(self._collect_row, self._on_round)
-        except Exception as exc:
-            self._warn("gather", "cannot gather other ranks' figures: %s", exc)
-            started = False
-        if not started:
-            self._warn("gather", "no torch.distributed process group: rank %d logs only "
-                       "its own figures", self._dist.rank)
-            self._sampler.start()
+        cfg = self.config
+        job = JobTracking(self._dist, self.model, cfg.strategy, gpu_ids, cfg.interval_s)
+        return JobReporter(job, cfg.interval_s, self._warn, self._collect_row, self._log_metrics,
+                           self._log_params, self.optimizer,
+                           lambda: self._clock is not None and self._clock.manual)
 
     def _collect_row(self, final: bool) -> list[float]:
         """This rank's report for one gathering round (gatherer thread; never raises)."""
-        from mlflow_gpuopt.tracking.rank_rows import RankReport, encode
+        from mlflow_gpuopt.tracking.distributed.rank_rows import RankReport, encode
 
         try:
             self._tick(final=final)
         except Exception as exc:
             self._warn("tick", "hardware sampling failed: %s", exc)
         try:
-            return self._job.row(self._agg, self._hw, self._peak_memory())
+            return self._reporter.job.row(self._agg, self._hw.energy_joules,
+                                          self._peak_memory())
         except Exception as exc:
             self._warn("row", "could not build this rank's report: %s", exc)
             d = self._dist
             return encode(RankReport(d.rank, d.node_rank, d.local_rank,
                                      steps_total=self._agg.steps if self._agg else 0))
 
-    def _on_round(self, rows: list[list[float]]) -> None:
-        """Rank 0: one round of every rank's reports becomes the job's metrics."""
-        job = self._job
-        metrics = job.combiner.add_round(rows)
-        if job.combiner.stalled_ranks:
-            self._warn("stalled", "rank(s) %s reported no steps for several intervals; the "
-                       "job's throughput is left out until every rank steps again",
-                       ", ".join(map(str, job.combiner.stalled_ranks)))
-        if self._job_params is None:
-            self._log_job_params()
-        if self._writer is not None and metrics and not self._stopped_logging:
-            self._writer.log_metrics(metrics, step=job.combiner.step)
-
-    def _log_job_params(self) -> None:
-        try:
-            self._job_params = self._job.params()
-        except Exception as exc:
-            self._warn("layout", "could not read the job layout: %s", exc)
-            d = self._dist
-            self._job_params = {"gpuopt.strategy": self._job.strategy,
-                                "gpuopt.world_size": d.world_size, "gpuopt.nodes": d.nodes}
-        self._log_params(self._job_params)
-
-    def _select_gpus(self) -> tuple[Any, list[int]]:
-        """The GPUs this process uses, and those of them torch.cuda holds the model on."""
-        from mlflow_gpuopt.devices import get_gpus
-
-        model_cuda: list[int] = []
-        on_cpu = False
-        if self.model is not None:
-            import torch
-
-            devs = {p.device for p in self.model.parameters()}
-            model_cuda = sorted({d.index if d.index is not None else torch.cuda.current_device()
-                                 for d in devs if d.type == "cuda"})
-            on_cpu = bool(devs) and not model_cuda and torch.cuda.is_available()
-        gpus = get_gpus()
-        if self.config.gpu_indices is not None:
-            indices = list(self.config.gpu_indices)
-        elif model_cuda:
-            indices = model_cuda
-        elif on_cpu:  # CPU training on a machine that has GPUs: they are not ours
-            indices = []
-        elif self._dist.world_size > 1:
-            indices = [self._dist.local_rank]
-        else:
-            self._gpu_ids = list(range(len(gpus)))
-            return gpus, []
-        self._gpu_ids = [i for i in indices if i < len(gpus)]
-        return gpus.select(self._gpu_ids), model_cuda
-
     def _open_run(self) -> None:
-        from mlflow_gpuopt.tracking.runs import bind_run
-        from mlflow_gpuopt.tracking.writer import RunWriter
+        from mlflow_gpuopt.mlflow_io.run_binding import bind_run
+        from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
         try:
             self._binding = bind_run(self.config.run_id, self.config.run_name)
             self.run_id = self._binding.run_id
             self._writer = RunWriter(self.run_id)
-            self._writer.set_tags({"gpuopt.tracked": "true"})
+            self._writer.set_tags({contract.TAG_TRACKED: "true"})
         except Exception as exc:
             self._warn("run", "no MLflow run; measuring without logging: %s", exc)
 
@@ -309,41 +231,19 @@ class Tracker:
         if not self._lock.acquire(timeout=10.0):
             return
         try:
-            metrics: dict[str, float] = {}
             try:
                 window = self._agg.consume(self._clock.records, final=final)
             except Exception as exc:
                 self._warn("steps", "step timing failed: %s", exc)
                 window = None
-            job = self._job
-            hw = self._read_hw(job)
-            if job is not None:
-                job.add(window, hw)  # the gatherer reports it; rank 0 logs the job's view
-                if job.gatherer is not None:
-                    window = None
-            if window is not None:
-                metrics["gpuopt/step_time_s"] = window.duration_s / window.steps
-                if window.duration_s > 0 and window.samples > 0 and self._agg.samples_known:
-                    metrics["gpuopt/throughput_samples_per_s"] = window.samples / window.duration_s
-                if window.duration_s > 0 and window.tokens > 0:
-                    metrics["gpuopt/throughput_tokens_per_s"] = window.tokens / window.duration_s
-            metrics.update(hw)
+            reporter = self._reporter
+            reading = self._hw.read() if reporter.wants_reading() else None
+            metrics = reporter.tick(window, reading, self._agg)
             self._maybe_log_profile_params()
-            if self._writer is not None and metrics and not self._stopped_logging:
-                self._writer.log_metrics(metrics, step=self._agg.steps)
+            if metrics:
+                self._log_metrics(metrics, self._agg.steps)
         finally:
             self._lock.release()
-
-    def _read_hw(self, job: Any) -> dict[str, float]:
-        """A hardware reading; in a job, at most one per half interval (the last rounds come
-        back to back, and a CPU % over a few milliseconds means nothing)."""
-        import time
-
-        now = time.perf_counter()
-        if job is not None and now - self._last_hw_s < 0.5 * self.config.interval_s:
-            return {}
-        self._last_hw_s = now
-        return self._hw.read()
 
     def _maybe_log_profile_params(self) -> None:
         if self._profile_params_logged:
@@ -354,38 +254,16 @@ class Tracker:
         self._profile_params_logged = True
         try:
             self.profile = profiler.result(self._clock.profile_samples,
-                                           self._clock.profile_forwards, self._overrides())
+                                           self._clock.profile_forwards,
+                                           profile_overrides(self.config))
         except Exception as exc:
             self._warn("profile", "workload profile failed: %s", exc)
             return
         self._log_profile_params(self.profile)
 
-    def _overrides(self) -> dict:
-        c = self.config
-        return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
-                "precision": c.precision, "tokens_per_sample": c.tokens_per_sample}
-
     def _log_profile_params(self, p: WorkloadProfile | None) -> None:
-        c = self.config
-        params: dict[str, Any] = {
-            "gpuopt.precision": (p.precision if p else None) or c.precision
-            or self._fallback_precision(),
-            "gpuopt.micro_batch": (p.micro_batch if p else None) or c.micro_batch
-            or c.samples_per_step or (self._clock.last_step_samples if self._clock else None),
-            "gpuopt.grad_accum": (p.grad_accum if p else None) or c.grad_accum or 1,
-        }
-        if p is not None:
-            params["gpuopt.params"] = p.params
-            params["gpuopt.trainable_params"] = p.trainable_params
-            if p.flops_per_sample is not None:
-                params["gpuopt.flops_per_sample"] = f"{p.flops_per_sample:.6g}"
-            if p.optimizer:
-                params["gpuopt.optimizer"] = p.optimizer
-            if p.tokens_per_sample:
-                params["gpuopt.tokens_per_sample"] = p.tokens_per_sample
-            if p.kernels_per_micro_step:
-                params["gpuopt.kernels_per_micro_step"] = f"{p.kernels_per_micro_step:.10g}"
-        self._log_params({k: v for k, v in params.items() if v not in (None, "", 0)})
+        last = self._clock.last_step_samples if self._clock else None
+        self._log_params(workload_params(p, self.config, last, self._fallback_precision))
 
     def _fallback_precision(self) -> str:
         if self.model is None:
@@ -400,6 +278,10 @@ class Tracker:
         if self._writer is not None:
             self._writer.log_params(params)
 
+    def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self._writer is not None and metrics and not self._stopped_logging:
+            self._writer.log_metrics(metrics, step=step)
+
     # -- stop ----------------------------------------------------------------------------------
     def _finish(self) -> None:
         clock = self._clock
@@ -412,35 +294,26 @@ class Tracker:
                 self._warn("profile", "could not leave the profiler's modes: %s", exc)
         if self._sampler is not None:
             self._sampler.stop()
-        job = self._job
-        # the last round carries every rank's final figures (waits for all ranks to stop)
-        if (job is not None and job.gatherer is not None
-                and not job.stop(timeout_s=max(30.0, 3 * self.config.interval_s))):
-            self._warn("gather", "not every rank reported at the end; the run's job "
-                       "figures may miss the last interval")
+        reporter = self._reporter
+        reporter.end(timeout_s=max(30.0, 3 * self.config.interval_s))
         self._tick(final=True)  # the end sample, and every step not yet read
         if not self._dist.is_logging_rank:
             self.summary = self._summarize()  # this rank's own view; nothing is logged
             return
-        if job is not None and self._job_params is None:
-            self._log_job_params()
+        reporter.layout_params()
         if not self._profile_params_logged:
             self._profile_params_logged = True
             if self.model is not None and clock.profiler is not None:
                 try:
                     self.profile = clock.profiler.result(clock.last_step_samples or None,
                                                          clock.last_step_forwards or None,
-                                                         self._overrides())
+                                                         profile_overrides(self.config))
                 except Exception as exc:
                     self._warn("profile", "workload profile failed: %s", exc)
             self._log_profile_params(self.profile)
         self.summary = self._summarize()
         if self._writer is not None:
-            metrics = self.summary.metrics()
-            step = self._agg.steps
-            if job is not None and job.gathered:
-                metrics.update(job.combiner.summary())
-                step = max(step, job.combiner.step)
+            metrics, step = reporter.final_metrics(self.summary.metrics(), self._agg.steps)
             self._writer.log_metrics(metrics, step=step)
             if self.profile is not None:
                 self._writer.log_dict(self.profile.to_json(self._hardware()), PROFILE_ARTIFACT)
@@ -457,12 +330,12 @@ class Tracker:
             hw = {}
         hw.update({"device": self._device, "device_count": self._device_count,
                    "world_size": self._dist.world_size, "nodes": self._dist.nodes})
-        if self._job_params:  # a distributed job: its layout as the ranks reported it
-            hw.update({k.split(".", 1)[1]: v for k, v in self._job_params.items()})
+        hw.update(self._reporter.hardware_extras())  # a job: its layout as the ranks reported
         return hw
 
     def _peak_memory(self) -> float | None:
-        """This process's peak memory (see :meth:`HardwareReader.peak_memory_bytes`)."""
+        """This process's peak memory (see :meth:`HardwareReader.peak_memory_bytes`), counting
+        the peak the profiler saw before it reset torch's counters."""
         hw = self._hw
         peak = hw.peak_memory_bytes()
         profiler = self._clock.profiler if self._clock is not None else None
@@ -473,64 +346,25 @@ class Tracker:
 
     def _summarize(self) -> TrackSummary:
         """This process's summary; on rank 0 of a job whose ranks reported, the job's."""
-        from mlflow_gpuopt.tracking.peaks import peak_flops_per_s
-
-        steady = self._agg.steady_state()
         hw = self._hw
-        peak = self._peak_memory()
-        device_count = self._device_count
-        energy = hw.energy_joules
-        util = hw.util_sum / hw.util_n if hw.util_n else None
-        job = self._job
-        if job is not None and job.gathered and self._dist.is_logging_rank:
-            steady, peak, energy, util, device_count = self._job_summary(steady, peak, energy, util)
-        p = self.profile
-        mfu = None
-        if (p is not None and p.flops_per_sample and steady.throughput_samples_per_s
-                and device_count):
-            peak_flops = peak_flops_per_s(self._device, p.precision)
-            if peak_flops:
-                mfu = (p.flops_per_sample * steady.throughput_samples_per_s
-                       / (peak_flops * device_count))
-        return TrackSummary(
-            run_id=self.run_id, device=self._device, device_count=device_count,
-            total_steps=self._agg.steps, steady=steady, peak_memory_bytes=peak,
-            mfu=mfu, flops_per_sample=p.flops_per_sample if p else None,
-            params=p.params if p else None, energy_joules=energy,
-            gpu_utilization_mean_percent=util)
-
-    def _job_summary(self, steady: Any, peak: Any, energy: Any, util: Any) -> tuple:
-        """The job's steady state from every rank's last report (rank 0)."""
-        from dataclasses import replace
-
-        job = self._job
-        m = job.combiner.summary()
-        layout = job.combiner.layout()
-
-        def g(name: str, default: Any) -> Any:
-            return m.get("gpuopt/summary/" + name, default)
-
-        steady = replace(
-            steady,
-            throughput_samples_per_s=g("throughput_samples_per_s", None),
-            throughput_tokens_per_s=g("throughput_tokens_per_s", None),
-            throughput_steps_per_s=g("throughput_steps_per_s", steady.throughput_steps_per_s),
-            step_time_mean_s=g("step_time_mean_s", steady.step_time_mean_s),
-            step_time_p50_s=g("step_time_p50_s", steady.step_time_p50_s),
-            step_time_p90_s=g("step_time_p90_s", steady.step_time_p90_s))
-        return (steady, g("peak_memory_bytes", peak), g("energy_joules", energy),
-                g("gpu_utilization_percent", util),
-                layout.device_count if layout is not None else self._device_count)
+        own = Figures(self._agg.steady_state(), self._peak_memory(), hw.energy_joules,
+                      hw.gpu_utilization_mean_percent, self._device_count)
+        f = self._reporter.figures(own)
+        return build_summary(self.run_id, self._device, f.device_count, self._agg.steps,
+                             f.steady, f.peak_memory_bytes, f.energy_joules,
+                             f.gpu_utilization_mean_percent, self.profile)
 
     def _close(self, failed: bool) -> None:
         self._stopped_logging = True
+        if isinstance(self._reporter, JobReporter):
+            self._reporter.logging = False
         if self._writer is not None:
             try:
                 self._writer.close(timeout_s=self.config.flush_timeout_s)  # warns itself
             except Exception as exc:
                 self._warn("flush", "could not flush to MLflow: %s", exc)
         if self._binding is not None:
-            from mlflow_gpuopt.tracking.runs import end_run
+            from mlflow_gpuopt.mlflow_io.run_binding import end_run
 
             try:
                 end_run(self._binding, failed)

@@ -24,6 +24,7 @@ import requests
 import urllib3
 
 from mlflow_gpuopt.catalog.errors import RefreshError
+from mlflow_gpuopt.redact import mask_values, public_url
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,6 @@ MAX_REDIRECTS = 5
 MAX_TIMEOUT_S = 86400.0
 #: The encodings :class:`_Inflater` decodes; asked for explicitly so none other arrives.
 _ENCODINGS = {"Accept-Encoding": "gzip, deflate"}
-
-
-def public_url(url: str) -> str:
-    """``url`` without its query string (which may carry a key) for messages."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}"
 
 
 def host_of(url: str) -> str:
@@ -68,14 +63,6 @@ def redirect_allowed(origin: str, target: str) -> bool:
     to the same scheme (http or https), so a redirect never drops TLS."""
     scheme = urlsplit(origin).scheme.lower()
     return scheme in ("http", "https") and urlsplit(target).scheme.lower() == scheme
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``***``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 def _left(deadline: float) -> float:
@@ -176,7 +163,7 @@ class HttpClient:
         self.session = session or requests.Session()
 
     def _fail(self, message: str) -> RefreshError:
-        return RefreshError(redact(message, self.secrets))
+        return RefreshError(mask_values(message, self.secrets))
 
     def get_bytes(
         self,
@@ -291,7 +278,7 @@ class HttpClient:
         show = self.progress and expected is not None and expected >= _PROGRESS_MIN_BYTES
         # The label is the caller's short description, never the URL (whose query string may
         # carry a key); redacted all the same in case a caller put a secret into it.
-        label = redact(what, self.secrets)
+        label = mask_values(what, self.secrets)
         bar = click.progressbar(length=expected, label=label, file=sys.stderr) if show else None
         # read1 (urllib3 >= 2) returns what has arrived instead of waiting for a full chunk.
         read = getattr(resp.raw, "read1", None) or resp.raw.read

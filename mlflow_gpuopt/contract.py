@@ -1,0 +1,154 @@
+"""The run contract: every MLflow param, metric, tag and artifact name gpuopt writes or reads.
+
+Declared once here; writers (tracking, the recommendation logger, the run-context plugin) and
+readers (``mlflow_io``, the CLI, the report) import these names instead of spelling them. The
+meaning and units of each name are documented in ``docs/metrics.md``; a name's unit is also
+its suffix (``_s``, ``_bytes``, ``_percent``, ``_watts``, ``_joules``, ``_per_s``).
+
+Pure constants and string builders: no imports, no I/O.
+"""
+
+from __future__ import annotations
+
+PREFIX = "gpuopt"
+
+# -- params (``gpuopt.*``) ---------------------------------------------------------------------
+PARAM_PREFIX = "gpuopt."
+PARAM_DEVICE = "gpuopt.device"  # NVML name of GPU 0 of this process, or "cpu"
+PARAM_GPU_BACKEND = "gpuopt.gpu_backend"
+PARAM_DEVICE_COUNT = "gpuopt.device_count"
+PARAM_NODES = "gpuopt.nodes"
+PARAM_WORLD_SIZE = "gpuopt.world_size"
+PARAM_STRATEGY = "gpuopt.strategy"
+PARAM_GPUS_PER_NODE = "gpuopt.gpus_per_node"
+PARAM_BACKEND = "gpuopt.backend"  # torch.distributed backend of a job
+PARAM_INTERCONNECT = "gpuopt.interconnect"
+PARAM_PRECISION = "gpuopt.precision"
+PARAM_MICRO_BATCH = "gpuopt.micro_batch"
+PARAM_GRAD_ACCUM = "gpuopt.grad_accum"
+PARAM_PARAMS = "gpuopt.params"
+PARAM_TRAINABLE_PARAMS = "gpuopt.trainable_params"
+PARAM_FLOPS_PER_SAMPLE = "gpuopt.flops_per_sample"
+PARAM_OPTIMIZER = "gpuopt.optimizer"
+PARAM_TOKENS_PER_SAMPLE = "gpuopt.tokens_per_sample"
+PARAM_KERNELS_PER_MICRO_STEP = "gpuopt.kernels_per_micro_step"
+
+#: Workload fields (the profile's keys) and the param that carries each when the profile
+#: artifact is missing.
+WORKLOAD_PARAMS = {
+    "params": PARAM_PARAMS, "flops_per_sample": PARAM_FLOPS_PER_SAMPLE,
+    "precision": PARAM_PRECISION, "micro_batch": PARAM_MICRO_BATCH,
+    "grad_accum": PARAM_GRAD_ACCUM, "optimizer": PARAM_OPTIMIZER,
+    "tokens_per_sample": PARAM_TOKENS_PER_SAMPLE, "trainable_params": PARAM_TRAINABLE_PARAMS,
+    "kernels_per_micro_step": PARAM_KERNELS_PER_MICRO_STEP,
+}
+
+
+def param_field(param: str) -> str:
+    """The field a ``gpuopt.*`` param names (``gpuopt.world_size`` -> ``world_size``)."""
+    return param.split(".", 1)[1] if param.startswith(PARAM_PREFIX) else param
+
+
+# -- tags --------------------------------------------------------------------------------------
+TAG_TRACKED = "gpuopt.tracked"  # "true" on runs track() wrote into
+TAG_KIND = "gpuopt.kind"  # KIND_RECOMMENDATION | KIND_CANDIDATE
+TAG_SOURCE_RUN_IDS = "gpuopt.source_run_ids"  # comma-separated
+TAG_WHY = "gpuopt.why"  # a candidate's one-line reason
+KIND_RECOMMENDATION = "recommendation"
+KIND_CANDIDATE = "candidate"
+#: Hardware fingerprint tags set on every new run by the run-context plugin.
+TAG_HW_GPU = "gpuopt.hw.gpu"
+TAG_HW_GPU_COUNT = "gpuopt.hw.gpu_count"
+TAG_HW_CPU = "gpuopt.hw.cpu"
+TAG_HW_CPU_COUNT = "gpuopt.hw.cpu_count"
+TAG_HW_MEMORY_GB = "gpuopt.hw.memory_gb"
+TAG_HW_CLOUD = "gpuopt.hw.cloud"
+TAG_HW_INSTANCE_TYPE = "gpuopt.hw.instance_type"
+
+# -- metrics: time series (``gpuopt/*``) ------------------------------------------------------
+METRIC_STEP_TIME_S = "gpuopt/step_time_s"
+METRIC_THROUGHPUT_SAMPLES = "gpuopt/throughput_samples_per_s"
+METRIC_THROUGHPUT_TOKENS = "gpuopt/throughput_tokens_per_s"
+METRIC_CPU_UTILIZATION = "gpuopt/cpu_utilization_percent"
+METRIC_HOST_MEMORY_USED = "gpuopt/host_memory_used_bytes"
+METRIC_PROCESS_RSS = "gpuopt/process_rss_bytes"
+METRIC_COMM_TIME_S = "gpuopt/comm_time_s"  # per step, mean over ranks (jobs)
+METRIC_COMM_BYTES = "gpuopt/comm_bytes"  # per step, mean over ranks (jobs)
+METRIC_EXPOSED_COMM_FRACTION = "gpuopt/exposed_comm_fraction"
+
+#: Per-GPU readings (``gpu_<i>_<reading>``).
+GPU_UTILIZATION_PERCENT = "utilization_percent"
+GPU_MEMORY_USED_BYTES = "memory_used_bytes"
+GPU_POWER_WATTS = "power_watts"
+GPU_SM_CLOCK_MHZ = "sm_clock_mhz"
+GPU_TORCH_ALLOCATED_BYTES = "torch_allocated_bytes"
+GPU_TORCH_RESERVED_BYTES = "torch_reserved_bytes"
+#: Per-rank readings (``rank_<r>/<reading>``) and per-node host readings (``node_<k>/...``).
+RANK_STEP_TIME_S = "step_time_s"
+RANK_THROUGHPUT_SAMPLES = "throughput_samples_per_s"
+RANK_PROCESS_CPU_PERCENT = "process_cpu_percent"
+RANK_PROCESS_RSS_BYTES = "process_rss_bytes"
+NODE_CPU_UTILIZATION_PERCENT = "cpu_utilization_percent"
+NODE_HOST_MEMORY_USED_BYTES = "host_memory_used_bytes"
+
+
+def gpu_metric(gpu: int, reading: str) -> str:
+    """``gpuopt/gpu_<gpu>_<reading>``: one GPU of this process (``gpu``: its index among the
+    GPUs the process samples)."""
+    return f"{PREFIX}/gpu_{gpu}_{reading}"
+
+
+def rank_metric(rank: int, reading: str) -> str:
+    """``gpuopt/rank_<rank>/<reading>``: one rank of a distributed job."""
+    return f"{PREFIX}/rank_{rank}/{reading}"
+
+
+def node_metric(node: int, reading: str) -> str:
+    """``gpuopt/node_<node>/<reading>``: one node's host-wide reading."""
+    return f"{PREFIX}/node_{node}/{reading}"
+
+
+def node_gpu_metric(node: int, gpu: int, reading: str) -> str:
+    """``gpuopt/node_<node>/gpu_<gpu>_<reading>`` (``gpu``: the GPU's index on its node)."""
+    return f"{PREFIX}/node_{node}/gpu_{gpu}_{reading}"
+
+
+# -- metrics: the end-of-run summary (``gpuopt/summary/*``) -----------------------------------
+SUMMARY_PREFIX = "gpuopt/summary/"
+
+
+def summary_metric(name: str) -> str:
+    """``gpuopt/summary/<name>``."""
+    return SUMMARY_PREFIX + name
+
+
+SUMMARY_THROUGHPUT_SAMPLES = summary_metric("throughput_samples_per_s")
+SUMMARY_THROUGHPUT_TOKENS = summary_metric("throughput_tokens_per_s")
+SUMMARY_THROUGHPUT_STEPS = summary_metric("throughput_steps_per_s")
+SUMMARY_STEP_TIME_P50_S = summary_metric("step_time_p50_s")
+SUMMARY_STEP_TIME_P90_S = summary_metric("step_time_p90_s")
+SUMMARY_STEP_TIME_MEAN_S = summary_metric("step_time_mean_s")
+SUMMARY_STEPS = summary_metric("steps")
+SUMMARY_STEADY_STEPS = summary_metric("steady_steps")
+SUMMARY_WARMUP_STEPS = summary_metric("warmup_steps")
+SUMMARY_PEAK_MEMORY_BYTES = summary_metric("peak_memory_bytes")
+SUMMARY_MFU = summary_metric("mfu")
+SUMMARY_ENERGY_JOULES = summary_metric("energy_joules")
+SUMMARY_GPU_UTILIZATION = summary_metric("gpu_utilization_percent")
+SUMMARY_COMM_TIME_PER_STEP_S = summary_metric("comm_time_per_step_s")  # jobs only
+SUMMARY_COMM_BYTES_PER_STEP = summary_metric("comm_bytes_per_step")
+SUMMARY_COLLECTIVES_PER_STEP = summary_metric("collectives_per_step")
+SUMMARY_EXPOSED_COMM_FRACTION = summary_metric("exposed_comm_fraction")
+
+# -- artifacts ---------------------------------------------------------------------------------
+ARTIFACT_DIR = "gpuopt"
+PROFILE_ARTIFACT = "gpuopt/profile.json"  # the workload profile, schema PROFILE_SCHEMA
+RECOMMENDATION_JSON = "gpuopt/recommendation.json"
+CANDIDATES_TABLE = "gpuopt/candidates_table.json"
+REPORT_HTML = "gpuopt/report.html"
+PARETO_PNG = "gpuopt/pareto.png"
+SCALING_PNG = "gpuopt/scaling.png"
+
+# -- schema versions ---------------------------------------------------------------------------
+PROFILE_SCHEMA = "gpuopt.workload/1"  # the "schema" key of gpuopt/profile.json
+JOURNAL_SCHEMA = "gpuopt.journal/1"  # the first line of a delivery journal

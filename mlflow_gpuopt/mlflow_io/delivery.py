@@ -1,0 +1,357 @@
+"""Sending tracking records to MLflow: batching, one short request at a time, exactly once.
+
+Shared by :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` (its sender thread) and
+``mlflow gpuopt replay``. Records are the journal's dicts (see :mod:`.journal`).
+
+Why not ``MlflowClient``: for an ``http(s)://`` tracking server MLflow retries every request
+internally (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` = 7 with backoff factor 2, timeout 120 s), so a
+dead server would hold the sender for minutes and a close() could not be bounded. Those
+settings are process-wide environment variables, so changing them would change the user's
+own MLflow calls too. Instead this module calls ``mlflow.utils.rest_utils.http_request`` with
+``max_retries=0`` and a short ``timeout`` for its own requests only, and does its own retrying
+(with backoff, on the writer's thread). Other tracking URIs (``sqlite:``, a local path) go
+through ``MlflowClient``: no network is involved.
+
+Exactly once: a record keeps its step, timestamp and value from the moment it is logged, so a
+re-send is the same (key, timestamp, step, value) — which MLflow's SQL stores keep once
+(primary key). When a send fails after the request may have reached the server (read timeout,
+connection reset, 5xx), the batch is *uncertain*: before sending it again the sender reads the
+run's metric history for the batch's keys and drops the values already there, so stores that
+do not de-duplicate (the file store) also end up with each value once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Protocol
+
+from mlflow_gpuopt.redact import redact
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH_METRICS = 1000  # MLflow's log_batch limits
+MAX_BATCH_PARAMS = 100
+MAX_BATCH_TAGS = 100
+
+_RETRYABLE_STATUS = {401, 403, 408, 409, 425, 429}
+
+
+class DeliveryError(Exception):
+    """A send that did not go through.
+
+    ``permanent``: the server refused the content (bad request); sending it again won't help.
+    ``ambiguous``: the request may have reached the server and been applied.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False, ambiguous: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.ambiguous = ambiguous
+
+
+MetricTuple = tuple[str, float, int, int]  # key, value, timestamp_ms, step
+
+
+class Transport(Protocol):
+    """The three calls delivery needs; each raises :class:`DeliveryError` on failure."""
+
+    def log_batch(self, run_id: str, metrics: list[MetricTuple], params: dict[str, str],
+                  tags: dict[str, str]) -> None: ...
+
+    def metric_history(self, run_id: str, key: str) -> set[tuple[int, int, float]]: ...
+
+    def log_json_artifact(self, run_id: str, obj: Any, artifact_file: str) -> None: ...
+
+
+def _json_value(value: float) -> float | str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def _classify_exception(exc: BaseException, what: str) -> DeliveryError:
+    """Turn a failed request into a DeliveryError: was it possibly applied?"""
+    chain, cur = [], exc
+    while cur is not None and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    names = " ".join(type(e).__name__ for e in chain) + " " + " ".join(str(e) for e in chain)
+    not_sent = any(s in names for s in ("NewConnectionError", "ConnectTimeout",
+                                        "Connection refused", "Failed to establish",
+                                        "NameResolutionError"))
+    return DeliveryError(f"{what} failed: {exc}", ambiguous=not not_sent)
+
+
+class RestTransport:
+    """Direct REST calls to an MLflow tracking server, no retries, short timeout."""
+
+    def __init__(self, tracking_uri: str, timeout_s: float = 5.0) -> None:
+        from mlflow.utils import rest_utils  # noqa: F401 - imported here, not on the first send
+        from mlflow.utils.credentials import get_default_host_creds
+
+        self._uri = tracking_uri
+        self._creds = get_default_host_creds(tracking_uri)
+        self._timeout_s = timeout_s
+        self._artifact_uri: dict[str, str] = {}
+
+    def _call(self, endpoint: str, method: str, what: str, creds: Any = None, **kwargs: Any):
+        from mlflow.utils.rest_utils import http_request
+
+        try:
+            resp = http_request(creds or self._creds, endpoint, method, max_retries=0,
+                                backoff_factor=0, backoff_jitter=0, timeout=self._timeout_s,
+                                raise_on_status=False, **kwargs)
+        except Exception as exc:  # connection errors, timeouts: decide if it may have landed
+            raise _classify_exception(exc, what) from exc
+        status = resp.status_code
+        if 200 <= status < 300:
+            return resp
+        body = resp.text[:300] if resp.text else ""
+        message = f"{what} failed: HTTP {status} {body}".strip()
+        if status >= 500:
+            raise DeliveryError(message, ambiguous=True)
+        if status in _RETRYABLE_STATUS:
+            raise DeliveryError(message)
+        raise DeliveryError(message, permanent=True)
+
+    def log_batch(self, run_id, metrics, params, tags) -> None:
+        body = {
+            "run_id": run_id,
+            "metrics": [{"key": k, "value": _json_value(v), "timestamp": ts, "step": s}
+                        for k, v, ts, s in metrics],
+            "params": [{"key": k, "value": v} for k, v in params.items()],
+            "tags": [{"key": k, "value": v} for k, v in tags.items()],
+        }
+        self._call("/api/2.0/mlflow/runs/log-batch", "POST", "log-batch", json=body)
+
+    def metric_history(self, run_id, key) -> set[tuple[int, int, float]]:
+        seen: set[tuple[int, int, float]] = set()
+        token = None
+        while True:
+            params = {"run_id": run_id, "metric_key": key, "max_results": 25000}
+            if token:
+                params["page_token"] = token
+            data = self._call("/api/2.0/mlflow/metrics/get-history", "GET", "get-history",
+                              params=params).json()
+            for m in data.get("metrics", []):
+                seen.add((int(m.get("step", 0)), int(m.get("timestamp", 0)),
+                          _float(m.get("value", 0.0))))
+            token = data.get("next_page_token")
+            if not token:
+                return seen
+
+    def log_json_artifact(self, run_id, obj, artifact_file) -> None:
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+        from mlflow.store.artifact.http_artifact_repo import HttpArtifactRepository
+
+        payload = json.dumps(obj, indent=2).encode()
+        if run_id not in self._artifact_uri:
+            run = self._call("/api/2.0/mlflow/runs/get", "GET", "get-run",
+                             params={"run_id": run_id}).json()
+            self._artifact_uri[run_id] = run["run"]["info"]["artifact_uri"]
+        try:
+            repo = get_artifact_repository(self._artifact_uri[run_id], tracking_uri=self._uri)
+        except Exception as exc:
+            raise DeliveryError(f"artifact store for {artifact_file}: {exc}") from exc
+        if isinstance(repo, HttpArtifactRepository):  # served by the tracking server: PUT
+            self._call(posixpath.join("/", artifact_file), "PUT", f"upload {artifact_file}",
+                       creds=repo._host_creds, data=payload,
+                       extra_headers={"Content-Type": "application/json"})
+            return
+        _log_with_repo(repo, payload, artifact_file)
+
+
+def _log_with_repo(repo: Any, payload: bytes, artifact_file: str) -> None:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / posixpath.basename(artifact_file)
+        local.write_bytes(payload)
+        try:
+            repo.log_artifact(str(local), posixpath.dirname(artifact_file) or None)
+        except Exception as exc:
+            raise DeliveryError(f"upload {artifact_file} failed: {exc}", ambiguous=True) from exc
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class ClientTransport:
+    """Any other tracking URI (sqlite, a local store): through ``MlflowClient``."""
+
+    def __init__(self, tracking_uri: str | None) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri)
+
+    def _fail(self, exc: Exception, what: str) -> DeliveryError:
+        from mlflow.exceptions import MlflowException
+
+        if isinstance(exc, MlflowException) and exc.error_code in (
+                "INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST"):
+            return DeliveryError(f"{what} failed: {exc}", permanent=True)
+        return DeliveryError(f"{what} failed: {exc}", ambiguous=True)
+
+    def log_batch(self, run_id, metrics, params, tags) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        try:
+            self._client.log_batch(
+                run_id, metrics=[Metric(k, v, ts, s) for k, v, ts, s in metrics],
+                params=[Param(k, v) for k, v in params.items()],
+                tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
+        except Exception as exc:
+            raise self._fail(exc, "log_batch") from exc
+
+    def metric_history(self, run_id, key) -> set[tuple[int, int, float]]:
+        try:
+            return {(m.step, m.timestamp, m.value)
+                    for m in self._client.get_metric_history(run_id, key)}
+        except Exception as exc:
+            raise self._fail(exc, "get_metric_history") from exc
+
+    def log_json_artifact(self, run_id, obj, artifact_file) -> None:
+        try:
+            self._client.log_dict(run_id, obj, artifact_file)
+        except Exception as exc:
+            raise self._fail(exc, f"log_dict {artifact_file}") from exc
+
+
+def make_transport(tracking_uri: str | None, timeout_s: float = 5.0) -> Transport:
+    """A transport for ``tracking_uri`` (``None``: MLflow's current tracking URI)."""
+    import mlflow
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        return RestTransport(uri, timeout_s)
+    return ClientTransport(uri)
+
+
+# -- batching --------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Consecutive records that go out in one request (or one artifact upload)."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    n_metrics: int = 0
+    n_params: int = 0
+    n_tags: int = 0
+
+    @property
+    def last_seq(self) -> int:
+        return self.records[-1]["seq"]
+
+    @property
+    def is_artifact(self) -> bool:
+        return bool(self.records) and self.records[0]["kind"] == "dict"
+
+    def fits(self, record: dict[str, Any]) -> bool:
+        if not self.records:
+            return True
+        if self.is_artifact or record["kind"] == "dict":
+            return False
+        n = len(record.get("values", {}))
+        kind = record["kind"]
+        if kind == "params" and set(record["values"]) & self._keys("params"):
+            return False  # the same param twice in one batch is an error in MLflow
+        return (self.n_metrics + (n if kind == "metrics" else 0) <= MAX_BATCH_METRICS
+                and self.n_params + (n if kind == "params" else 0) <= MAX_BATCH_PARAMS
+                and self.n_tags + (n if kind == "tags" else 0) <= MAX_BATCH_TAGS)
+
+    def _keys(self, kind: str) -> set[str]:
+        return {k for r in self.records if r["kind"] == kind for k in r["values"]}
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        n = len(record.get("values", {}))
+        if record["kind"] == "metrics":
+            self.n_metrics += n
+        elif record["kind"] == "params":
+            self.n_params += n
+        elif record["kind"] == "tags":
+            self.n_tags += n
+
+
+def batches(records: Iterable[dict[str, Any]]) -> Iterator[Batch]:
+    """Group records, in order, into batches within MLflow's limits."""
+    batch = Batch()
+    for record in records:
+        if not batch.fits(record):
+            yield batch
+            batch = Batch()
+        batch.add(record)
+    if batch.records:
+        yield batch
+
+
+def split_values(values: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+    """``values`` in chunks of at most ``limit`` keys (one record must fit one batch)."""
+    items = list(values.items())
+    return [dict(items[i:i + limit]) for i in range(0, len(items), limit)] or [{}]
+
+
+def send(transport: Transport, run_id: str, batch: Batch, *, verify: bool = False) -> int:
+    """Send one batch; return the number of metric values that reached MLflow now.
+
+    ``verify``: the batch may already be (partly) in MLflow; send only what isn't.
+    Raises :class:`DeliveryError`. A batch the server refuses as bad content is re-sent one
+    record at a time so that only the bad record is refused (``permanent`` error for it).
+    """
+    if batch.is_artifact:
+        rec = batch.records[0]
+        transport.log_json_artifact(run_id, rec["obj"], rec["file"])
+        return 0
+    metrics: list[MetricTuple] = []
+    params: dict[str, str] = {}
+    tags: dict[str, str] = {}
+    for rec in batch.records:
+        if rec["kind"] == "metrics":
+            metrics.extend((k, float(v), int(rec["ts"]), int(rec["step"]))
+                           for k, v in rec["values"].items())
+        elif rec["kind"] == "params":
+            params.update(rec["values"])
+        elif rec["kind"] == "tags":
+            tags.update(rec["values"])
+    if verify and metrics:
+        metrics = _not_yet_logged(transport, run_id, metrics)
+    if not (metrics or params or tags):
+        return 0
+    try:
+        transport.log_batch(run_id, metrics, params, tags)
+    except DeliveryError as exc:
+        if not exc.permanent or len(batch.records) == 1:
+            raise
+        delivered = 0
+        for rec in batch.records:  # find the bad record; the good ones go through
+            one = Batch()
+            one.add(rec)
+            try:
+                delivered += send(transport, run_id, one, verify=verify)
+            except DeliveryError as one_exc:
+                if not one_exc.permanent:
+                    raise
+                logger.warning("gpuopt: MLflow refused a tracking record (seq %s): %s",
+                               rec["seq"], redact(str(one_exc)))
+        return delivered
+    return len(metrics)
+
+
+def _not_yet_logged(transport: Transport, run_id: str,
+                    metrics: list[MetricTuple]) -> list[MetricTuple]:
+    logged: dict[str, set[tuple[int, int, float]]] = {}
+    for key in {m[0] for m in metrics}:
+        logged[key] = transport.metric_history(run_id, key)
+    return [m for m in metrics if (m[3], m[2], m[1]) not in logged[m[0]]
+            and not (math.isnan(m[1]) and any(s == m[3] and t == m[2] and math.isnan(v)
+                                               for s, t, v in logged[m[0]]))]
