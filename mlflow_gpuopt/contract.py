@@ -32,6 +32,15 @@ PARAM_FLOPS_PER_SAMPLE = "gpuopt.flops_per_sample"
 PARAM_OPTIMIZER = "gpuopt.optimizer"
 PARAM_TOKENS_PER_SAMPLE = "gpuopt.tokens_per_sample"
 PARAM_KERNELS_PER_MICRO_STEP = "gpuopt.kernels_per_micro_step"
+#: Degrees of parallelism of a job (from its DeviceMesh or TrackConfig).
+PARAM_TP = "gpuopt.tp"
+PARAM_PP = "gpuopt.pp"
+PARAM_DP = "gpuopt.dp"
+PARAM_CP = "gpuopt.cp"
+#: What the profiled step ran: attention kernel, activation recomputation, FP8 recipe.
+PARAM_ATTENTION = "gpuopt.attention"  # sdpa | eager
+PARAM_RECOMPUTE = "gpuopt.recompute"  # none | selective | selective-op | full
+PARAM_FP8_RECIPE = "gpuopt.fp8_recipe"  # te | tensorwise | rowwise
 
 #: Workload fields (the profile's keys) and the param that carries each when the profile
 #: artifact is missing.
@@ -41,6 +50,7 @@ WORKLOAD_PARAMS = {
     "grad_accum": PARAM_GRAD_ACCUM, "optimizer": PARAM_OPTIMIZER,
     "tokens_per_sample": PARAM_TOKENS_PER_SAMPLE, "trainable_params": PARAM_TRAINABLE_PARAMS,
     "kernels_per_micro_step": PARAM_KERNELS_PER_MICRO_STEP,
+    "attention": PARAM_ATTENTION, "recompute": PARAM_RECOMPUTE, "fp8_recipe": PARAM_FP8_RECIPE,
 }
 
 

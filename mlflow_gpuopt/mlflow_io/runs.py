@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_gpuopt import contract
+from mlflow_gpuopt.perfmodel.activations import normalize_recompute
+from mlflow_gpuopt.perfmodel.errors import PerfModelError
+from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
 from mlflow_gpuopt.validation import OutOfRangeError, check
 from mlflow_gpuopt.workload_files import (
@@ -178,17 +181,51 @@ def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
     world = _int(params, contract.PARAM_WORLD_SIZE)
     count = world or ((_int(params, contract.PARAM_DEVICE_COUNT, 1) or 1) * nodes if gpu != "cpu"
                       else 1)
-    strategy = (params.get(contract.PARAM_STRATEGY) or "").lower() or (
-        "single" if count == 1 else "ddp")
-    if strategy not in STRATEGIES:
-        raise RunInputError(f"run {run_id}: unknown {contract.PARAM_STRATEGY} {strategy!r}")
+    strategy, tp, pp = _layout(run_id, params, count)
     return Observation(
         gpu=gpu, gpu_count=max(1, count), throughput_samples_per_s=float(throughput),
         nodes=nodes if count % nodes == 0 else 1,
         micro_batch=_int(params, contract.PARAM_MICRO_BATCH) or workload.micro_batch,
         strategy=strategy, precision=params.get(contract.PARAM_PRECISION) or workload.precision,
         grad_accum=_int(params, contract.PARAM_GRAD_ACCUM, 1) or 1,
-        exposed_comm_fraction=_fraction(metrics.get(EXPOSED_COMM_METRIC)))
+        exposed_comm_fraction=_fraction(metrics.get(EXPOSED_COMM_METRIC)),
+        tp=tp, pp=pp, recompute=_recompute(params.get(contract.PARAM_RECOMPUTE)))
+
+
+def _layout(run_id: str, params: dict[str, str], count: int) -> tuple[str, int, int]:
+    """``(strategy, tp, pp)`` of a run: its ``gpuopt.strategy`` (any layout ``--strategy``
+    takes: ``ddp``, ``tp2xfsdp``, ``tp8xpp12xddp``), with the degrees ``gpuopt.tp`` /
+    ``gpuopt.pp`` where logged, else those the strategy string names (1 when it names
+    none, or only ``tp``/``pp`` without a number: the model then resolves them)."""
+    strategy = "".join((params.get(contract.PARAM_STRATEGY) or "").split()).lower() or (
+        "single" if count == 1 else "ddp")
+    try:
+        name, tp_s, pp_s, _vp, _dp = parse_layout(strategy)
+    except PerfModelError:
+        raise RunInputError(f"run {run_id}: unknown {contract.PARAM_STRATEGY} {strategy!r}") \
+            from None
+    if name not in STRATEGIES:
+        raise RunInputError(f"run {run_id}: unknown {contract.PARAM_STRATEGY} {strategy!r}")
+    tp = _int(params, contract.PARAM_TP) or max(1, tp_s)
+    pp = _int(params, contract.PARAM_PP) or max(1, pp_s)
+    for degree, label in ((tp, contract.PARAM_TP), (pp, contract.PARAM_PP)):
+        if degree < 1 or count % degree:
+            raise RunInputError(f"run {run_id}: param {label} {degree} does not divide the "
+                                f"run's {count} processes")
+    if tp * pp > 1 and count % (tp * pp):
+        raise RunInputError(f"run {run_id}: tp {tp} x pp {pp} does not divide the run's "
+                            f"{count} processes")
+    return strategy, tp, pp
+
+
+def _recompute(value: str | None) -> str | None:
+    """A run's recompute mode (the profile saw it), or None when not logged / not known."""
+    if value in (None, "", "None"):
+        return None
+    try:
+        return normalize_recompute(value)
+    except ValueError:
+        return None
 
 
 def _fraction(value: float | None) -> float | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,11 @@ class TrackConfig:
         name: workload name in ``profile.json`` (default: the model's class name).
         micro_batch, grad_accum, samples_per_step, tokens_per_sample, precision, strategy:
             override what is inferred from the model's inputs and the optimizer.
+        device_mesh: the job's ``torch.distributed.DeviceMesh``, whose named dimensions
+            (``tp``, ``pp``, ``dp``/``dp_shard``/``dp_replicate``, ``cp``) give the degrees
+            of parallelism (default: the mesh of the model's DTensor parameters, if any).
+        tp, pp, dp, cp: tensor / pipeline / data / context-parallel degrees; each given one
+            wins over the mesh.
         gpu_indices: process-visible GPU indices to sample (default: the model's CUDA devices,
             else every visible GPU when the model is not on CPU).
         print_summary: print a short summary at exit.
@@ -41,6 +47,11 @@ class TrackConfig:
     tokens_per_sample: int | None = None
     precision: str | None = None
     strategy: str | None = None
+    device_mesh: Any = field(default=None, compare=False, repr=False)
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
     gpu_indices: tuple[int, ...] | None = None
     print_summary: bool = True
     max_step_records: int = 1_000_000
@@ -51,8 +62,13 @@ class TrackConfig:
             raise ValueError("interval_s must be > 0")
         if self.warmup_steps < 0:
             raise ValueError("warmup_steps must be >= 0")
-        if self.precision is not None and self.precision not in ("fp32", "tf32", "fp16", "bf16"):
-            raise ValueError("precision must be one of fp32, tf32, fp16, bf16")
+        if self.precision is not None and self.precision not in (
+                "fp32", "tf32", "fp16", "bf16", "fp8"):
+            raise ValueError("precision must be one of fp32, tf32, fp16, bf16, fp8")
+        for name in ("tp", "pp", "dp", "cp"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a whole number >= 1")
 
     @classmethod
     def from_kwargs(cls, config: TrackConfig | None, kwargs: dict) -> TrackConfig:

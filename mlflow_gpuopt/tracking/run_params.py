@@ -14,6 +14,7 @@ from typing import Any, Callable
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
+from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
 from mlflow_gpuopt.tracking.profiler import WorkloadProfile
 
 
@@ -32,6 +33,19 @@ def launcher_layout(ctx: DistributedContext, strategy: str) -> dict[str, Any]:
     """A job's layout as the launcher's environment says it (no rank has reported)."""
     return {contract.PARAM_STRATEGY: strategy, contract.PARAM_WORLD_SIZE: ctx.world_size,
             contract.PARAM_NODES: ctx.nodes}
+
+
+def with_layout(start: dict[str, Any], layout: ParallelLayout | None) -> dict[str, Any]:
+    """The start params with the degrees of parallelism added and a strategy among them
+    turned into the compound layout the degrees make (``tp2xfsdp``); ``start`` unchanged
+    when no degree is known. (A job's strategy is logged later, composed the same way by
+    :class:`~.distributed.job.JobTracking`.)"""
+    if layout is None:
+        return start
+    out = {**start, **layout.params()}
+    if contract.PARAM_STRATEGY in start:
+        out[contract.PARAM_STRATEGY] = layout.strategy(str(start[contract.PARAM_STRATEGY]))
+    return out
 
 
 def profile_overrides(config: TrackConfig) -> dict[str, Any]:
@@ -63,4 +77,7 @@ def workload_params(profile: WorkloadProfile | None, config: TrackConfig,
             params[contract.PARAM_TOKENS_PER_SAMPLE] = p.tokens_per_sample
         if p.kernels_per_micro_step:
             params[contract.PARAM_KERNELS_PER_MICRO_STEP] = f"{p.kernels_per_micro_step:.10g}"
+        params[contract.PARAM_ATTENTION] = p.attention
+        params[contract.PARAM_RECOMPUTE] = p.recompute
+        params[contract.PARAM_FP8_RECIPE] = p.fp8_recipe
     return {k: v for k, v in params.items() if v not in (None, "", 0)}

@@ -24,13 +24,19 @@ from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
 from mlflow_gpuopt.tracking.profiler import WorkloadProfile, WorkloadProfiler, detect_precision
 from mlflow_gpuopt.tracking.reporting import Figures, JobReporter, LocalReporter, Reporter
-from mlflow_gpuopt.tracking.run_params import device_params, profile_overrides, workload_params
+from mlflow_gpuopt.tracking.run_params import (
+    device_params,
+    profile_overrides,
+    with_layout,
+    workload_params,
+)
 from mlflow_gpuopt.tracking.summary import TrackSummary, build_summary
 
 if TYPE_CHECKING:
     from mlflow_gpuopt.mlflow_io.run_binding import RunBinding
     from mlflow_gpuopt.mlflow_io.writer import RunWriter
     from mlflow_gpuopt.tracking.aggregate import StepAggregator
+    from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
     from mlflow_gpuopt.tracking.hw_reader import HardwareReader
     from mlflow_gpuopt.tracking.sampler import Sampler
     from mlflow_gpuopt.tracking.steps import StepClock
@@ -78,6 +84,7 @@ class Tracker:
         self._device = "cpu"
         self._device_count = 0
         self._dist = DistributedContext()
+        self._layout: ParallelLayout | None = None
         self._profile_params_logged = False
         self._started = False
         self._stopped = False
@@ -145,12 +152,14 @@ class Tracker:
         sel = select_gpus(self.model, cfg.gpu_indices, self._dist, get_gpus())
         self._device_count = len(sel.gpus)
         self._device = sel.device
+        self._layout = self._detect_layout()
         self._hw = HardwareReader(sel.gpus, get_host(), list(sel.cuda_indices), warn=self._warn)
         self._reporter = self._make_reporter(list(sel.gpu_ids))
         if self._dist.is_logging_rank:  # other ranks never touch MLflow
             self._open_run()
         self._log_params({**device_params(self._device, sel.gpus.backend),
-                          **self._reporter.start_params(self._device_count)})
+                          **with_layout(self._reporter.start_params(self._device_count),
+                                        self._layout)})
         profiler = (WorkloadProfiler(self.model, self.optimizer, cfg.name)
                     if cfg.profile and self.model is not None and self._dist.is_logging_rank
                     else None)
@@ -171,13 +180,26 @@ class Tracker:
         self._sampler = Sampler(self._tick, cfg.interval_s, warn=self._warn)
         self._handles += self._reporter.begin(self._sampler)
 
+    def _detect_layout(self) -> ParallelLayout | None:
+        """Degrees of parallelism from the config, the device mesh or the model's DTensors."""
+        from mlflow_gpuopt.tracking.distributed.mesh import detect_layout
+
+        c = self.config
+        try:
+            return detect_layout(self.model, c.device_mesh, c.tp, c.pp, c.dp, c.cp,
+                                 self._dist.world_size)
+        except Exception as exc:
+            self._warn("layout", "could not read the parallel layout: %s", exc)
+            return None
+
     def _make_reporter(self, gpu_ids: list[int]) -> Reporter:
         if not self._dist.is_distributed:
             return LocalReporter(self._dist)
         from mlflow_gpuopt.tracking.distributed.job import JobTracking
 
         cfg = self.config
-        job = JobTracking(self._dist, self.model, cfg.strategy, gpu_ids, cfg.interval_s)
+        job = JobTracking(self._dist, self.model, cfg.strategy, gpu_ids, cfg.interval_s,
+                          layout=self._layout)
         return JobReporter(job, cfg.interval_s, self._warn, self._collect_row, self._log_metrics,
                            self._log_params, self.optimizer,
                            lambda: self._clock is not None and self._clock.manual)

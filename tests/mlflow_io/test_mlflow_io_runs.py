@@ -120,3 +120,38 @@ def test_both_readers_parse_params_alike(client):
     (run,) = measured_runs([rid], client=client)
     assert (run.device_count, run.world_size, run.micro_batch) == (8, 1, 16)
     assert run.params is None and run.flops_per_sample == 3.1e9
+
+
+def test_compound_layouts_and_degrees_read_back(client):
+    """A tensor-parallel run (``gpuopt.strategy`` a compound layout, degrees as params) and
+    one whose strategy alone names the degrees become observations with tp/pp set; the
+    profile's attention / recompute / FP8 recipe reach the workload."""
+    profile = {**PROFILE, "precision": "fp8", "attention": "eager", "recompute": "selective",
+               "fp8_recipe": "rowwise"}
+    a = _log_run(client, device="NVIDIA H100 80GB HBM3", world=16, count=8, nodes=2,
+                 thr=900.0, profile=profile,
+                 params_extra={"gpuopt.strategy": "tp2xfsdp", "gpuopt.tp": 2, "gpuopt.pp": 1,
+                               "gpuopt.dp": 8, "gpuopt.cp": 1, "gpuopt.recompute": "selective",
+                               "gpuopt.precision": "fp8"})
+    b = _log_run(client, device="NVIDIA H100 80GB HBM3", world=96, count=8, nodes=12,
+                 thr=800.0, profile=profile, params_extra={"gpuopt.strategy": "tp8xpp12xddp"})
+    inputs = load_run_inputs([a, b], client=client)
+    w = inputs.workload
+    assert (w.precision, w.attention, w.recompute, w.fp8_recipe) == (
+        "fp8", "eager", "selective", "rowwise")
+    tp_run, megatron = inputs.observations
+    assert (tp_run.strategy, tp_run.tp, tp_run.pp, tp_run.gpu_count, tp_run.nodes) == (
+        "tp2xfsdp", 2, 1, 16, 2)
+    assert tp_run.recompute == "selective" and tp_run.precision == "fp8"
+    assert (megatron.strategy, megatron.tp, megatron.pp, megatron.gpu_count) == (
+        "tp8xpp12xddp", 8, 12, 96)
+
+
+def test_layouts_that_cannot_be_are_one_line_errors(client):
+    bad = _log_run(client, world=4, count=4, params_extra={"gpuopt.strategy": "tp2xwhat"})
+    with pytest.raises(RunInputError, match="unknown gpuopt.strategy 'tp2xwhat'"):
+        load_run_inputs([bad], client=client)
+    odd = _log_run(client, world=4, count=4,
+                   params_extra={"gpuopt.strategy": "tp3xddp", "gpuopt.tp": 3})
+    with pytest.raises(RunInputError, match="gpuopt.tp 3 does not divide"):
+        load_run_inputs([odd], client=client)

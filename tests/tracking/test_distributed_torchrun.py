@@ -120,6 +120,28 @@ def test_fsdp_two_processes_one_run(tmp_path):
     assert m["gpuopt/summary/collectives_per_step"] >= 3
 
 
+def test_tensor_parallel_by_fsdp_on_a_2d_mesh_one_run(tmp_path):
+    """4 processes on a (dp=2, tp=2) DeviceMesh: the degrees come from the mesh the DTensor
+    parameters live on, the strategy is the compound layout, every sample is counted once
+    (a TP pair reads the same batch), and the run reads back as a tp2xfsdp observation."""
+    cmd = torchrun("--nproc-per-node=4", f"--master-port={free_port()}",
+                   str(EXAMPLES / "train_tp_fsdp.py"), "--steps", "20", "--interval", "0.2")
+    out = subprocess.run(cmd, cwd=tmp_path, env=job_env(tmp_path), capture_output=True,
+                         text=True, timeout=TIMEOUT_S)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run = only_run(tmp_path)
+    p, m = run.data.params, run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert (p["gpuopt.tp"], p["gpuopt.dp"], p["gpuopt.pp"], p["gpuopt.cp"]) == ("2", "2", "1", "1")
+    assert p["gpuopt.strategy"] == "tp2xfsdp" and p["gpuopt.world_size"] == "4"
+    # global samples per step: dp replicas x the batch of 32 (not world x 32)
+    per_step = (m["gpuopt/summary/throughput_samples_per_s"]
+                / m["gpuopt/summary/throughput_steps_per_s"])
+    assert per_step == pytest.approx(2 * 32, rel=0.05)
+    obs = load_run_inputs([run.info.run_id]).observations[0]
+    assert (obs.strategy, obs.tp, obs.pp, obs.gpu_count) == ("tp2xfsdp", 2, 1, 4)
+
+
 def test_two_nodes_on_loopback_one_run(tmp_path):
     port = free_port()
     env = job_env(tmp_path)

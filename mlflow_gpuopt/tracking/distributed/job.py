@@ -21,6 +21,7 @@ from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.aggregate import StepAggregator, StepWindow
 from mlflow_gpuopt.tracking.hw_reader import HardwareReading
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
+from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
 from mlflow_gpuopt.tracking.distributed.rank_gather import RankGatherer
 from mlflow_gpuopt.tracking.distributed.rank_rows import (
     NAN,
@@ -37,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 def _opt(v: float | None) -> float:
     return float(v) if v is not None else NAN
+
+
+def _scaled(v: float | None, factor: float) -> float | None:
+    return None if v is None else v * factor
 
 
 @dataclass
@@ -74,16 +79,25 @@ class JobTracking:
         strategy: ``TrackConfig.strategy`` (wins over what is detected), or ``None``.
         gpu_ids: node-local indices of the GPUs this rank samples (``gpu_<i>`` in the run).
         interval_s: seconds between gathering rounds.
+        layout: the job's degrees of parallelism (:mod:`.mesh`); with a model-parallel
+            degree above 1 the strategy becomes the compound layout (``tp2xfsdp``).
     """
 
     def __init__(self, ctx: DistributedContext, model: Any, strategy: str | None,
-                 gpu_ids: list[int], interval_s: float) -> None:
+                 gpu_ids: list[int], interval_s: float,
+                 layout: ParallelLayout | None = None) -> None:
         from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter, instrument
 
         self.ctx = ctx
         self.meter = CommMeter()
         detected = instrument(model, self.meter) if model is not None else "single"
         self.strategy = strategy or (detected if detected != "single" else ctx.strategy)
+        if layout is not None:
+            self.strategy = layout.strategy(self.strategy)
+        #: Ranks that share each sample (a data-parallel replica's tensor x pipeline x
+        #: context-parallel group): each rank reports its share, so the job's sum over
+        #: ranks counts every sample once.
+        self.sample_share = 1.0 / (layout.tp * layout.pp * layout.cp) if layout else 1.0
         self.gpu_ids = list(gpu_ids)
         self.interval_s = interval_s
         self.combiner = JobCombiner() if ctx.is_logging_rank else None
@@ -141,6 +155,7 @@ class JobTracking:
             self._cpu_pct = 100.0 * (now[1] - self._cpu_t[1]) / wall
             self._cpu_t = now
         cpu = self._cpu_pct
+        share = self.sample_share
         w, self._window = self._window, _Interval()
         hw = self._hw
         host = hw.host
@@ -152,13 +167,15 @@ class JobTracking:
                 _opt(s.power_watts)))
         return RankReport(
             rank=self.ctx.rank, node_rank=self.ctx.node_rank, local_rank=self.ctx.local_rank,
-            steps_total=agg.steps, steps=w.steps, samples=w.samples, tokens=w.tokens,
+            steps_total=agg.steps, steps=w.steps, samples=w.samples * share,
+            tokens=w.tokens * share,
             step_time_sum_s=w.step_time_sum_s, step_time_max_s=w.step_time_max_s,
             collectives=w.collectives, comm_time_s=w.comm_time_s, comm_bytes=float(w.comm_bytes),
             exposed_comm_s=w.exposed_comm_s,
             steady_steps=steady.steps,
-            steady_throughput_samples_per_s=_opt(steady.throughput_samples_per_s),
-            steady_throughput_tokens_per_s=_opt(steady.throughput_tokens_per_s),
+            steady_throughput_samples_per_s=_opt(_scaled(steady.throughput_samples_per_s,
+                                                         share)),
+            steady_throughput_tokens_per_s=_opt(_scaled(steady.throughput_tokens_per_s, share)),
             steady_throughput_steps_per_s=_opt(steady.throughput_steps_per_s),
             steady_step_time_mean_s=_opt(steady.step_time_mean_s),
             steady_step_time_p50_s=_opt(steady.step_time_p50_s),
@@ -223,7 +240,8 @@ def _loopback(host: str | None) -> bool:
 def interconnect(gpu_ids: list[int], gpus_per_node: int, nodes: int) -> str:
     """What links the ranks, as far as this process can see it.
 
-    Inside a node: ``nvlink`` when NVML reports an active NVLink on this rank's GPU, else
+    Inside a node: ``infinity_fabric`` when AMD SMI reports an xGMI link on this rank's GPU
+    (AMD Instinct), ``nvlink`` when NVML reports an active NVLink on it, else
     ``pcie`` (several GPUs), or ``loopback`` (CPU ranks on one host). Between nodes:
     ``+network`` for GPU nodes (NCCL picks the fabric; not inspected), ``gloo-tcp`` for CPU
     nodes, with ``(loopback)`` when the rendezvous address is this host.
@@ -232,9 +250,20 @@ def interconnect(gpu_ids: list[int], gpus_per_node: int, nodes: int) -> str:
         if nodes <= 1:
             return "loopback"
         return "gloo-tcp (loopback)" if _loopback(os.environ.get("MASTER_ADDR")) else "gloo-tcp"
-    intra = ("single-gpu" if gpus_per_node == 1
-             else ("nvlink" if _nvlink_active(gpu_ids) else "pcie"))
+    if gpus_per_node == 1:
+        intra = "single-gpu"
+    elif _infinity_fabric_active(gpu_ids):
+        intra = "infinity_fabric"
+    else:
+        intra = "nvlink" if _nvlink_active(gpu_ids) else "pcie"
     return intra if nodes <= 1 else f"{intra}+network"
+
+
+def _infinity_fabric_active(gpu_ids: list[int]) -> bool:
+    """Does AMD SMI report an Infinity Fabric (xGMI) link on any of ``gpu_ids``?"""
+    from mlflow_gpuopt.devices.amd import infinity_fabric_active
+
+    return infinity_fabric_active(gpu_ids)
 
 
 def _nvlink_active(gpu_ids: list[int]) -> bool:

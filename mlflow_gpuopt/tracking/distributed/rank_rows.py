@@ -64,8 +64,8 @@ class RankReport:
     steps_total: int  # steps completed since tracking started (cumulative)
     # -- the interval (deltas since the previous report)
     steps: int = 0
-    samples: int = 0
-    tokens: int = 0
+    samples: float = 0.0  # this rank's share of the samples (see JobTracking.sample_share)
+    tokens: float = 0.0
     step_time_sum_s: float = 0.0
     step_time_max_s: float = 0.0
     collectives: int = 0

@@ -1,0 +1,131 @@
+"""The job's parallel layout: tensor / pipeline / data / context-parallel degrees.
+
+Read, in order, from ``TrackConfig(tp=, pp=, dp=, cp=)`` (each given degree wins), the
+``DeviceMesh`` given as ``TrackConfig(device_mesh=...)``, or the mesh the model's DTensor
+parameters live on (``torch.distributed.tensor.parallel`` and ``fully_shard`` make them;
+a parameter's mesh may be a slice, so its root mesh is read). A mesh dimension counts by its
+name, as torchtitan and PyTorch's tutorials name them: ``tp``/``tensor``, ``pp``/``pipeline``,
+``cp``/``context``, and ``dp``/``dp_replicate``/``dp_shard``/``data``/``fsdp``/``ddp``...
+(the data-parallel ones multiply). Unnamed dimensions say nothing and are left out.
+
+The strategy string is the compound layout ``--strategy`` takes (``tp2xfsdp``, ``tp4xpp2xddp``)
+when a model-parallel degree is above 1. Context parallelism shards the sequence the way data
+parallelism shards the batch (its ranks reduce gradients together, torchtitan flattens
+``dp_shard`` with ``cp``), and the scaling models have no degree for it: it is logged as
+``gpuopt.cp`` and left out of the strategy string, whose data-parallel part then spans it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from mlflow_gpuopt import contract
+
+logger = logging.getLogger(__name__)
+
+#: Mesh dimension names by the degree they give.
+DIM_NAMES = {
+    "tp": ("tp", "tensor", "tensor_parallel", "mp", "model"),
+    "pp": ("pp", "pipeline", "pipe", "pipeline_parallel"),
+    "cp": ("cp", "context", "context_parallel"),
+    "dp": ("dp", "data", "data_parallel", "dp_replicate", "dp_shard", "replicate", "shard",
+           "fsdp", "ddp", "hsdp", "zero"),
+}
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Degrees of parallelism of the job (1 where not parallel)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+
+    @property
+    def model_parallel(self) -> bool:
+        return self.tp > 1 or self.pp > 1
+
+    def strategy(self, dp_strategy: str) -> str:
+        """The compound strategy string for data-parallel flavour ``dp_strategy`` (``ddp``,
+        ``fsdp``...): ``tp2xfsdp``, ``tp4xpp2xddp``; ``dp_strategy`` unchanged when no
+        model-parallel degree is above 1 (or when it is a compound layout already)."""
+        if not self.model_parallel or "x" in dp_strategy or dp_strategy in ("tp", "pp"):
+            return dp_strategy
+        parts = ([f"tp{self.tp}"] if self.tp > 1 else []) + (
+            [f"pp{self.pp}"] if self.pp > 1 else [])
+        if self.dp * self.cp > 1:
+            parts.append(dp_strategy if dp_strategy != "single" else "ddp")
+        return "x".join(parts)
+
+    def params(self) -> dict[str, int]:
+        """``gpuopt.tp`` / ``pp`` / ``dp`` / ``cp``."""
+        return {contract.PARAM_TP: self.tp, contract.PARAM_PP: self.pp,
+                contract.PARAM_DP: self.dp, contract.PARAM_CP: self.cp}
+
+
+def mesh_degrees(mesh: Any) -> dict[str, int]:
+    """Degrees by kind (``tp``, ``pp``, ``dp``, ``cp``) from a ``DeviceMesh``'s named
+    dimensions (its root mesh when it is a slice); kinds without a named dimension absent."""
+    try:
+        root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    except Exception:  # a mesh without the private accessor: read it as it is
+        root = mesh
+    names = getattr(root, "mesh_dim_names", None) or ()
+    shape = tuple(getattr(root, "shape", ()) or ())
+    if len(names) != len(shape):
+        return {}
+    out: dict[str, int] = {}
+    for name, size in zip(names, shape, strict=True):
+        key = str(name).lower()
+        for kind, spellings in DIM_NAMES.items():
+            if key in spellings:
+                out[kind] = out.get(kind, 1) * int(size)
+                break
+    return out
+
+
+def model_mesh(model: Any) -> Any:
+    """The ``DeviceMesh`` with the most dimensions among the model's DTensor parameters
+    (the root mesh of their slices), or None."""
+    if model is None:
+        return None
+    best = None
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is None or not hasattr(p, "placements"):
+            continue
+        with contextlib.suppress(Exception):  # a mesh without the accessor: keep the slice
+            mesh = mesh._get_root_mesh()
+        if best is None or getattr(mesh, "ndim", 0) > getattr(best, "ndim", 0):
+            best = mesh
+    return best
+
+
+def detect_layout(model: Any, device_mesh: Any = None, tp: int | None = None,
+                  pp: int | None = None, dp: int | None = None, cp: int | None = None,
+                  world_size: int = 1) -> ParallelLayout | None:
+    """The job's layout (see the module doc), or None when nothing names a degree.
+
+    A data-parallel degree that neither the config nor the mesh gives is what the world size
+    leaves: ``world / (tp × pp × cp)``.
+    """
+    degrees: dict[str, int] = {}
+    mesh = device_mesh
+    if mesh is None:
+        try:
+            mesh = model_mesh(model)
+        except Exception as exc:  # a model whose parameters cannot be walked
+            logger.debug("gpuopt: no device mesh from the model: %s", exc)
+    if mesh is not None:
+        degrees.update(mesh_degrees(mesh))
+    given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
+    degrees.update({k: int(v) for k, v in given.items() if v})
+    if not degrees:
+        return None
+    t, p, c = degrees.get("tp", 1), degrees.get("pp", 1), degrees.get("cp", 1)
+    d = degrees.get("dp") or max(1, world_size // max(1, t * p * c))
+    return ParallelLayout(tp=t, pp=p, dp=d, cp=c)
