@@ -55,7 +55,7 @@ class WorkloadProfile:
     params: int
     trainable_params: int
     flops_per_sample: float | None  # forward + backward, FLOPs (2 per multiply-add)
-    precision: str  # fp32 | tf32 | fp16 | bf16
+    precision: str  # fp32 | tf32 | fp16 | bf16 | fp8 (what the step's matmuls ran in)
     micro_batch: int | None  # samples per forward
     grad_accum: int  # forwards per optimizer step
     optimizer: str | None
@@ -66,6 +66,12 @@ class WorkloadProfile:
     largest_layer_params: int | None  # largest leaf module (e.g. the embedding)
     #: operators that launch a kernel per forward+backward of one micro-batch (see module doc)
     kernels_per_micro_step: float | None = None
+    #: attention kernel that ran: "sdpa" (fused, no s x s scores) or "eager"; None: none seen
+    attention: str | None = None
+    #: activation recomputation seen in the backward: none | selective | selective-op | full
+    recompute: str | None = None
+    #: FP8 scaling recipe where the FP8 layers say it: te | tensorwise | rowwise
+    fp8_recipe: str | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -137,9 +143,10 @@ def _kernel_count_mode_class() -> type:
         # user's forward raise; they are not kernels themselves.
         supports_higher_order_operators = True
 
-        def __init__(self) -> None:
+        def __init__(self, ops: Any = None) -> None:
             super().__init__()
             self.count = 0
+            self.ops = ops  # an OpsSeen, or None
             self.higher_order_ops: set[str] = set()
             self._is_kernel: dict[Any, bool] = {}
 
@@ -158,7 +165,15 @@ def _kernel_count_mode_class() -> type:
                 self._is_kernel[func] = kernel
             if kernel:
                 self.count += 1
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if kernel and self.ops is not None:
+                try:
+                    self.ops.observe(func, args, kwargs, out)
+                except Exception as exc:  # never break training: stop looking instead
+                    logger.debug("gpuopt: operator census stopped at %r: %s", func, exc)
+                    self.ops.failed = True
+                    self.ops = None
+            return out
 
     return KernelCountMode
 
@@ -181,9 +196,10 @@ def _forget_hop_compilations(names: set[str]) -> None:
     torch._dynamo.reset()
 
 
-def kernel_count_mode() -> Any:
-    """A fresh kernel-counting dispatch mode; enter it, run, read ``.count``."""
-    return _kernel_count_mode_class()()
+def kernel_count_mode(ops: Any = None) -> Any:
+    """A fresh kernel-counting dispatch mode; enter it, run, read ``.count``. With ``ops``
+    (an :class:`~.ops_seen.OpsSeen`), every kernel operator is also shown to it."""
+    return _kernel_count_mode_class()(ops)
 
 
 def count_params(model: Any) -> tuple[int, int]:
@@ -295,6 +311,8 @@ class WorkloadProfiler:
         self._cuda_device: Any = None
         self.peak_reserved_before_reset_bytes: float | None = None
         self.precision: str | None = None
+        self.ops: Any = None  # OpsSeen of the profiled step
+        self._device_type = "cpu"
         self.tokens_per_sample: int | None = None
         self.flops: float | None = None
         self.active = False
@@ -308,6 +326,7 @@ class WorkloadProfiler:
         self.active = True
         device_type = batch.device.type if batch is not None else "cpu"
         self.precision = detect_precision(self.model, device_type)
+        self._device_type = device_type
         if batch is not None and batch.dim() >= 1:
             self._forward_batch = int(batch.shape[0])
             if batch.dim() == 2 and not batch.is_floating_point():
@@ -328,7 +347,10 @@ class WorkloadProfiler:
             extra = {}
         self._flop_mode = FlopCounterMode(display=False, custom_mapping=extra)
         self._flop_mode.__enter__()
-        self._kernel_mode = kernel_count_mode()
+        from mlflow_gpuopt.tracking.ops_seen import OpsSeen
+
+        self.ops = OpsSeen()
+        self._kernel_mode = kernel_count_mode(self.ops)
         self._kernel_mode.__enter__()
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -370,6 +392,8 @@ class WorkloadProfiler:
 
     # called from the model's forward hook (after the first forward of the profiled step)
     def end_forward(self, output: Any = None) -> None:
+        if self.ops is not None:
+            self.ops.forward = False  # the first forward ended: what follows is loss+backward
         if self._saved_ctx is not None:
             ctx, self._saved_ctx = self._saved_ctx, None
             ctx.__exit__(None, None, None)
@@ -422,12 +446,13 @@ class WorkloadProfiler:
                    if self.kernels_before_optimizer and forwards else None)
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
+        precision, fp8_recipe = self.ran_precision()
         return WorkloadProfile(
             name=self.name,
             params=total,
             trainable_params=trainable,
             flops_per_sample=flops_ps,
-            precision=o.get("precision") or self.precision or "fp32",
+            precision=o.get("precision") or precision or "fp32",
             micro_batch=micro,
             grad_accum=int(grad_accum),
             optimizer=type(self.optimizer).__name__ if self.optimizer is not None else None,
@@ -438,4 +463,19 @@ class WorkloadProfiler:
             tokens_per_sample=o.get("tokens_per_sample") or self.tokens_per_sample,
             largest_layer_params=largest_leaf_params(self.model),
             kernels_per_micro_step=kernels,
+            attention=self.ops.attention if self.ops is not None else None,
+            recompute=self.ops.recompute if self.ops is not None else None,
+            fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
         )
+
+    def ran_precision(self) -> tuple[str | None, str | None]:
+        """``(precision, fp8_recipe)`` of the profiled step: FP8 layers that ran FP8, else
+        the dtype of the matmul operands the dispatch saw, else the autocast state / parameter
+        dtype at the first forward (:func:`detect_precision`)."""
+        from mlflow_gpuopt.tracking.ops_seen import fp8_modules
+
+        fp8, recipe = fp8_modules(self.model)
+        if fp8:
+            return "fp8", recipe
+        seen = self.ops.precision(self._device_type) if self.ops is not None else None
+        return seen or self.precision, None

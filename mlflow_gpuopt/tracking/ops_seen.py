@@ -1,0 +1,202 @@
+"""What the profiled step's operators say about how the model runs: the attention kernel,
+activation recomputation, and the precision of its matrix products.
+
+The profiler's kernel-counting dispatch mode (:mod:`.profiler`) hands every operator of the
+profiled step to an :class:`OpsSeen`, with the phase it is in (the first forward, or what
+follows it until the optimizer steps: the loss and the backward pass). Read at the end:
+
+- **attention**: ``sdpa`` when one of PyTorch's fused attention kernels ran
+  (``_scaled_dot_product_flash_attention``, ``_efficient_attention``, ``_cudnn_attention``,
+  the CPU flash kernel...: none of them stores the ``s × s`` scores); else ``eager`` when a
+  softmax ran over a tensor whose last two dimensions are those of a batched matrix product
+  of the same forward (``softmax(Q·Kᵀ)``, which keeps the scores). SDPA's math fallback
+  decomposes into exactly that, and keeps the scores too, so it reads as ``eager``, which is
+  what its memory is. ``None`` when neither ran (no attention).
+- **recompute**: operators that run *inside* the backward pass (an autograd graph task)
+  *with gradients enabled* are forward operators replayed by activation checkpointing
+  (``torch.utils.checkpoint`` recomputes under ``enable_grad``; the backward's own operators
+  run with gradients off unless ``create_graph``). ``full`` when weight products
+  (``mm``/``addmm``) were replayed (whole layers recomputed); ``selective`` when the attention
+  core was replayed but no weight product (Korthikanti et al.'s selective recomputation);
+  ``selective-op`` when only element-wise operators were (torchtitan's per-op selective
+  checkpointing keeps the products' outputs); ``none`` when nothing was replayed.
+- **precision**: the dtype that holds most of the matrix-product operand elements of the
+  forward (``mm``, ``addmm``, ``bmm``, ``baddbmm``, convolutions, the attention kernels,
+  ``_scaled_mm``): bf16 / fp16 / fp8 (float8 dtypes or ``_scaled_mm``) / fp32 (``tf32`` when
+  CUDA runs fp32 products on tensor cores: ``torch.backends.cuda.matmul.allow_tf32`` or a
+  ``float32_matmul_precision`` other than ``highest``, ``cudnn.allow_tf32`` for convolutions).
+  This is what ran, whatever enabled it (``torch.autocast`` entered inside ``forward`` by
+  accelerate or transformers, a ``.to(bfloat16)`` model).
+- **FP8 modules**: Transformer Engine layers (their class lives in ``transformer_engine``;
+  they run their own GEMMs outside aten, so the dispatch cannot see them) with FP8 on
+  (``module.fp8``), or torchao float8 layers (``Float8Linear``, ``torchao.float8``), whose
+  config names the scaling recipe (tensorwise / rowwise). Found by class name: neither
+  library is imported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Fused attention kernels (aten names without the namespace), forward and backward.
+SDPA_OPS = frozenset({
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_fused_attention_overrideable", "_flash_attention_forward",
+    "_efficient_attention_forward", "_cudnn_attention_forward",
+})
+#: Products of weights with activations (the ops a Linear/Conv layer dispatches).
+WEIGHT_MATMUL_OPS = frozenset({"mm", "addmm", "convolution", "_convolution", "_scaled_mm",
+                               "cudnn_convolution", "mkldnn_convolution"})
+#: Products of two activations (attention's Q·Kᵀ and P·V in eager attention).
+BATCHED_MATMUL_OPS = frozenset({"bmm", "baddbmm"})
+SOFTMAX_OPS = frozenset({"_softmax", "_safe_softmax"})
+FP8_DTYPE_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+def _op_name(func: Any) -> str:
+    return func._schema.name.split("::", 1)[-1]
+
+
+def _tensors(args: tuple, kwargs: dict | None) -> list[Any]:
+    import torch
+
+    out = [a for a in args if isinstance(a, torch.Tensor)]
+    if kwargs:
+        out += [a for a in kwargs.values() if isinstance(a, torch.Tensor)]
+    return out
+
+
+class OpsSeen:
+    """Accumulates what the operators of the profiled step show (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.forward = True  # set False by the profiler when the first forward ends
+        self.failed = False  # an operator could not be read: nothing here is reported
+        self.sdpa_ops: set[str] = set()
+        self.product_shapes: set[tuple[int, int]] = set()  # last two dims of bmm outputs
+        self.eager_softmax = False
+        self.operand_elements: dict[str, int] = {}  # dtype name -> matmul operand elements
+        self.conv_fp32 = False
+        self.scaled_mm = False
+        self.replayed_weight_products = 0
+        self.replayed_attention = 0
+        self.replayed_other = 0
+        self.after_forward_ops = 0  # operators seen after the first forward (loss, backward)
+
+    def observe(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
+        """One dispatched operator (``func`` an ``OpOverload``) and its output."""
+        import torch
+
+        name = _op_name(func)
+        if not self.forward:
+            self.after_forward_ops += 1
+            if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
+                self._replayed(name)
+            return
+        if name in SDPA_OPS:
+            self.sdpa_ops.add(name)
+        elif name in BATCHED_MATMUL_OPS and isinstance(out, torch.Tensor) and out.dim() >= 3:
+            self.product_shapes.add(tuple(out.shape[-2:]))
+        elif name in SOFTMAX_OPS and args and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            if x.dim() >= 3 and tuple(x.shape[-2:]) in self.product_shapes:
+                self.eager_softmax = True
+        if name in WEIGHT_MATMUL_OPS or name in BATCHED_MATMUL_OPS or name in SDPA_OPS:
+            self._operands(name, _tensors(args, kwargs))
+
+    def _replayed(self, name: str) -> None:
+        if name in WEIGHT_MATMUL_OPS:
+            self.replayed_weight_products += 1
+        elif name in SDPA_OPS or name in BATCHED_MATMUL_OPS or name in SOFTMAX_OPS:
+            self.replayed_attention += 1
+        else:
+            self.replayed_other += 1
+
+    def _operands(self, name: str, tensors: list[Any]) -> None:
+        if name == "_scaled_mm":
+            self.scaled_mm = True
+        floats = [t for t in tensors if t.is_floating_point() and t.dim() >= 2]
+        for t in floats[:2]:  # the two operands (addmm's bias is 1-D or left out)
+            key = str(t.dtype).removeprefix("torch.")
+            self.operand_elements[key] = self.operand_elements.get(key, 0) + t.numel()
+            if key == "float32" and "conv" in name:
+                self.conv_fp32 = True
+
+    # -- what the step showed ----------------------------------------------------------------
+    @property
+    def attention(self) -> str | None:
+        """``sdpa``, ``eager`` or None (no attention seen)."""
+        if self.sdpa_ops:
+            return "sdpa"
+        return "eager" if self.eager_softmax else None
+
+    @property
+    def recompute(self) -> str | None:
+        """``none``, ``selective-op``, ``selective`` or ``full`` (see the module doc); None
+        when no operator ran after the forward (no backward seen)."""
+        if not self.after_forward_ops:
+            return None
+        if self.replayed_weight_products:
+            return "full"
+        if self.replayed_attention:
+            return "selective"
+        if self.replayed_other:
+            return "selective-op"
+        return "none"
+
+    def precision(self, device_type: str) -> str | None:
+        """The precision of the forward's matrix products, or None when none ran."""
+        if self.scaled_mm or any(self.operand_elements.get(n) for n in FP8_DTYPE_NAMES):
+            return "fp8"
+        if not self.operand_elements:
+            return None
+        dtype = max(self.operand_elements, key=self.operand_elements.__getitem__)
+        if dtype == "bfloat16":
+            return "bf16"
+        if dtype == "float16":
+            return "fp16"
+        if dtype == "float32" and device_type == "cuda" and _cuda_tf32(self.conv_fp32):
+            return "tf32"
+        return "fp32" if dtype in ("float32", "float64") else None
+
+
+def _cuda_tf32(has_conv: bool) -> bool:
+    """Whether CUDA runs this process's fp32 products on TF32 tensor cores."""
+    import torch
+
+    if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
+        return True
+    return bool(has_conv and torch.backends.cudnn.allow_tf32)
+
+
+def fp8_modules(model: Any) -> tuple[bool, str | None]:
+    """``(fp8, recipe)`` from the model's FP8 layers: Transformer Engine modules that ran with
+    FP8 on (recipe ``te``), torchao float8 layers (recipe ``tensorwise`` / ``rowwise`` from
+    their config's scaling granularity, None when it cannot be read)."""
+    if model is None:
+        return False, None
+    for m in model.modules():
+        cls = type(m)
+        where = cls.__module__ or ""
+        if where.startswith("transformer_engine") and getattr(m, "fp8", False) is True:
+            return True, "te"
+        if cls.__name__ == "Float8Linear" or where.startswith("torchao.float8"):
+            return True, _torchao_recipe(m)
+    return False, None
+
+
+def _torchao_recipe(module: Any) -> str | None:
+    """``tensorwise`` or ``rowwise`` from a torchao ``Float8Linear``'s config
+    (``config.cast_config_input.scaling_granularity``: ``TENSORWISE`` / ``AXISWISE``)."""
+    config = getattr(module, "config", None)
+    cast = getattr(config, "cast_config_input", None)
+    granularity = getattr(cast, "scaling_granularity", None)
+    if granularity is None:
+        return None
+    text = str(getattr(granularity, "value", granularity)).lower()
+    if "axis" in text or "row" in text:
+        return "rowwise"
+    if "tensor" in text:
+        return "tensorwise"
+    return None
