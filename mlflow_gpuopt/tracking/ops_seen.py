@@ -5,13 +5,15 @@ The profiler's kernel-counting dispatch mode (:mod:`.profiler`) hands every oper
 profiled step to an :class:`OpsSeen`, with the phase it is in (the first forward, or what
 follows it until the optimizer steps: the loss and the backward pass). Read at the end:
 
-- **attention**: ``sdpa`` when one of PyTorch's fused attention kernels ran
-  (``_scaled_dot_product_flash_attention``, ``_efficient_attention``, ``_cudnn_attention``,
-  the CPU flash kernel...: none of them stores the ``s × s`` scores); else ``eager`` when a
-  softmax ran over a tensor whose last two dimensions are those of a batched matrix product
-  of the same forward (``softmax(Q·Kᵀ)``, which keeps the scores). SDPA's math fallback
-  decomposes into exactly that, and keeps the scores too, so it reads as ``eager``, which is
-  what its memory is. ``None`` when neither ran (no attention).
+- **attention**: ``sdpa`` when the model calls ``scaled_dot_product_attention``: one of
+  PyTorch's fused kernels ran (``_scaled_dot_product_flash_attention``,
+  ``_efficient_attention``, ``_cudnn_attention``, the CPU flash kernel...: none stores the
+  ``s × s`` scores), or its math fallback did (recognised by ``_safe_softmax``, which only
+  SDPA's math path dispatches; it runs where no fused kernel takes the inputs, e.g. a padding
+  mask on CPU, and keeps the scores on this device, while CUDA runs the same call fused).
+  Else ``eager`` when a softmax ran over a tensor whose last two dimensions are those of a
+  batched matrix product of the same forward (``softmax(Q·Kᵀ)``, which keeps the scores).
+  ``None`` when neither ran (no attention).
 - **recompute**: operators that run *inside* the backward pass (an autograd graph task)
   *with gradients enabled* are forward operators replayed by activation checkpointing
   (``torch.utils.checkpoint`` recomputes under ``enable_grad``; the backward's own operators
@@ -51,6 +53,8 @@ WEIGHT_MATMUL_OPS = frozenset({"mm", "addmm", "convolution", "_convolution", "_s
 #: Products of two activations (attention's Q·Kᵀ and P·V in eager attention).
 BATCHED_MATMUL_OPS = frozenset({"bmm", "baddbmm"})
 SOFTMAX_OPS = frozenset({"_softmax", "_safe_softmax"})
+#: Dispatched only by SDPA's math fallback (``_scaled_dot_product_attention_math``).
+SDPA_MATH_OPS = frozenset({"_safe_softmax"})
 FP8_DTYPE_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
@@ -94,7 +98,7 @@ class OpsSeen:
             if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
                 self._replayed(name)
             return
-        if name in SDPA_OPS:
+        if name in SDPA_OPS or name in SDPA_MATH_OPS:
             self.sdpa_ops.add(name)
         elif name in BATCHED_MATMUL_OPS and isinstance(out, torch.Tensor) and out.dim() >= 3:
             self.product_shapes.add(tuple(out.shape[-2:]))
