@@ -90,7 +90,7 @@ class TinyGPT(nn.Module):
 def profile_step(model: nn.Module, batch: int = 2):
     """One profiled step, driven as the step clock drives the profiler."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ids = torch.randint(0, VOCAB, (batch, SEQ))
+    ids = torch.randint(0, VOCAB, (batch, SEQ), device=next(model.parameters()).device)
     prof = WorkloadProfiler(model, opt)
     prof.begin_step(ids)
     out = model(ids)
@@ -98,6 +98,7 @@ def profile_step(model: nn.Module, batch: int = 2):
     F.cross_entropy(out.float().flatten(0, 1), ids.flatten()).backward()
     opt.step()
     prof.end_step()
+    profile_step.ops = prof.ops  # what the last step's operators showed
     return prof.result(batch, 1)
 
 
@@ -230,3 +231,15 @@ def test_plain_fp32_loop_is_fp32(tracking_uri):
         _train(model, opt)
     p = mlflow.get_run(t.run_id).data.params
     assert p["gpuopt.precision"] == "fp32" and p["gpuopt.attention"] == "sdpa"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_fused_sdpa_and_tf32(monkeypatch):
+    """On CUDA, SDPA runs a fused kernel (flash / memory-efficient / cuDNN) and fp32
+    products run as TF32 when the matmul flag says so; autocast bf16 reads bf16."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    p = profile_step(TinyGPT().cuda())
+    assert (p.attention, p.precision) == ("sdpa", "tf32")
+    assert profile_step.ops.sdpa_ops - {"_safe_softmax"}  # a fused kernel, not the fallback
+    assert profile_step(TinyGPT().cuda().to(torch.bfloat16)).precision == "bf16"
