@@ -95,7 +95,8 @@ class OpsSeen:
         name = _op_name(func)
         if not self.forward:
             self.after_forward_ops += 1
-            if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
+            task_id = getattr(torch._C, "_current_graph_task_id", None)
+            if task_id is not None and torch.is_grad_enabled() and task_id() != -1:
                 self._replayed(name)
             return
         if name in SDPA_OPS or name in SDPA_MATH_OPS:

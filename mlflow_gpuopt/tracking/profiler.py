@@ -26,6 +26,11 @@ else the training loop dispatches in that window is: the loss, gradient clipping
 GradScaler's unscale, host-to-device copies of the next micro-batch, metrics computed on
 tensors. That is deliberate: they cost launches on every step too.
 
+What ran: the kernel counter also shows each operator to an :class:`~.ops_seen.OpsSeen`,
+which reads the attention kernel, activation recomputation and the precision of the products
+(FP8 included) from them (see :mod:`.ops_seen`); the profile's ``precision`` is that, not the
+autocast state at the forward pre-hook (frameworks enter autocast inside ``forward``).
+
 Higher-order operators (``torch.cond`` and kin) pass through both modes; in eager mode they
 run through a compiled wrapper that torch 2.13 cannot reuse once it was traced under dispatch
 modes, so after a profiled step that ran one, Dynamo's caches are reset (see
