@@ -53,8 +53,8 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
     def forward(self, x):
-        if self.ckpt == "full":
-            return checkpoint(self.body, x, use_reentrant=False)
+        if self.ckpt in ("full", "reentrant"):
+            return checkpoint(self.body, x, use_reentrant=self.ckpt == "reentrant")
         if self.ckpt == "op":
             return checkpoint(self.body, x, use_reentrant=False,
                               context_fn=functools.partial(create_selective_checkpoint_contexts,
@@ -107,6 +107,7 @@ def profile_step(model: nn.Module, batch: int = 2):
     ("eager", "none", ("eager", "none")),
     ("sdpa", "full", ("sdpa", "full")),
     ("eager", "full", ("eager", "full")),
+    ("sdpa", "reentrant", ("sdpa", "full")),  # the older CheckpointFunction path
     ("eager", "core", ("eager", "selective")),
     ("sdpa", "op", ("sdpa", "selective-op")),
 ])
