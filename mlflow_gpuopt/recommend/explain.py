@@ -105,13 +105,21 @@ def launch_line(candidate: Candidate) -> str:
     s = cfg.strategy
     if s in ("tp", "pp") or cfg.tp > 1 or cfg.pp > 1:
         dp = cfg.gpus // (cfg.tp * cfg.pp)
-        replicas = {"zero1": " (ZeRO-1: optimizer states sharded over the replicas)",
-                    "zero2": " (ZeRO-2)", "zero3": " (ZeRO-3)",
-                    "fsdp": " (FSDP: parameters sharded over the replicas)"}.get(s, "")
-        return (f"{head} train.py  # tensor parallel {cfg.tp} inside each node "
-                f"(torch.distributed.tensor.parallel), pipeline {cfg.pp} stages "
-                f"(torch.distributed.pipelining, {accum} micro-batches), data parallel "
-                f"{dp}{replicas}; {common}")
+        layout = (f"tensor parallel {cfg.tp} inside each node "
+                  f"(torch.distributed.tensor.parallel), pipeline {cfg.pp} stages "
+                  f"(torch.distributed.pipelining, {accum} micro-batches), data parallel {dp}")
+        if s in ("zero1", "zero2", "zero3"):  # Megatron-DeepSpeed: ZeRO over the replicas
+            ds = {"zero_optimization": {"stage": int(s[-1])},
+                  "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": accum}
+            if prec in ("bf16", "fp16"):
+                ds[prec] = {"enabled": True}
+            return (f"{head} train.py --deepspeed --deepspeed_config ds_config.json  # "
+                    f"{layout} with ZeRO-{s[-1]}; ds_config.json: "
+                    f"{json.dumps(ds, separators=(',', ':'))}")
+        if s == "fsdp":
+            return (f"{head} train.py  # {layout}, replicas sharded with FSDP "
+                    f"(fully_shard / ShardingStrategy.FULL_SHARD); {common}")
+        return f"{head} train.py  # {layout}; {common}"
     if s in ("zero1", "zero2", "zero3"):
         ds = {"zero_optimization": {"stage": int(s[-1])},
               "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": accum}

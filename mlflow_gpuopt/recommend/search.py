@@ -13,7 +13,8 @@ The search is pruned so the whole catalog takes well under half a second:
   (``Target.global_batch``; with it unset, each GPU keeps the measured per-GPU batch
   instead); activation checkpointing is tried only when not even a micro-batch of one fits;
 * node counts double (1, 2, 4, …) and stop once doubling gains less than 5 % throughput;
-* large models (``LARGE_MODEL_PARAMS``) also get compound layouts: tensor parallel inside a
+* large models (``LARGE_MODEL_PARAMS``) whose transformer shape (layers, hidden size,
+  sequence) is known also get compound layouts: tensor parallel inside a
   node (2, 4, 8) × pipeline stages (powers of two, at most one per layer) × data-parallel
   replicas with ZeRO-1 (Megatron's distributed optimizer) or FSDP. Context parallelism is not
   searched: the step-time and memory models have no term for it.
@@ -332,7 +333,10 @@ class _Search:
         doubling gains less than 5 % throughput), up to ``node_limit`` nodes; only the
         offer's node size and links matter, so every offer of the same hardware shares it."""
         large = self.workload.params >= LARGE_MODEL_PARAMS
-        compound = large and bool(self.workload.tokens_per_sample)
+        w = self.workload
+        # Pipeline stages need the layer count, tensor parallel's all-reduces the hidden size
+        # and sequence: without them the model's terms for those layouts are guesses.
+        compound = large and bool(w.num_layers and w.hidden_size and w.tokens_per_sample)
         out = []
         for precision in self.precisions(spec):
             steps: list[_Step] = []
