@@ -32,7 +32,9 @@ What makes it quick (the answer is the same as evaluating every offer on its own
   ranking keeps one plan per instance and configuration, the first in catalog order;
 * a plan slower and dearer than one already costed on the same provider, GPU and pricing
   (and no more likely to meet the deadline) is dropped as soon as it is costed: the ranking
-  would collapse it anyway, and it can be on neither the Pareto front nor the fastest plan.
+  would collapse it anyway, and it can be on neither the Pareto front nor the fastest plan;
+  where even its bare compute time at the offer's rate is slower and dearer than a costed
+  plan that meets the deadline, it is not costed at all.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
-from mlflow_gpuopt.recommend.cost import evaluate
+from mlflow_gpuopt.recommend.cost import evaluate, price_per_hour
 from mlflow_gpuopt.recommend.explain import (
     batch_note,
     explain_winner,
@@ -420,6 +422,23 @@ class _Search:
         seen.append((cand.hours, cand.cost_usd, cand.meets_deadline))
         return False
 
+    def _surely_dominated(self, offer: Offer, nodes: int, pred: Prediction,
+                          pricing: str) -> bool:
+        """True when a plan already costed on the same provider, GPU and pricing meets the
+        deadline and is no slower and cheaper than this one can possibly be: its compute
+        alone (whole steps at the predicted step time, no start-up, restarts or billing
+        rounding, all of which only add) at the offer's rate. Saves costing it; the ranking
+        would collapse it (:meth:`_dominated`)."""
+        if offer.pricing == "compute_units" or not pred.samples_per_step > 0:
+            return False
+        seen = self._frontier.get((offer.provider, offer.gpu, pricing))
+        if not seen:
+            return False
+        steps = max(0.0, self.target.total_samples / pred.samples_per_step - 1e-9)
+        hours = steps * pred.step_time_s / 3600.0 * (1 - 1e-12)
+        cost = hours * price_per_hour(offer, nodes, pricing)
+        return any(meets and h <= hours and c < cost * (1 - 1e-9) for h, c, meets in seen)
+
     def _add(self, offer: Offer, nodes: int, config: ParallelConfig, pred: Prediction,
              pricings: Sequence[str]) -> None:
         notes = []
@@ -427,6 +446,9 @@ class _Search:
             notes.append(f"{offer.provider} does not guarantee the {offer.gpu}: it assigns "
                          "whatever GPU is free, and a slower one stretches the time")
         for pricing in pricings:
+            if not self.exhaustive and self._surely_dominated(offer, nodes, pred, pricing):
+                self.dropped[DOMINATED_REASON] += 1
+                continue
             self.costed += 1
             cand = evaluate(offer, nodes, config, pred, pricing, self.target, self.costing,
                             notes=tuple(notes))
