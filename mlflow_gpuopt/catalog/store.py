@@ -13,6 +13,7 @@ warning naming it. Each warning is logged once per process, however often the ca
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import os
 import secrets
@@ -102,7 +103,13 @@ def shipped_text(name: str) -> str:
 
 
 def load_gpus() -> dict[str, GpuSpec]:
-    """The shipped GPU specs (canonical name -> spec)."""
+    """The shipped GPU specs (canonical name -> spec); parsed once per process, a fresh dict
+    each call."""
+    return dict(_shipped_gpus())
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_gpus() -> dict[str, GpuSpec]:
     return parse_gpus_csv(shipped_text("gpus.csv"), "pricing/gpus.csv")
 
 

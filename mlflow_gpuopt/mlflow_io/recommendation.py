@@ -10,7 +10,9 @@ MLflow's compare-runs scatter and parallel-coordinates charts work on them direc
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ CANDIDATES_TABLE = contract.CANDIDATES_TABLE
 REPORT_HTML = contract.REPORT_HTML
 PARETO_PNG = contract.PARETO_PNG
 SCALING_PNG = contract.SCALING_PNG
+#: The run tag ``MlflowClient.log_table`` keeps its tables in (``mlflow.utils.mlflow_tags``).
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 
 #: Candidate keys that become child-run params / metrics.
 CHILD_PARAMS = ("rank", "provider", "instance_type", "region", "gpu", "nodes", "gpus",
@@ -59,12 +63,35 @@ def _param_value(v: Any) -> str:
     return text if len(text) <= 6000 else text[:5997] + "..."
 
 
+def _table_json(doc: Mapping[str, Any]) -> str:
+    """The candidate table as ``MlflowClient.log_table`` writes a ``.json`` table (pandas'
+    ``orient="split"`` without the index), so MLflow's table view and ``load_table`` read it;
+    written here to skip pandas and log_table's four store round trips."""
+    table = _table(doc)
+    cols = list(table)
+    rows = [[_finite(v) for v in r] for r in zip(*(table[c] for c in cols), strict=True)]
+    return json.dumps({"columns": cols, "data": rows}, default=str)
+
+
+def _finite(v: Any) -> Any:
+    """None for NaN and infinities, as pandas writes them (``null``)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
 def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
                        charts: Mapping[str, bytes], report_html: str, top_children: int = 5,
                        client=None) -> LoggedRecommendation:
-    """Log ``doc`` (``recommend.recommendation_dict``) nested under ``source_run_ids[0]``."""
-    from mlflow import MlflowClient
+    """Log ``doc`` (``recommend.recommendation_dict``) nested under ``source_run_ids[0]``.
+
+    As few store round trips as MLflow allows: one ``get_run`` for the experiment; per run
+    ``create_run`` (tags), one ``log_batch`` (params, metrics, tags) and ``set_terminated``;
+    the recommendation run's artifacts written to one temporary folder and logged with one
+    ``log_artifacts``.
+    """
     from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
 
     client = client or MlflowClient()
     parent = client.get_run(source_run_ids[0])
@@ -95,13 +122,16 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
                         if isinstance(best.get(k), (int, float))]
             params += [Param(f"recommended.{k}", _param_value(best[k])) for k in CHILD_PARAMS
                        if k != "rank" and best.get(k) is not None]
-        client.log_batch(run_id, metrics=metrics, params=params)
-        client.log_dict(run_id, dict(doc), RECOMMENDATION_JSON)
-        client.log_table(run_id, data=_table(doc), artifact_file=CANDIDATES_TABLE)
-        for label, path in (("pareto", PARETO_PNG), ("scaling", SCALING_PNG)):
-            if label in charts:
-                _log_bytes(client, run_id, charts[label], path)
-        client.log_text(run_id, report_html, REPORT_HTML)
+        # What log_table records so MLflow's UI lists the table.
+        tags = [RunTag(LOGGED_ARTIFACTS_TAG,
+                       json.dumps([{"path": CANDIDATES_TABLE, "type": "table"}]))]
+        client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        files = {RECOMMENDATION_JSON: json.dumps(dict(doc), indent=2, default=str),
+                 CANDIDATES_TABLE: _table_json(doc), REPORT_HTML: report_html}
+        files.update({path: charts[label] for label, path in (("pareto", PARETO_PNG),
+                                                               ("scaling", SCALING_PNG))
+                      if label in charts})
+        _log_files(client, run_id, files)
         for cand in doc["candidates"][:top_children]:
             children.append(_log_child(client, exp_id, run_id, cand, Metric, Param, RunTag))
         status = "FINISHED"
@@ -112,16 +142,23 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
                                 child_run_ids=tuple(children))
 
 
-def _log_bytes(client, run_id: str, data: bytes, artifact_path: str) -> None:
+def _log_files(client, run_id: str, files: Mapping[str, str | bytes]) -> None:
+    """Write ``files`` (artifact path -> text or bytes) under one temporary folder and log
+    it with a single ``log_artifacts`` (one upload round for the whole set)."""
     import os
     import tempfile
 
-    directory, filename = os.path.split(artifact_path)
     with tempfile.TemporaryDirectory(prefix="gpuopt-") as tmp:
-        local = os.path.join(tmp, filename)
-        with open(local, "wb") as fh:
-            fh.write(data)
-        client.log_artifact(run_id, local, artifact_path=directory or None)
+        for path, data in files.items():
+            local = os.path.join(tmp, *path.split("/"))
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            if isinstance(data, str):
+                with open(local, "w", encoding="utf-8") as fh:
+                    fh.write(data)
+            else:
+                with open(local, "wb") as fh:
+                    fh.write(data)
+        client.log_artifacts(run_id, tmp)
 
 
 def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any],
@@ -129,7 +166,8 @@ def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any],
     name = (f"#{cand['rank']} {cand['provider']} {cand['instance_type']} ×{cand['nodes']} "
             f"{cand.get('strategy_label', cand['strategy'])} {cand['pricing'].replace('_', '-')}")
     child = client.create_run(exp_id, run_name=name, tags={
-        "mlflow.parentRunId": parent_id, contract.TAG_KIND: contract.KIND_CANDIDATE})
+        "mlflow.parentRunId": parent_id, contract.TAG_KIND: contract.KIND_CANDIDATE,
+        contract.TAG_WHY: _param_value(cand.get("why", ""))})
     cid = child.info.run_id
     now = int(time.time() * 1000)
     try:
@@ -139,7 +177,6 @@ def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any],
                      if isinstance(cand.get(k), (int, float))],
             params=[param_cls(k, _param_value(cand[k])) for k in CHILD_PARAMS
                     if cand.get(k) is not None],
-            tags=[run_tag_cls(contract.TAG_WHY, _param_value(cand.get("why", "")))],
         )
     finally:
         client.set_terminated(cid)

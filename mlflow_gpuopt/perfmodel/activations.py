@@ -54,6 +54,8 @@ flight (Sec. 4.2.3); an interleaved schedule with ``v`` virtual stages multiplie
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("flash", "eager")
@@ -79,6 +81,7 @@ INDEX_BYTES = 8.0
 LOGIT_BYTES = 4.0
 
 
+@functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
 def normalize_attention(name: str | None) -> str:
     """``flash`` or ``eager`` from ``sdpa``, ``flash``, ``eager``...; None means SDPA, which
     PyTorch runs with a flash/memory-efficient kernel."""

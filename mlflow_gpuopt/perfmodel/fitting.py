@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from mlflow_gpuopt.perfmodel import comm
 from mlflow_gpuopt.perfmodel.compute import (
@@ -224,6 +223,9 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
         x0[idx] = grid[int(np.argmin(costs))]
 
     if names:
+        # scipy.optimize takes a third of a second to import: only when there is a fit.
+        from scipy.optimize import least_squares
+
         sol = least_squares(residuals, x0, bounds=(lower, upper), method="trf", x_scale=1.0)
         x = sol.x
         jac = sol.jac

@@ -3,6 +3,8 @@ then data-parallel replicas outermost (Megatron's order), and the checks that go
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ _PART = re.compile(r"^(tp|pp|vp|dp)(\d*)$")
 _SEPARATORS = re.compile(r"[x×+,*]")
 
 
+@functools.lru_cache(maxsize=256)  # pure; the recommender asks thousands of times
 def parse_layout(text: str) -> tuple[str, int, int, int, int]:
     """``(strategy, tp, pp, vp, dp)`` from a strategy string as ``--strategy`` takes it:
     ``ddp``, ``zero2``, ``tp``, ``tp4``, ``pp2``, ``tp2xpp2``, ``tp8xpp12xddp``,
@@ -100,6 +103,7 @@ class Layout:
         return "tp" if self.tp > 1 else "pp"
 
 
+@functools.lru_cache(maxsize=4096)  # pure; the recommender asks thousands of times
 def resolve_layout(config: ParallelConfig) -> Layout:
     """Degrees for ``config``; ``config.strategy`` may be a compound layout string
     (:func:`parse_layout`), whose degrees apply where ``config.tp``/``pp`` are left at 1.

@@ -34,6 +34,8 @@ model states.
 
 from __future__ import annotations
 
+import functools
+
 import math
 
 from mlflow_gpuopt.perfmodel.activations import (
@@ -105,6 +107,7 @@ def checkpointing_factor(num_layers: int) -> float:
     return max(2.0, math.sqrt(max(1, num_layers)))
 
 
+@functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
 def transformer_dims(workload: Workload) -> TransformerDims | None:
     """The architecture for the activation formula, or None when the profile does not give
     layers, hidden size and sequence length (heads default to hidden / 128, the common head

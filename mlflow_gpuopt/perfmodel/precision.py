@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Mapping
 
 from mlflow_gpuopt.catalog.schema import PRECISIONS
@@ -31,6 +33,7 @@ _ALIASES = {"amp": "fp16", "amp_fp16": "fp16", "float16": "fp16", "half": "fp16"
             "16-mixed": "fp16", "bf16-mixed": "bf16", "32": "fp32", "32-true": "fp32"}
 
 
+@functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
 def normalize_precision(precision: str) -> str:
     """``fp32|tf32|fp16|bf16|fp8`` from the usual spellings (``amp``, ``bfloat16``...)."""
     p = str(precision).strip().lower()

@@ -71,7 +71,9 @@ def preemption_text(expected: float) -> str:
 
 
 def strategy_label(config: ParallelConfig) -> str:
-    """Short label for tables: ``ddp``, ``fsdp``, ``tp8``, ``tp8+pp2``, ``pp4``, ``fsdp+ac``."""
+    """Short label for tables: ``ddp``, ``fsdp``, ``tp8``, ``tp8+pp2``, ``pp4``, ``fsdp+ac``;
+    model-parallel layouts whose replicas shard more than DDP name it last:
+    ``tp4+pp2+dp8+zero1``."""
     if config.strategy in ("tp", "pp") or config.tp > 1 or config.pp > 1:
         parts = []
         if config.tp > 1:
@@ -81,6 +83,8 @@ def strategy_label(config: ParallelConfig) -> str:
         dp = config.gpus // (config.tp * config.pp)
         if dp > 1:
             parts.append(f"dp{dp}")
+            if config.strategy not in ("tp", "pp", "ddp"):
+                parts.append(config.strategy)
         label = "+".join(parts) or config.strategy
     else:
         label = config.strategy
@@ -99,6 +103,23 @@ def launch_line(candidate: Candidate) -> str:
     if cfg.activation_checkpointing:
         common += ", activation checkpointing on"
     s = cfg.strategy
+    if s in ("tp", "pp") or cfg.tp > 1 or cfg.pp > 1:
+        dp = cfg.gpus // (cfg.tp * cfg.pp)
+        layout = (f"tensor parallel {cfg.tp} inside each node "
+                  f"(torch.distributed.tensor.parallel), pipeline {cfg.pp} stages "
+                  f"(torch.distributed.pipelining, {accum} micro-batches), data parallel {dp}")
+        if s in ("zero1", "zero2", "zero3"):  # Megatron-DeepSpeed: ZeRO over the replicas
+            ds = {"zero_optimization": {"stage": int(s[-1])},
+                  "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": accum}
+            if prec in ("bf16", "fp16"):
+                ds[prec] = {"enabled": True}
+            return (f"{head} train.py --deepspeed --deepspeed_config ds_config.json  # "
+                    f"{layout} with ZeRO-{s[-1]}; ds_config.json: "
+                    f"{json.dumps(ds, separators=(',', ':'))}")
+        if s == "fsdp":
+            return (f"{head} train.py  # {layout}, replicas sharded with FSDP "
+                    f"(fully_shard / ShardingStrategy.FULL_SHARD); {common}")
+        return f"{head} train.py  # {layout}; {common}"
     if s in ("zero1", "zero2", "zero3"):
         ds = {"zero_optimization": {"stage": int(s[-1])},
               "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": accum}
@@ -109,12 +130,6 @@ def launch_line(candidate: Candidate) -> str:
     if s == "fsdp":
         mp = f", MixedPrecision(param_dtype={prec})" if prec in ("bf16", "fp16") else ""
         return (f"{head} train.py  # FSDP: fully_shard / ShardingStrategy.FULL_SHARD{mp}, "
-                f"{common}")
-    if s in ("tp", "pp") or cfg.tp > 1 or cfg.pp > 1:
-        dp = cfg.gpus // (cfg.tp * cfg.pp)
-        return (f"{head} train.py  # tensor parallel {cfg.tp} inside each node "
-                f"(torch.distributed.tensor.parallel), pipeline {cfg.pp} stages "
-                f"(torch.distributed.pipelining, {accum} micro-batches), data parallel {dp}; "
                 f"{common}")
     if s == "single":
         return f"{head} train.py  # single GPU, {common}"

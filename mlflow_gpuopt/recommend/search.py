@@ -12,23 +12,46 @@ The search is pruned so the whole catalog takes well under half a second:
   (asked once per shape with ``max_micro_batch``), with accumulation making up the rest
   (``Target.global_batch``; with it unset, each GPU keeps the measured per-GPU batch
   instead); activation checkpointing is tried only when not even a micro-batch of one fits;
-* node counts double (1, 2, 4, …) and stop once doubling gains less than 5 % throughput.
+* node counts double (1, 2, 4, …) and stop once doubling gains less than 5 % throughput;
+* large models (``LARGE_MODEL_PARAMS``) whose transformer shape (layers, hidden size,
+  sequence) is known also get compound layouts: tensor parallel inside a
+  node (2, 4, 8) × pipeline stages (powers of two, at most one per layer) × data-parallel
+  replicas with ZeRO-1 (Megatron's distributed optimizer) or FSDP. Context parallelism is not
+  searched: the step-time and memory models have no term for it.
+
+What makes it quick (the answer is the same as evaluating every offer on its own, which
+``recommend(..., exhaustive=True)`` does and the tests compare against):
+
+* offers with the same GPU, node size, links and network share one exploration (shapes,
+  memory fit, step-time prediction); each offer then takes the node counts its provider
+  allows (a prefix of the shared exploration) and is only costed;
+* memory is checked before any step time is predicted (``max_micro_batch``; shapes with no
+  fitting micro-batch are never predicted), and the answer is kept per GPU memory size, so
+  two networks of the same GPU ask once;
+* offers that differ only by region (same instance, prices, billing) are costed once: the
+  ranking keeps one plan per instance and configuration, the first in catalog order;
+* a plan slower and dearer than one already costed on the same provider, GPU and pricing
+  (and no more likely to meet the deadline) is dropped as soon as it is costed: the ranking
+  would collapse it anyway, and it can be on neither the Pareto front nor the fastest plan;
+  where even its bare compute time at the offer's rate is slower and dearer than a costed
+  plan that meets the deadline, it is not costed at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
-from mlflow_gpuopt.recommend.cost import evaluate
+from mlflow_gpuopt.recommend.cost import evaluate, price_per_hour
 from mlflow_gpuopt.recommend.explain import (
     batch_note,
     explain_winner,
@@ -126,11 +149,11 @@ def filter_offers(offers: Iterable[Offer], space: SearchSpace,
     return out
 
 
-def _node_counts(offer: Offer, space: SearchSpace) -> list[int]:
-    limit = min(space.max_nodes, offer.max_nodes if offer.inter_node_gbps > 0 else 1)
+def _node_counts(gpus_per_node: int, limit: int, max_gpus: int | None) -> list[int]:
+    """1, 2, 4, … nodes up to ``limit``, with at most ``max_gpus`` GPUs in all."""
     counts, n = [], 1
     while n <= max(1, limit):
-        if space.max_gpus is None or n * offer.gpu_count <= space.max_gpus:
+        if max_gpus is None or n * gpus_per_node <= max_gpus:
             counts.append(n)
         n *= 2
     return counts
@@ -147,8 +170,10 @@ def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
     return out
 
 
-def _shapes(offer: Offer, nodes: int) -> list[tuple[str, int, int]]:
-    """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs."""
+def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
+            num_layers: int | None = None) -> list[tuple[str, int, int]]:
+    """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs; with
+    ``compound``, also tensor × pipeline × data-parallel layouts (module docstring)."""
     per_node = offer.gpu_count
     total = per_node * nodes
     if total == 1:
@@ -163,91 +188,184 @@ def _shapes(offer: Offer, nodes: int) -> list[tuple[str, int, int]]:
         shapes.append(("pp", 1, nodes))
     elif per_node > 1:
         shapes.append(("pp", 1, per_node))
+    if compound:
+        shapes += _compound_shapes(per_node, total, fast_link, num_layers, set(shapes))
     return shapes
+
+
+def _compound_shapes(per_node: int, total: int, fast_link: bool, num_layers: int | None,
+                     seen: set[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """tp (inside a node, over fast links) × pp (powers of two, at most one stage per layer)
+    × data-parallel replicas: DDP replicas (named ``tp``/``pp`` as the plain shapes are),
+    ZeRO-1 and FSDP where there is more than one replica (FSDP only where it fits a larger
+    micro-batch than ZeRO-1: :meth:`_Search.explore`)."""
+    tps = [1] + ([t for t in (2, 4, 8) if t <= per_node and per_node % t == 0]
+                 if fast_link else [])
+    out = []
+    for tp in tps:
+        pp = 1
+        while tp * pp <= total:
+            if (tp, pp) != (1, 1) and total % (tp * pp) == 0 and (
+                    not num_layers or pp <= num_layers):
+                # ZeRO-1 shards only the optimizer: never slower than DDP replicas, so
+                # those are searched only where there is a single replica.
+                flavours = (["zero1", "fsdp"] if total // (tp * pp) > 1
+                            else ["tp" if tp > 1 else "pp"])
+                for flavour in flavours:
+                    shape = (flavour, tp, pp)
+                    if shape not in seen:
+                        seen.add(shape)
+                        out.append(shape)
+            pp *= 2
+    return out
+
+
+@dataclass
+class _Step:
+    """One (precision, node count) of a shared exploration: the shapes that fit, predicted,
+    and what was dropped or predicted on the way (replayed for every offer that uses it)."""
+
+    precision: str
+    nodes: int
+    fitted: list[tuple[ParallelConfig, Prediction]] = field(default_factory=list)
+    dropped: Counter[str] = field(default_factory=Counter)
+    searched: int = 0
+
+
+def _node_limit(offer: Offer, space: SearchSpace) -> int:
+    return min(space.max_nodes, offer.max_nodes if offer.inter_node_gbps > 0 else 1)
+
+
+def _hardware_key(offer: Offer) -> tuple:
+    """What the model's view of an offer (:class:`Hardware`) and its shapes depend on."""
+    return (offer.gpu, offer.gpu_count, offer.intra_node_link, offer.intra_node_gb_per_s,
+            offer.inter_node_gbps, offer.inter_node_rdma)
+
+
+def _costing_key(offer: Offer) -> tuple:
+    """Offers equal in everything but the region yield the same plans (the ranking keeps the
+    first in catalog order)."""
+    return dataclasses.astuple(dataclasses.replace(offer, region=""))
 
 
 class _Search:
     def __init__(self, predictor: Predictor, workload: Workload, target: Target,
-                 space: SearchSpace, costing: Costing) -> None:
+                 space: SearchSpace, costing: Costing, *, exhaustive: bool = False) -> None:
         self.predictor, self.workload, self.target = predictor, workload, target
         self.space, self.costing = space, costing
+        self.exhaustive = exhaustive
         self.dropped: Counter[str] = Counter()
-        self.searched = 0
+        self.searched = 0  # plans considered (every offer's own exploration, as if alone)
+        self.predicted = 0  # step-time predictions made
+        self.costed = 0  # plans costed
         self.candidates: list[Candidate] = []
+        self._mb_cache: dict[tuple, int] = {}
+        #: (provider, GPU, pricing) -> [(hours, cost, meets)] of plans costed so far
+        self._frontier: dict[tuple, list[tuple[float, float, bool]]] = {}
 
-    def _predict(self, config: ParallelConfig, hw: Hardware) -> Prediction | None:
-        self.searched += 1
+    def _predict(self, config: ParallelConfig, hw: Hardware, step: _Step) -> Prediction | None:
+        step.searched += 1
+        self.predicted += 1
         try:
             return self.predictor.predict(config, hw)
         except (ValueError, ArithmeticError):  # PerfModelError is a ValueError
-            self.dropped["the model cannot predict this shape"] += 1
+            step.dropped["the model cannot predict this shape"] += 1
             return None
 
-    def _fit_config(self, offer: Offer, nodes: int, strategy: str, tp: int, pp: int,
-                    precision: str, hw: Hardware, *, must_beat_mb: int = 0,
+    def _max_micro_batch(self, config: ParallelConfig, hw: Hardware) -> int:
+        """The predictor's ``max_micro_batch``, asked once per GPU memory and shape (memory
+        does not depend on links, networks or prices)."""
+        key = (hw.gpu, hw.memory_bytes, hw.gpus_per_node, config)
+        m = None if self.exhaustive else self._mb_cache.get(key)
+        if m is None:
+            try:
+                m = int(self.predictor.max_micro_batch(config, hw))
+            except (ValueError, ArithmeticError):
+                m = 0
+            self._mb_cache[key] = m
+        return m
+
+    def _fit_config(self, per_node: int, nodes: int, strategy: str, tp: int, pp: int,
+                    precision: str, hw: Hardware, step: _Step, *, must_beat_mb: int = 0,
                     ) -> tuple[ParallelConfig, Prediction] | None:
         """Largest micro-batch that fits for this shape, predicted; ``None`` if none fits.
 
         With ``must_beat_mb``, a shape whose micro-batch is no larger is skipped: a later
         rung of the memory ladder only helps if it lets a bigger micro-batch fit.
         """
-        batch = self.target.rank_batch(offer.gpu_count * nodes // (tp * pp))
+        batch = self.target.rank_batch(per_node * nodes // (tp * pp))
         if batch is None:
-            self.dropped[UNEVEN_BATCH_REASON] += 1
+            step.dropped[UNEVEN_BATCH_REASON] += 1
             return None
         for ac in (False, True):
-            base = ParallelConfig(gpus_per_node=offer.gpu_count, nodes=nodes, strategy=strategy,
+            base = ParallelConfig(gpus_per_node=per_node, nodes=nodes, strategy=strategy,
                                   micro_batch=1, grad_accum=batch, precision=precision,
                                   activation_checkpointing=ac, tp=tp, pp=pp)
-            try:
-                m_max = int(self.predictor.max_micro_batch(base, hw))
-            except (ValueError, ArithmeticError):
-                m_max = 0
+            m_max = self._max_micro_batch(base, hw)
             if m_max < 1:
                 continue
             mb = largest_divisor_at_most(batch, m_max)
             if mb <= must_beat_mb:
-                self.dropped["dominated (same micro-batch, more communication)"] += 1
+                step.dropped["dominated (same micro-batch, more communication)"] += 1
                 return None
             config = replace(base, micro_batch=mb, grad_accum=batch // mb)
-            pred = self._predict(config, hw)
+            pred = self._predict(config, hw, step)
             if pred is None:
                 return None
             if pred.fits:
                 return config, pred
-        self.dropped["does not fit in GPU memory"] += 1
+        step.dropped["does not fit in GPU memory"] += 1
         return None
 
-    def offer(self, offer: Offer, spec: GpuSpec, hw: Hardware) -> None:
+    def precisions(self, spec: GpuSpec) -> tuple[str, ...]:
+        """The precisions searched on ``spec``: those allowed, less any no faster than the
+        script's own."""
         w = self.workload
-        precisions = allowed_precisions(
+        allowed = allowed_precisions(
             w.precision, spec, linear_layers=bool(w.hidden_size and w.tokens_per_sample))
-        if not precisions:
-            self.dropped[f"{spec.name} lacks {self.workload.precision}"] += 1
-            return
-        pricings = _pricings(offer, self.space)
-        if not pricings:
-            self.dropped["no price for the asked pricing"] += 1
-            return
+        if not allowed:
+            return ()
+        own = allowed[0]
+        return tuple(p for p in allowed
+                     if p == own or spec.peak_tflops(p) > spec.peak_tflops(own))
+
+    def explore(self, offer: Offer, spec: GpuSpec, hw: Hardware, node_limit: int,
+                ) -> list[list[_Step]]:
+        """For each precision, the node counts tried in order (doubling, stopping once a
+        doubling gains less than 5 % throughput), up to ``node_limit`` nodes; only the
+        offer's node size and links matter, so every offer of the same hardware shares it."""
         large = self.workload.params >= LARGE_MODEL_PARAMS
-        own = precisions[0]
-        for precision in precisions:
-            if precision != own and spec.peak_tflops(precision) <= spec.peak_tflops(own):
-                continue  # same speed as the script's own precision: no reason to change it
+        w = self.workload
+        # Pipeline stages need the layer count, tensor parallel's all-reduces the hidden size
+        # and sequence: without them the model's terms for those layouts are guesses.
+        compound = large and bool(w.num_layers and w.hidden_size and w.tokens_per_sample)
+        out = []
+        for precision in self.precisions(spec):
+            steps: list[_Step] = []
             best_prev = 0.0
-            for nodes in _node_counts(offer, self.space):
+            for nodes in _node_counts(offer.gpu_count, node_limit, self.space.max_gpus):
+                step = _Step(precision, nodes)
+                steps.append(step)
                 best_here = 0.0
                 data_parallel_fit_full_batch = False
                 any_dp_fit = False
                 best_mb = 0
-                for strategy, tp, pp in _shapes(offer, nodes):
-                    if strategy in _DATA_PARALLEL_LADDER and data_parallel_fit_full_batch:
+                model_best_mb: dict[tuple[int, int], int] = {}
+                for strategy, tp, pp in _shapes(offer, nodes, compound=compound,
+                                                num_layers=self.workload.num_layers):
+                    ladder = strategy in _DATA_PARALLEL_LADDER and tp * pp == 1
+                    if ladder and data_parallel_fit_full_batch:
                         continue
-                    if strategy in ("tp", "pp") and not (large or not any_dp_fit):
+                    if not ladder and strategy != "single" and not (large or not any_dp_fit):
                         continue
-                    ladder = strategy in _DATA_PARALLEL_LADDER
-                    fitted = self._fit_config(offer, nodes, strategy, tp, pp, precision, hw,
-                                              must_beat_mb=best_mb if ladder else 0)
+                    if ladder:
+                        must_beat = best_mb
+                    elif strategy == "fsdp":  # compound: only where ZeRO-1 fit less
+                        must_beat = model_best_mb.get((tp, pp), 0)
+                    else:
+                        must_beat = 0
+                    fitted = self._fit_config(offer.gpu_count, nodes, strategy, tp, pp,
+                                              precision, hw, step, must_beat_mb=must_beat)
                     if fitted is None:
                         continue
                     config, pred = fitted
@@ -255,11 +373,71 @@ class _Search:
                         any_dp_fit = True
                         best_mb = max(best_mb, config.micro_batch or 0)
                         data_parallel_fit_full_batch = config.grad_accum == 1
+                    elif strategy == "zero1":
+                        model_best_mb[(tp, pp)] = config.micro_batch or 0
                     best_here = max(best_here, pred.throughput_samples_per_s)
-                    self._add(offer, nodes, config, pred, pricings)
+                    step.fitted.append((config, pred))
                 if best_prev and best_here < best_prev * _MIN_NODE_GAIN:
                     break  # doubling the nodes no longer pays
                 best_prev = max(best_prev, best_here)
+            out.append(steps)
+        return out
+
+    def offer(self, offer: Offer, spec: GpuSpec, hw: Hardware,
+              explored: list[list[_Step]] | None = None, *, cost: bool = True) -> None:
+        """Cost ``offer``'s plans: from ``explored`` (a shared exploration of the same
+        hardware, with at least this offer's node counts) or from its own. ``cost=False``
+        (an offer equal to one costed already but for its region) only counts them."""
+        if not self.precisions(spec):
+            self.dropped[f"{spec.name} lacks {self.workload.precision}"] += 1
+            return
+        pricings = _pricings(offer, self.space)
+        if not pricings:
+            self.dropped["no price for the asked pricing"] += 1
+            return
+        limit = _node_limit(offer, self.space)
+        if explored is None:
+            explored = self.explore(offer, spec, hw, limit)
+        for steps in explored:
+            for step in steps:
+                if step.nodes > limit:
+                    break
+                self.searched += step.searched
+                self.dropped.update(step.dropped)
+                if not cost:
+                    continue
+                for config, pred in step.fitted:
+                    self._add(offer, step.nodes, config, pred, pricings)
+
+    def _dominated(self, cand: Candidate) -> bool:
+        """True when a plan costed before on the same provider, GPU and pricing is no slower,
+        cheaper, and meets the deadline whenever ``cand`` does: the ranking's collapse would
+        drop ``cand`` (:func:`collapse_dominated`), and it cannot be on the Pareto front."""
+        seen = self._frontier.setdefault(
+            (cand.offer.provider, cand.offer.gpu, cand.pricing), [])
+        for hours, cost, meets in seen:
+            if (hours <= cand.hours and cost < cand.cost_usd * (1 - 1e-9)
+                    and (meets or not cand.meets_deadline)):
+                return True
+        seen.append((cand.hours, cand.cost_usd, cand.meets_deadline))
+        return False
+
+    def _surely_dominated(self, offer: Offer, nodes: int, pred: Prediction,
+                          pricing: str) -> bool:
+        """True when a plan already costed on the same provider, GPU and pricing meets the
+        deadline and is no slower and cheaper than this one can possibly be: its compute
+        alone (whole steps at the predicted step time, no start-up, restarts or billing
+        rounding, all of which only add) at the offer's rate. Saves costing it; the ranking
+        would collapse it (:meth:`_dominated`)."""
+        if offer.pricing == "compute_units" or not pred.samples_per_step > 0:
+            return False
+        seen = self._frontier.get((offer.provider, offer.gpu, pricing))
+        if not seen:
+            return False
+        steps = max(0.0, self.target.total_samples / pred.samples_per_step - 1e-9)
+        hours = steps * pred.step_time_s / 3600.0 * (1 - 1e-12)
+        cost = hours * price_per_hour(offer, nodes, pricing)
+        return any(meets and h <= hours and c < cost * (1 - 1e-9) for h, c, meets in seen)
 
     def _add(self, offer: Offer, nodes: int, config: ParallelConfig, pred: Prediction,
              pricings: Sequence[str]) -> None:
@@ -268,12 +446,19 @@ class _Search:
             notes.append(f"{offer.provider} does not guarantee the {offer.gpu}: it assigns "
                          "whatever GPU is free, and a slower one stretches the time")
         for pricing in pricings:
+            if not self.exhaustive and self._surely_dominated(offer, nodes, pred, pricing):
+                self.dropped[DOMINATED_REASON] += 1
+                continue
+            self.costed += 1
             cand = evaluate(offer, nodes, config, pred, pricing, self.target, self.costing,
                             notes=tuple(notes))
             if cand is None:
                 self.dropped["cannot finish (throughput or preemptions)"] += 1
                 continue
-            self.candidates.append(replace(cand, launch=launch_line(cand)))
+            if not self.exhaustive and self._dominated(cand):
+                self.dropped[DOMINATED_REASON] += 1
+                continue
+            self.candidates.append(cand)
 
 
 def _rank_key(c: Candidate) -> tuple:
@@ -519,26 +704,43 @@ def _single_gpu_efficiency(predictor: Predictor, c: Candidate, hw: Hardware) -> 
 def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
               gpus: Mapping[str, GpuSpec], target: Target, *, hardware_for: HardwareFor,
               space: SearchSpace = SearchSpace(), costing: Costing = Costing(),
-              with_scaling: bool = True) -> Recommendation:
+              with_scaling: bool = True, exhaustive: bool = False) -> Recommendation:
     """Search every allowed offer and return the ranked plans, Pareto set and explanation.
+
+    ``exhaustive`` evaluates every offer on its own, costs every plan and leaves all pruning
+    to the ranking (slow; the tests check the quick search gives the same answer).
 
     Raises :class:`NoOffersError` when the search space selects no offer at all.
     """
     started = time.perf_counter()
     chosen = filter_offers(offers, space, gpus)
-    search = _Search(predictor, workload, target, space, costing)
+    search = _Search(predictor, workload, target, space, costing, exhaustive=exhaustive)
     hw_cache: dict[tuple, Hardware] = {}
+    # Offers of the same hardware share one exploration, as deep as the deepest of them.
+    limits: dict[tuple, int] = {}
+    for offer in chosen:
+        key = _hardware_key(offer)
+        limits[key] = max(limits.get(key, 1), _node_limit(offer, space))
+    explored: dict[tuple, list[list[_Step]]] = {}
+    costed: set[tuple] = set()
     for offer in chosen:
         spec = gpus.get(offer.gpu)
         if spec is None:
             search.dropped[f"no GPU spec for {offer.gpu}"] += 1
             continue
-        key = (offer.gpu, offer.gpu_count, offer.intra_node_link, offer.intra_node_gb_per_s,
-               offer.inter_node_gbps, offer.inter_node_rdma)
+        key = _hardware_key(offer)
         hw = hw_cache.get(key)
         if hw is None:
             hw = hw_cache[key] = hardware_for(spec, offer)
-        search.offer(offer, spec, hw)
+        if exhaustive:
+            search.offer(offer, spec, hw)
+            continue
+        if key not in explored:
+            explored[key] = search.explore(offer, spec, hw, limits[key])
+        twin = _costing_key(offer) in costed
+        costed.add(_costing_key(offer))
+        search.offer(offer, spec, hw, explored[key], cost=not twin)
+    search.candidates = [replace(c, launch=launch_line(c)) for c in search.candidates]
 
     best: dict[tuple, Candidate] = {}
     for c in search.candidates:
@@ -592,5 +794,6 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         target=target, candidates=ranked, pareto=front, winner=winner,
         fastest=fastest, cheapest=cheapest, explanation=explanation, whys=whys,
         dropped=dict(search.dropped), searched=search.searched, notes=tuple(notes),
+        predicted=search.predicted, costed=search.costed,
         scaling=scaling,
     )

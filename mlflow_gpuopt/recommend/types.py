@@ -187,6 +187,8 @@ class Recommendation:
     explanation: tuple[str, ...]  # lines: why the winner, where its time goes, how to launch
     whys: Mapping[int, str]  # index into ``candidates`` -> one-line reason
     dropped: Mapping[str, int]  # reason -> how many plans were dropped for it
-    searched: int  # plans evaluated
+    searched: int  # plans considered (each offer's shapes, as if searched on its own)
     notes: tuple[str, ...] = ()
     scaling: tuple[ScalingPoint, ...] = ()
+    predicted: int = 0  # step-time predictions made (offers of one hardware share them)
+    costed: int = 0  # plans costed (time, cost and P(deadline) per offer and pricing)
