@@ -80,6 +80,10 @@ class StepClock:
         self.last_step_forwards = 0
         self.profile_samples: int | None = None
         self.profile_forwards: int | None = None
+        # input wait: from a step's end to the next step's first forward (see _note_input_wait)
+        self.input_wait_s = 0.0  # summed over every step after the first
+        self.input_waits = 0  # steps in that sum
+        self._last_mark_s: float | None = None
         self._event_cls: Any = None
         self._on_error = on_error
         self._perf = time.perf_counter
@@ -117,6 +121,8 @@ class StepClock:
         try:
             if not self._grad_enabled():
                 return None
+            if self.pending_forwards == 0 and self._last_mark_s is not None:
+                self._note_input_wait()
             if args and isinstance(args[0], self._tensor):
                 x = args[0]
             else:
@@ -136,6 +142,15 @@ class StepClock:
             except Exception as exc:
                 self._profile_failed(exc)
         return None
+
+    def _note_input_wait(self) -> None:
+        """The first forward of a step: the host time since the previous step ended (the
+        optimizer step post-hook or ``mark()``) is the wait for the next batch (the loader,
+        collation, host-to-device copies, ``zero_grad``). On CUDA the GPU may still be running
+        the previous step meanwhile, so it is an upper bound of the GPU's idle time."""
+        self.input_wait_s += self._perf() - self._last_mark_s
+        self.input_waits += 1
+        self._last_mark_s = None
 
     def _profile_failed(self, exc: BaseException) -> None:
         """The one-off profiler failed: drop the profile, keep counting steps."""
@@ -181,6 +196,7 @@ class StepClock:
             self.last_step_samples = s
             self.last_step_forwards = self.pending_forwards
             self.pending_samples = self.pending_tokens = self.pending_forwards = 0
+            self._last_mark_s = self._perf()
             profiling = self.steps == self.profile_step and self.profiler.active
             self.steps += 1
         except Exception as exc:
