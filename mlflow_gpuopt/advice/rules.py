@@ -67,8 +67,9 @@ def _pct(x: float) -> str:
 def input_pipeline(f: RunFacts) -> list[Finding | NotEvaluated]:
     out: list[Finding | NotEvaluated] = []
     if f.input_wait_fraction is None:
-        out.append(NotEvaluated("input_wait", "the run has no input-wait measurement (tracked "
-                                "by an older gpuopt, or steps marked without a model forward)"))
+        out.append(NotEvaluated("input_wait", "the run has no input-wait measurement (fewer "
+                                "steps than the warm-up, steps marked without a model forward, "
+                                "or tracked by an older gpuopt)"))
     elif f.input_wait_fraction >= INPUT_WAIT_FRACTION:
         ev = [Evidence(contract.SUMMARY_INPUT_WAIT_FRACTION, round(f.input_wait_fraction, 4),
                        f"{_pct(f.input_wait_fraction)} of each step waits for the next batch")]

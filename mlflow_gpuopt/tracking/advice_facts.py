@@ -8,6 +8,8 @@ The end-of-run line evaluates only the rules that need no catalog offers or pred
 from __future__ import annotations
 
 import logging
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from mlflow_gpuopt.advice import RunFacts, cheap_findings, top_finding
@@ -34,15 +36,18 @@ def model_wrapper(model: Any) -> str:
     return "none"
 
 
-def input_wait_figures(wait_sum_s: float, waits: int, step_time_mean_s: float | None
-                       ) -> tuple[float | None, float | None]:
-    """(mean input wait per step in seconds, its share of the mean step time 0..1)."""
+def input_wait_figures(wait_sum_s: float, waits: int, recent_waits_s: Sequence[float],
+                       step_time_p50_s: float | None) -> tuple[float | None, float | None]:
+    """(mean input wait per step in seconds, the typical step's share 0..1: the median of
+    the recent waits over the median step time). Medians, so that a pause of the tracker's
+    own thread or the garbage collector in a few steps does not read as starvation; a
+    loader that is slow on every step is in the median."""
     if waits <= 0:
         return None, None
     mean = wait_sum_s / waits
-    if not step_time_mean_s or step_time_mean_s <= 0:
+    if not recent_waits_s or not step_time_p50_s or step_time_p50_s <= 0:
         return mean, None
-    return mean, min(1.0, mean / step_time_mean_s)
+    return mean, min(1.0, statistics.median(recent_waits_s) / step_time_p50_s)
 
 
 def top_finding_line(facts: RunFacts) -> str | None:

@@ -81,8 +81,10 @@ class StepClock:
         self.profile_samples: int | None = None
         self.profile_forwards: int | None = None
         # input wait: from a step's end to the next step's first forward (see _note_input_wait)
-        self.input_wait_s = 0.0  # summed over every step after the first
+        self.input_wait_s = 0.0  # summed over the steps from input_wait_from_step on
         self.input_waits = 0  # steps in that sum
+        self.recent_input_waits_s: deque[float] = deque(maxlen=4096)  # the last waits
+        self.input_wait_from_step = 0  # the tracker's warm-up: the profile, first ticks
         self._last_mark_s: float | None = None
         self._event_cls: Any = None
         self._on_error = on_error
@@ -148,8 +150,11 @@ class StepClock:
         optimizer step post-hook or ``mark()``) is the wait for the next batch (the loader,
         collation, host-to-device copies, ``zero_grad``). On CUDA the GPU may still be running
         the previous step meanwhile, so it is an upper bound of the GPU's idle time."""
-        self.input_wait_s += self._perf() - self._last_mark_s
-        self.input_waits += 1
+        if self.steps >= self.input_wait_from_step:
+            wait = self._perf() - self._last_mark_s
+            self.input_wait_s += wait
+            self.input_waits += 1
+            self.recent_input_waits_s.append(wait)
         self._last_mark_s = None
 
     def _profile_failed(self, exc: BaseException) -> None:

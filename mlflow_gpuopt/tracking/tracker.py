@@ -162,6 +162,7 @@ class Tracker:
         self._clock = StepClock(self.optimizer, profiler, cfg.profile_step,
                                 cuda_events=bool(sel.cuda_indices), maxlen=cfg.max_step_records,
                                 on_error=self._hook_error, comm_meter=self._reporter.comm_meter)
+        self._clock.input_wait_from_step = cfg.warmup_steps  # as the steady state does
         self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps,
                                    self._clock.start_event)
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
@@ -375,7 +376,8 @@ class Tracker:
 
         clock = self._clock
         wait_mean, wait_share = input_wait_figures(clock.input_wait_s, clock.input_waits,
-                                                   own.steady.step_time_mean_s)
+                                                   list(clock.recent_input_waits_s),
+                                                   own.steady.step_time_p50_s)
         return dataclasses.replace(summary, input_wait_mean_s=wait_mean,
                                    input_wait_fraction=wait_share,
                                    cpu_utilization_mean_percent=hw.cpu_utilization_mean_percent)
