@@ -105,6 +105,13 @@ def test_slow_dataloader_is_input_starvation_priced_on_the_plan(tracking_uri):
     assert "gemm_shapes" not in found and "data_parallel" not in found
     logged = mlflow.artifacts.load_dict(f"runs:/{t.run_id}/gpuopt/advice.json")
     assert logged == json.loads(json.dumps(doc)) and logged["schema"] == "gpuopt.advice/1"
+    # recommend carries the same advice, priced on its winner, into its report
+    result = CliRunner().invoke(cli, ["recommend", "--run-id", t.run_id, *TARGET, "--json"])
+    assert result.exit_code == 0, result.output[-3000:]
+    rec = json.loads(result.stdout)
+    assert rec["advice"]["findings"][0]["rule"] == "input_wait"
+    html = mlflow.artifacts.load_text(f"runs:/{rec['mlflow_run_id']}/gpuopt/report.html")
+    assert "<ol id='advice'>" in html and "Input pipeline starves" in html
 
 
 def test_odd_matmul_shapes_are_a_shape_finding(tracking_uri):
