@@ -218,3 +218,41 @@ def test_bad_input_is_one_line_and_exit_2(tracking_uri, args, says):
         listed = [f.path for f in mlflow.MlflowClient().list_artifacts(r.info.run_id,
                                                                        "gpuopt")]
         assert "gpuopt/advice.json" not in listed
+
+
+
+def _example_run(tmp_path, experiment: str, *args) -> str:
+    """Train ``examples/train_tiny_gpt.py`` into the test's store, experiment
+    ``experiment``; its run id."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "MLFLOW_EXPERIMENT_NAME": experiment}
+    out = subprocess.run([sys.executable, str(repo / "examples" / "train_tiny_gpt.py"),
+                          "--steps", "8", *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return run.info.run_id
+
+
+def test_example_as_shipped_and_its_fp32_variant(tracking_uri, tmp_path):
+    """The tiny-GPT example (bf16 autocast, aligned sizes) gets no precision, shape or input
+    finding; run in fp32 it gets the precision finding, priced on the plan's GPU."""
+    doc = advise("--run-id", _example_run(tmp_path, "shipped"), "--tokens", "2B", "--json",
+                 "--no-log")
+    assert doc["plan"] is not None
+    clean = by_rule(doc)
+    for rule in ("input_wait", "gemm_shapes", "data_parallel", "precision_amp"):
+        assert rule not in clean
+    for f in doc["findings"]:
+        assert f["evidence"] and f["fix"] and f["worth_note"] is not None
+    doc = advise("--run-id", _example_run(tmp_path, "fp32", "--precision", "fp32"),
+                 "--tokens", "2B", "--json", "--no-log")
+    amp = by_rule(doc)["precision_amp"]
+    assert amp["evidence"][0]["value"] == "fp32" and doc["plan"]["gpu"] in amp["title"]
+    assert amp["hours_saved"] is not None and amp["hours_saved"] >= 0
