@@ -41,6 +41,9 @@ PARAM_CP = "gpuopt.cp"
 PARAM_ATTENTION = "gpuopt.attention"  # sdpa | eager
 PARAM_RECOMPUTE = "gpuopt.recompute"  # none | selective | selective-op | full
 PARAM_FP8_RECIPE = "gpuopt.fp8_recipe"  # te | tensorwise | rowwise
+#: The tracked model's wrapper class: "DataParallel", "DistributedDataParallel",
+#: "FullyShardedDataParallel", "compiled" (a torch.compile'd module) or "none".
+PARAM_MODEL_WRAPPER = "gpuopt.model_wrapper"
 
 #: Workload fields (the profile's keys) and the param that carries each when the profile
 #: artifact is missing.
@@ -85,6 +88,8 @@ METRIC_PROCESS_RSS = "gpuopt/process_rss_bytes"
 METRIC_COMM_TIME_S = "gpuopt/comm_time_s"  # per step, mean over ranks (jobs)
 METRIC_COMM_BYTES = "gpuopt/comm_bytes"  # per step, mean over ranks (jobs)
 METRIC_EXPOSED_COMM_FRACTION = "gpuopt/exposed_comm_fraction"
+#: Mean host time per step from the end of a step to the next step's first forward.
+METRIC_INPUT_WAIT_S = "gpuopt/input_wait_s"
 
 #: Per-GPU readings (``gpu_<i>_<reading>``).
 GPU_UTILIZATION_PERCENT = "utilization_percent"
@@ -149,6 +154,9 @@ SUMMARY_COMM_TIME_PER_STEP_S = summary_metric("comm_time_per_step_s")  # jobs on
 SUMMARY_COMM_BYTES_PER_STEP = summary_metric("comm_bytes_per_step")
 SUMMARY_COLLECTIVES_PER_STEP = summary_metric("collectives_per_step")
 SUMMARY_EXPOSED_COMM_FRACTION = summary_metric("exposed_comm_fraction")
+SUMMARY_INPUT_WAIT_FRACTION = summary_metric("input_wait_fraction")  # of the step time, 0..1
+SUMMARY_INPUT_WAIT_MEAN_S = summary_metric("input_wait_mean_s")
+SUMMARY_CPU_UTILIZATION = summary_metric("cpu_utilization_percent")  # host, mean of samples
 
 # -- artifacts ---------------------------------------------------------------------------------
 ARTIFACT_DIR = "gpuopt"
@@ -158,7 +166,9 @@ CANDIDATES_TABLE = "gpuopt/candidates_table.json"
 REPORT_HTML = "gpuopt/report.html"
 PARETO_PNG = "gpuopt/pareto.png"
 SCALING_PNG = "gpuopt/scaling.png"
+ADVICE_JSON = "gpuopt/advice.json"  # `mlflow gpuopt advise`: the ranked findings, ADVICE_SCHEMA
 
 # -- schema versions ---------------------------------------------------------------------------
 PROFILE_SCHEMA = "gpuopt.workload/1"  # the "schema" key of gpuopt/profile.json
 JOURNAL_SCHEMA = "gpuopt.journal/1"  # the first line of a delivery journal
+ADVICE_SCHEMA = "gpuopt.advice/1"  # the "schema" key of gpuopt/advice.json

@@ -203,6 +203,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
             "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
     doc["notes"] = [*input_notes, *doc["notes"]]
+    if run_ids and rec.candidates:
+        doc["advice"] = _advice(run_ids[0], rec, predictor, catalog)
     launch_emit.check_plan(emit_req, doc)
 
     # 4. Log (unless --no-log), then print. The recommendation is printed even when logging
@@ -224,6 +226,23 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     if log_error is not None:
         raise LoggingFailed(f"could not log the recommendation to MLflow (it is printed "
                             f"above): {log_error}")
+
+
+def _advice(run_id, rec, predictor, catalog):
+    """The measured run's advice findings priced on this recommendation's plan (the
+    report's advice section), or ``None`` when the run's measurements cannot be read."""
+    from mlflow_gpuopt.advice import advice_doc
+    from mlflow_gpuopt.cli.advise import price_on_plan
+    from mlflow_gpuopt.mlflow_io.advice import RunInputError, load_run_facts
+
+    try:
+        priced = price_on_plan(load_run_facts(run_id), rec, predictor, catalog)
+    except (RunInputError, ValueError, ArithmeticError):
+        return None
+    if priced is None:
+        return None
+    items, plan = priced
+    return advice_doc(run_id, items, plan)
 
 
 def _hardware_for(spec, offer):

@@ -66,6 +66,22 @@ def _table(rows: list[Mapping[str, Any]], winner_rank: int | None, table_id: str
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _advice_section(advice: Mapping[str, Any] | None) -> str:
+    """The run's top advice findings (``mlflow gpuopt advise``), priced on the winner."""
+    if not advice or not advice.get("findings"):
+        return ""
+    items = []
+    for f in advice["findings"][:5]:
+        worth = (f"saves {hours_figure(f['hours_saved'])} h, {money(f['usd_saved'])}"
+                 if f.get("usd_saved") is not None else "not priced")
+        ev = "; ".join(e["text"] for e in f["evidence"][:2])
+        items.append(f"<li><b>{_e(f['title'])}</b> ({_e(worth)}): {_e(ev)}"
+                     f"<code>{_e(f['fix'])}</code></li>")
+    return ("<h2>Advice: what to change in the script</h2><ol id='advice'>" + "".join(items)
+            + "</ol><p class='small'>Each saving is the plan predicted with and without the "
+              "fix; all findings: <code>mlflow gpuopt advise --run-id ...</code></p>")
+
+
 def render_html(doc: Mapping[str, Any], charts: Mapping[str, bytes], *,
                 title: str = "GPU recommendation", source: str = "") -> str:
     """The report for ``doc`` (``recommend.recommendation_dict``) with PNG ``charts``."""
@@ -110,6 +126,7 @@ def render_html(doc: Mapping[str, Any], charts: Mapping[str, bytes], *,
                  "greyed rows do not meet the deadline at the asked confidence. "
                  "Hours include start-up and expected restarts; cost includes billing "
                  "increments and minimums.</p>")
+    parts.append(_advice_section(doc.get("advice")))
     parts.append("<h2>Charts</h2><div class='charts'>")
     for name, png in charts.items():
         b64 = base64.b64encode(png).decode("ascii")

@@ -77,6 +77,9 @@ class WorkloadProfile:
     recompute: str | None = None
     #: FP8 scaling recipe where the FP8 layers say it: te | tensorwise | rowwise
     fp8_recipe: str | None = None
+    #: distinct (M, K, N) of the matrix multiplies of the profiled step's first forward
+    #: (see :func:`gemm_mnk`)
+    gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -201,6 +204,50 @@ def _forget_hop_compilations(names: set[str]) -> None:
     torch._dynamo.reset()
 
 
+#: At most this many distinct matmul shapes are kept from the profiled step.
+MAX_GEMM_SHAPES = 256
+
+
+def gemm_mnk(name: str, args: tuple) -> tuple[int, int, int] | None:
+    """(M, K, N) of a matrix multiply operator (``mm``, ``addmm``, ``bmm``, ``baddbmm``;
+    batched ones by their per-matrix shape), or ``None`` for any other operator. The
+    advice's tensor-core alignment rule reads K and N, the layer's own sizes."""
+    if name in ("mm", "bmm"):
+        a, b = args[0], args[1]
+    elif name in ("addmm", "baddbmm"):
+        a, b = args[1], args[2]
+    else:
+        return None
+    try:
+        return int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+@functools.cache
+def _gemm_shape_mode_class() -> type:
+    """A ``TorchDispatchMode`` that records the distinct matmul shapes it sees."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class GemmShapeMode(TorchDispatchMode):
+        supports_higher_order_operators = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: dict[tuple[int, int, int], None] = {}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                               kwargs: dict | None = None) -> Any:
+            schema = getattr(func, "_schema", None)
+            if schema is not None and len(self.shapes) < MAX_GEMM_SHAPES:
+                mnk = gemm_mnk(schema.name.split("::", 1)[-1], args)
+                if mnk is not None:
+                    self.shapes[mnk] = None
+            return func(*args, **(kwargs or {}))
+
+    return GemmShapeMode
+
+
 def kernel_count_mode(ops: Any = None) -> Any:
     """A fresh kernel-counting dispatch mode; enter it, run, read ``.count``. With ``ops``
     (an :class:`~.ops_seen.OpsSeen`), every kernel operator is also shown to it."""
@@ -306,6 +353,8 @@ class WorkloadProfiler:
         self._kernel_mode: Any = None
         self._optimizer_hook: Any = None
         self.kernels_before_optimizer: int | None = None
+        self._gemm_mode: Any = None
+        self.gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
         self._saved_ctx: Any = None
         self._saved_bytes = 0
         self._seen_storages: set[int] = set()
@@ -357,6 +406,8 @@ class WorkloadProfiler:
         self.ops = OpsSeen()
         self._kernel_mode = kernel_count_mode(self.ops)
         self._kernel_mode.__enter__()
+        self._gemm_mode = _gemm_shape_mode_class()()
+        self._gemm_mode.__enter__()
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._optimizer_hook = register_optimizer_step_pre_hook(self._on_optimizer_step_pre)
@@ -367,6 +418,13 @@ class WorkloadProfiler:
             return
         if self._kernel_mode is not None and self.kernels_before_optimizer is None:
             self.kernels_before_optimizer = self._kernel_mode.count
+
+    def _exit_gemm_mode(self) -> None:
+        """Leave the matmul shape recorder (entered last in begin_step: left first)."""
+        mode, self._gemm_mode = self._gemm_mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+            self.gemm_shapes = tuple(mode.shapes)
 
     def _exit_kernel_mode(self) -> None:
         """Leave the kernel counter and drop the optimizer hook (entered in begin_step)."""
@@ -399,6 +457,9 @@ class WorkloadProfiler:
     def end_forward(self, output: Any = None) -> None:
         if self.ops is not None:
             self.ops.forward = False  # the first forward ended: what follows is loss+backward
+        # the forward's matmuls fix the backward's (the same K and N, transposed, with the
+        # batch as the reduction dimension of the weight gradient): keep the forward's only
+        self._exit_gemm_mode()
         if self._saved_ctx is not None:
             ctx, self._saved_ctx = self._saved_ctx, None
             ctx.__exit__(None, None, None)
@@ -431,7 +492,8 @@ class WorkloadProfiler:
             flop, self._flop_mode = self._flop_mode, None
             if flop is not None:
                 stack.callback(flop.__exit__, None, None, None)
-            stack.callback(self._exit_kernel_mode)  # entered last: left first
+            stack.callback(self._exit_kernel_mode)
+            stack.callback(self._exit_gemm_mode)  # entered last: left first
             ctx, self._saved_ctx = self._saved_ctx, None
             if ctx is not None:
                 stack.callback(ctx.__exit__, None, None, None)
@@ -471,6 +533,7 @@ class WorkloadProfiler:
             attention=self.ops.attention if self.ops is not None else None,
             recompute=self.ops.recompute if self.ops is not None else None,
             fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
+            gemm_shapes=self.gemm_shapes or None,
         )
 
     def ran_precision(self) -> tuple[str | None, str | None]:

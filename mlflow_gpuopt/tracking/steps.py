@@ -80,6 +80,12 @@ class StepClock:
         self.last_step_forwards = 0
         self.profile_samples: int | None = None
         self.profile_forwards: int | None = None
+        # input wait: from a step's end to the next step's first forward (see _note_input_wait)
+        self.input_wait_s = 0.0  # summed over the steps from input_wait_from_step on
+        self.input_waits = 0  # steps in that sum
+        self.recent_input_waits_s: deque[float] = deque(maxlen=4096)  # the last waits
+        self.input_wait_from_step = 0  # the tracker's warm-up: the profile, first ticks
+        self._last_mark_s: float | None = None
         self._event_cls: Any = None
         self._on_error = on_error
         self._perf = time.perf_counter
@@ -117,6 +123,8 @@ class StepClock:
         try:
             if not self._grad_enabled():
                 return None
+            if self.pending_forwards == 0 and self._last_mark_s is not None:
+                self._note_input_wait()
             if args and isinstance(args[0], self._tensor):
                 x = args[0]
             else:
@@ -136,6 +144,18 @@ class StepClock:
             except Exception as exc:
                 self._profile_failed(exc)
         return None
+
+    def _note_input_wait(self) -> None:
+        """The first forward of a step: the host time since the previous step ended (the
+        optimizer step post-hook or ``mark()``) is the wait for the next batch (the loader,
+        collation, host-to-device copies, ``zero_grad``). On CUDA the GPU may still be running
+        the previous step meanwhile, so it is an upper bound of the GPU's idle time."""
+        if self.steps >= self.input_wait_from_step:
+            wait = self._perf() - self._last_mark_s
+            self.input_wait_s += wait
+            self.input_waits += 1
+            self.recent_input_waits_s.append(wait)
+        self._last_mark_s = None
 
     def _profile_failed(self, exc: BaseException) -> None:
         """The one-off profiler failed: drop the profile, keep counting steps."""
@@ -181,6 +201,7 @@ class StepClock:
             self.last_step_samples = s
             self.last_step_forwards = self.pending_forwards
             self.pending_samples = self.pending_tokens = self.pending_forwards = 0
+            self._last_mark_s = self._perf()
             profiling = self.steps == self.profile_step and self.profiler.active
             self.steps += 1
         except Exception as exc:

@@ -24,6 +24,11 @@ class TrackSummary:
     params: int | None
     energy_joules: float | None  # all sampled GPUs, first to last sample
     gpu_utilization_mean_percent: float | None
+    #: host time per step waiting for the next batch (mean, s) and its share of the step
+    input_wait_mean_s: float | None = None
+    input_wait_fraction: float | None = None
+    cpu_utilization_mean_percent: float | None = None  # host, mean over the samples
+    advice: str | None = None  # the top finding of the cheap advice rules, one line
 
     def metrics(self) -> dict[str, float]:
         """The summary metrics (``contract.SUMMARY_*``); figures that are unknown are left out."""
@@ -42,6 +47,9 @@ class TrackSummary:
             contract.SUMMARY_MFU: self.mfu,
             contract.SUMMARY_ENERGY_JOULES: self.energy_joules,
             contract.SUMMARY_GPU_UTILIZATION: self.gpu_utilization_mean_percent,
+            contract.SUMMARY_INPUT_WAIT_MEAN_S: self.input_wait_mean_s,
+            contract.SUMMARY_INPUT_WAIT_FRACTION: self.input_wait_fraction,
+            contract.SUMMARY_CPU_UTILIZATION: self.cpu_utilization_mean_percent,
         }
         return {k: float(v) for k, v in values.items() if v is not None}
 
@@ -63,7 +71,10 @@ class TrackSummary:
             parts.append(f"peak memory {self.peak_memory_bytes / 2**30:.2f} GiB")
         if self.mfu is not None:
             parts.append(f"MFU {self.mfu * 100:.1f}%")
-        return " | ".join(parts)
+        if self.input_wait_fraction is not None:
+            parts.append(f"input wait {self.input_wait_fraction * 100:.0f}%")
+        line = " | ".join(parts)
+        return f"{line}\n{self.advice}" if self.advice else line
 
 
 def model_flops_utilization(flops_per_sample: float | None,

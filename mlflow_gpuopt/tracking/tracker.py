@@ -14,6 +14,7 @@ Nothing in here may break training: every failure becomes one warning.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
@@ -89,6 +90,7 @@ class Tracker:
         self._started = False
         self._stopped = False
         self._stopped_logging = False  # set at close: a late gatherer round logs nothing
+        self._input_wait_seen = (0.0, 0)  # the step clock's wait sum and count at last tick
 
     # -- public --------------------------------------------------------------------------------
     def start(self) -> Tracker:
@@ -157,15 +159,19 @@ class Tracker:
         self._reporter = self._make_reporter(list(sel.gpu_ids))
         if self._dist.is_logging_rank:  # other ranks never touch MLflow
             self._open_run()
+        from mlflow_gpuopt.tracking.advice_facts import model_wrapper
+
         self._log_params({**device_params(self._device, sel.gpus.backend),
                           **with_layout(self._reporter.start_params(self._device_count),
-                                        self._layout)})
+                                        self._layout),
+                          contract.PARAM_MODEL_WRAPPER: model_wrapper(self.model)})
         profiler = (WorkloadProfiler(self.model, self.optimizer, cfg.name)
                     if cfg.profile and self.model is not None and self._dist.is_logging_rank
                     else None)
         self._clock = StepClock(self.optimizer, profiler, cfg.profile_step,
                                 cuda_events=bool(sel.cuda_indices), maxlen=cfg.max_step_records,
                                 on_error=self._hook_error, comm_meter=self._reporter.comm_meter)
+        self._clock.input_wait_from_step = cfg.warmup_steps  # as the steady state does
         self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps,
                                    self._clock.start_event)
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
@@ -261,11 +267,24 @@ class Tracker:
             reporter = self._reporter
             reading = self._hw.read() if reporter.wants_reading() else None
             metrics = reporter.tick(window, reading, self._agg)
+            wait = self._input_wait_metric()
+            if wait is not None and metrics is not None:
+                metrics[contract.METRIC_INPUT_WAIT_S] = wait
             self._maybe_log_profile_params()
             if metrics:
                 self._log_metrics(metrics, self._agg.steps)
         finally:
             self._lock.release()
+
+    def _input_wait_metric(self) -> float | None:
+        """Mean input wait per step since the last tick (``None``: no step began since)."""
+        clock = self._clock
+        total, n = clock.input_wait_s, clock.input_waits
+        seen_total, seen_n = self._input_wait_seen
+        if n <= seen_n:
+            return None
+        self._input_wait_seen = (total, n)
+        return (total - seen_total) / (n - seen_n)
 
     def _maybe_log_profile_params(self) -> None:
         if self._profile_params_logged:
@@ -333,7 +352,7 @@ class Tracker:
                 except Exception as exc:
                     self._warn("profile", "workload profile failed: %s", exc)
             self._log_profile_params(self.profile)
-        self.summary = self._summarize()
+        self.summary = self._with_advice(self._summarize())
         if self._writer is not None:
             metrics, step = reporter.final_metrics(self.summary.metrics(), self._agg.steps)
             self._writer.log_metrics(metrics, step=step)
@@ -372,9 +391,44 @@ class Tracker:
         own = Figures(self._agg.steady_state(), self._peak_memory(), hw.energy_joules,
                       hw.gpu_utilization_mean_percent, self._device_count)
         f = self._reporter.figures(own)
-        return build_summary(self.run_id, self._device, f.device_count, self._agg.steps,
-                             f.steady, f.peak_memory_bytes, f.energy_joules,
-                             f.gpu_utilization_mean_percent, self.profile)
+        summary = build_summary(self.run_id, self._device, f.device_count, self._agg.steps,
+                                f.steady, f.peak_memory_bytes, f.energy_joules,
+                                f.gpu_utilization_mean_percent, self.profile)
+        from mlflow_gpuopt.tracking.advice_facts import input_wait_figures
+
+        clock = self._clock
+        wait_mean, wait_share = input_wait_figures(clock.input_wait_s, clock.input_waits,
+                                                   list(clock.recent_input_waits_s),
+                                                   own.steady.step_time_p50_s)
+        return dataclasses.replace(summary, input_wait_mean_s=wait_mean,
+                                   input_wait_fraction=wait_share,
+                                   cpu_utilization_mean_percent=hw.cpu_utilization_mean_percent)
+
+    def _with_advice(self, summary: TrackSummary) -> TrackSummary:
+        """The summary with the top finding of the cheap advice rules (never raises)."""
+        from mlflow_gpuopt.advice import RunFacts
+        from mlflow_gpuopt.tracking.advice_facts import model_wrapper, top_finding_line
+
+        try:
+            p = self.profile
+            facts = RunFacts(
+                run_id=self.run_id, device=self._device, device_count=self._device_count,
+                precision=(p.precision if p else None) or self._fallback_precision(),
+                params=p.params if p else None, micro_batch=p.micro_batch if p else None,
+                grad_accum=p.grad_accum if p else 1,
+                step_time_mean_s=summary.steady.step_time_mean_s,
+                input_wait_mean_s=summary.input_wait_mean_s,
+                input_wait_fraction=summary.input_wait_fraction,
+                gpu_utilization_mean_percent=summary.gpu_utilization_mean_percent,
+                cpu_utilization_mean_percent=summary.cpu_utilization_mean_percent,
+                gemm_shapes=p.gemm_shapes if p else None,
+                model_wrapper=model_wrapper(self.model),
+                kernels_per_micro_step=p.kernels_per_micro_step if p else None,
+                world_size=self._dist.world_size)
+            return dataclasses.replace(summary, advice=top_finding_line(facts))
+        except Exception as exc:
+            self._warn("advice", "could not evaluate the advice rules: %s", exc)
+            return summary
 
     def _close(self, failed: bool) -> None:
         self._stopped_logging = True

@@ -1,0 +1,259 @@
+"""What each finding is worth on the recommended plan, from the scaling models.
+
+For every finding the plan is predicted twice with the same offer, GPU count and global
+batch: once as the script runs now (its precision and micro-batch: the *baseline*) and once
+with the fix applied; the difference in predicted wall hours and expected cost for the
+user's target is the finding's worth. How each fix changes the prediction:
+
+* ``precision`` — the predictor at the fix's precision (its roofline over that peak).
+* ``micro_batch`` — the predictor at twice the micro-batch, half the accumulation (same
+  global batch), where the memory model says it fits.
+* ``recompute`` — the predictor without activation recomputation, where that fits.
+* ``input_wait`` — the measured host wait per sample, times the plan's samples per rank
+  and step, is added to the predicted step (or taken off it when the prediction was fitted
+  on runs of this GPU type, which already held the wait).
+* ``gemm_alignment`` — the unaligned share of the matmul FLOPs at ``UNALIGNED_SLOWDOWN``
+  times their 16-bit compute time.
+* ``ddp`` — ``nn.DataParallel``'s per-forward weight broadcast from GPU 0 and gradient
+  gather to it, over GPU 0's link, not overlapped (DDP's overlapped all-reduce is in the
+  prediction already).
+* ``dispatch`` — the counted kernels' host dispatch (``KERNEL_DISPATCH_S`` each) taken off
+  each micro-step, as CUDA graphs do (an upper bound: compile keeps some launches).
+
+Pure: predictor, plan and costing in, :class:`~.types.Finding` with hours/dollars out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mlflow_gpuopt import contract
+from mlflow_gpuopt.advice import rules
+from mlflow_gpuopt.advice.types import Evidence, Finding, NotEvaluated, RunFacts
+
+#: Slowdown of a 16-bit GEMM whose K or N is not a multiple of 8 against an aligned one.
+#: An assumption of the order NVIDIA's "Matrix Multiplication Background" guide shows for
+#: unaligned shapes (cuBLAS then picks kernels without 16-byte vector loads); the true
+#: factor depends on the kernel chosen, so this finding's worth is an estimate.
+UNALIGNED_SLOWDOWN = 2.0
+#: Consumer GPUs (GeForce) have no ECC on their GDDR memory; a bit flip in a multi-day job
+#: corrupts weights silently. Names as the catalog spells them.
+NON_ECC_GPU_MARKERS = ("RTX-3090", "RTX-4090", "RTX-5090", "RTX-3080", "RTX-4080", "GEFORCE")
+#: A job longer than this is "multi-day" for the ECC rule.
+LONG_JOB_HOURS = 48.0
+#: Predicted communication above this share of the step makes PCIe-only nodes a finding.
+COMM_HEAVY_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """The recommended plan and what predicting it needs."""
+
+    plan: Any  # recommend.types.Candidate
+    predictor: Any  # perfmodel Predictor
+    hardware: Any  # perfmodel Hardware of the plan's offer
+    spec: Any  # catalog GpuSpec of the plan's GPU
+    target: Any  # recommend.types.Target
+    costing: Any  # recommend.types.Costing
+
+
+def _scaled(pred: Any, step_s: float) -> Any:
+    """``pred`` with its step taking ``step_s`` (throughput and interval scaled alike)."""
+    f = pred.step_time_s / step_s
+    return replace(pred, step_time_s=step_s, throughput_samples_per_s=
+                   pred.throughput_samples_per_s * f, low=pred.low * f, high=pred.high * f)
+
+
+def _hours_usd(ctx: PlanContext, config: Any, pred: Any) -> tuple[float, float] | None:
+    from mlflow_gpuopt.recommend.cost import evaluate
+
+    p = ctx.plan
+    c = evaluate(p.offer, p.nodes, config, pred, p.pricing, ctx.target, ctx.costing)
+    return (c.hours, c.cost_usd) if c is not None else None
+
+
+def _predict(ctx: PlanContext, config: Any) -> Any | None:
+    try:
+        pred = ctx.predictor.predict(config, ctx.hardware)
+    except (ValueError, ArithmeticError):
+        return None
+    return pred if pred.fits else None
+
+
+def baseline_config(ctx: PlanContext, facts: RunFacts) -> Any:
+    """The plan's shape as the script runs now: its precision and measured micro-batch
+    (same samples per rank and step as the plan, so the same global batch)."""
+    cfg = ctx.plan.config
+    per_rank = (cfg.micro_batch or 1) * cfg.grad_accum
+    mb = facts.micro_batch
+    base = replace(cfg, precision=facts.precision or cfg.precision)
+    if mb and per_rank % mb == 0:
+        base = replace(base, micro_batch=mb, grad_accum=per_rank // mb)
+    if _predict(ctx, base) is None:  # the measured micro-batch does not fit this GPU
+        base = replace(cfg, precision=facts.precision or cfg.precision)
+    return base
+
+
+def _priced(f: Finding, before: tuple[float, float] | None,
+            after: tuple[float, float] | None, note: str = "") -> Finding:
+    if before is None or after is None:
+        return replace(f, worth_note=note or "the plan cannot be predicted with this change")
+    return replace(f, hours_saved=before[0] - after[0], usd_saved=before[1] - after[1],
+                   worth_note=note)
+
+
+def price(f: Finding, ctx: PlanContext, facts: RunFacts, base: Any) -> Finding:
+    """``f`` with its worth on the plan (``hours_saved``/``usd_saved``), or a note why not."""
+    pred = _predict(ctx, base)
+    if pred is None:
+        return replace(f, worth_note="the plan cannot be predicted as the script runs now")
+    before = _hours_usd(ctx, base, pred)
+    step = pred.step_time_s
+    if f.change == "precision":
+        fixed_cfg = replace(base, precision=f.params["precision"])
+        fixed = _predict(ctx, fixed_cfg)
+        return _priced(f, before, _hours_usd(ctx, fixed_cfg, fixed) if fixed else None)
+    if f.change in ("micro_batch", "recompute"):
+        fixed_cfg = replace(base, **f.params)
+        fixed = _predict(ctx, fixed_cfg)
+        return _priced(f, before, _hours_usd(ctx, fixed_cfg, fixed) if fixed else None)
+    if f.change == "input_wait":
+        if not facts.input_wait_mean_s or not facts.micro_batch:
+            return replace(f, worth_note="no input-wait figure to price")
+        measured_samples = facts.micro_batch * max(1, facts.grad_accum)
+        wait_s = (facts.input_wait_mean_s / measured_samples
+                  * (base.micro_batch or facts.micro_batch) * base.grad_accum)
+        if pred.basis == "measured":  # fitted on runs of this GPU: the wait is inside
+            if wait_s >= step:
+                return replace(f, worth_note="the measured wait exceeds the predicted step")
+            return _priced(f, before, _hours_usd(ctx, base, _scaled(pred, step - wait_s)),
+                           f"{wait_s * 1e3:.1f} ms of waiting per step removed")
+        slow = _scaled(pred, step + wait_s)
+        return _priced(f, _hours_usd(ctx, base, slow), before,
+                       f"{wait_s * 1e3:.1f} ms of waiting per step on the plan "
+                       f"({facts.input_wait_mean_s / measured_samples * 1e3:.2f} ms per "
+                       "sample, as measured)")
+    if f.change == "gemm_alignment":
+        p16 = base.precision if base.precision in ("bf16", "fp16", "fp8") else (
+            "bf16" if ctx.spec.bf16_tflops else "fp16")
+        cfg16 = replace(base, precision=p16)
+        pred16 = _predict(ctx, cfg16)
+        peak = ctx.hardware.peak_flops_per_s.get(p16)
+        flops = ctx.predictor.workload.flops_per_sample
+        if pred16 is None or not peak:
+            return replace(f, worth_note="the plan cannot be predicted in 16-bit")
+        # the unaligned GEMMs' FLOPs of one rank's step at the datasheet peak: a lower bound
+        # of their time, so the saving is too
+        gemm_s = (flops * (cfg16.micro_batch or 1) * cfg16.grad_accum
+                  * f.params["unaligned_flops_share"] / peak)
+        extra = gemm_s * (UNALIGNED_SLOWDOWN - 1)
+        return _priced(f, _hours_usd(ctx, cfg16, _scaled(pred16, pred16.step_time_s + extra)),
+                       _hours_usd(ctx, cfg16, pred16),
+                       f"at {p16}: {gemm_s * 1e3:.2f} ms of unaligned GEMMs per step at peak, "
+                       f"assumed {UNALIGNED_SLOWDOWN:g}x slower (an estimate)")
+    if f.change == "ddp":
+        n = base.gpus_per_node
+        if n <= 1:
+            return replace(f, hours_saved=0.0, usd_saved=0.0,
+                           worth_note="the plan has one GPU per node: DataParallel costs "
+                                      "nothing there, but cannot use a second GPU well")
+        params = facts.params or ctx.predictor.workload.params
+        # fp32 master weights out, fp32 gradients back, for each of the other GPUs
+        extra = (base.grad_accum * 2 * (n - 1) * params * 4
+                 / ctx.hardware.intra_node_bytes_per_s)
+        return _priced(f, _hours_usd(ctx, base, _scaled(pred, step + extra)), before,
+                       f"{extra * 1e3:.1f} ms per step of weight broadcast and gradient "
+                       f"gather over GPU 0's link ({n} GPUs)")
+    if f.change == "dispatch":
+        d = f.params["dispatch_s"]
+        if d >= step:
+            return replace(f, worth_note="the counted dispatch exceeds the predicted step")
+        return _priced(f, before, _hours_usd(ctx, base, _scaled(pred, step - d)),
+                       "all host dispatch removed (CUDA graphs): an upper bound")
+    return replace(f, worth_note="not priced: the models have no term for this change")
+
+
+def plan_findings(facts: RunFacts, ctx: PlanContext, base: Any
+                  ) -> list[Finding | NotEvaluated]:
+    """The rules that need the plan: memory headroom (micro-batch, recomputation), kernel
+    dispatch on the plan's GPU, PCIe-only nodes, ECC for long jobs."""
+    out: list[Finding | NotEvaluated] = []
+    pred = _predict(ctx, base)
+    if pred is None:
+        return [NotEvaluated("memory_headroom", "the plan cannot be predicted as the script "
+                             "runs now")]
+    mb = base.micro_batch or 1
+    if pred.max_micro_batch >= 2 * mb and base.grad_accum % 2 == 0:
+        out.append(Finding(
+            "memory_headroom", "the micro-batch could double (accumulation halves)",
+            (Evidence(contract.PARAM_MICRO_BATCH, mb, f"micro-batch {mb} × accumulation "
+                      f"{base.grad_accum}"),
+             Evidence("predicted_max_micro_batch", pred.max_micro_batch,
+                      f"up to {pred.max_micro_batch} fits a {ctx.spec.name} "
+                      f"({pred.memory.total_bytes / 2**30:.1f} of "
+                      f"{pred.memory_capacity_bytes / 2**30:.0f} GiB at {mb})")),
+            f"batch_size={2 * mb}; accumulation_steps={base.grad_accum // 2}  # same global "
+            "batch", change="micro_batch", share=0.1,
+            params={"micro_batch": 2 * mb, "grad_accum": base.grad_accum // 2}))
+    elif pred.max_micro_batch >= 2 * mb:
+        out.append(Finding(
+            "memory_headroom", "the micro-batch could double",
+            (Evidence(contract.PARAM_MICRO_BATCH, mb, f"micro-batch {mb}, no accumulation"),
+             Evidence("predicted_max_micro_batch", pred.max_micro_batch,
+                      f"up to {pred.max_micro_batch} fits a {ctx.spec.name}")),
+            f"batch_size={2 * mb}  # doubles the global batch: retune the learning rate",
+            change="micro_batch", share=0.1, params={"micro_batch": 2 * mb}))
+    mode = base.recompute_mode(ctx.predictor.workload.recompute)
+    if mode != "none":
+        nore = replace(base, recompute="none", activation_checkpointing=False)
+        if _predict(ctx, nore) is not None:
+            out.append(Finding(
+                "checkpointing", "activation checkpointing that memory does not need",
+                (Evidence("recompute", mode, f"recompute {mode}, and the step fits a "
+                          f"{ctx.spec.name} without it"),),
+                "remove torch.utils.checkpoint.checkpoint(...) around the blocks",
+                change="recompute", share=0.2,
+                params={"recompute": "none", "activation_checkpointing": False}))
+    out += rules.compile_dispatch(facts, pred.step_time_s, base.grad_accum)
+    plan = ctx.plan
+    comm_share = pred.exposed_comm_s / pred.step_time_s if pred.step_time_s else 0.0
+    if plan.config.gpus > 1 and not ctx.spec.nvlink_gb_per_s and comm_share >= COMM_HEAVY_SHARE:
+        out.append(Finding(
+            "pcie_only", f"{plan.config.gpus} GPUs without NVLink for a communication-heavy "
+                         "job",
+            (Evidence("predicted_exposed_comm_share", round(comm_share, 3),
+                      f"{comm_share:.0%} of the predicted step is exposed communication"),),
+            "recommend --provider ... on an NVLink/SXM instance, or fewer GPUs",
+            change="none", share=comm_share))
+    if plan.hours >= LONG_JOB_HOURS and any(m in plan.offer.gpu.upper()
+                                            for m in NON_ECC_GPU_MARKERS):
+        out.append(Finding(
+            "no_ecc", f"a {plan.hours / 24:.1f}-day job on {plan.offer.gpu}s without ECC",
+            (Evidence("predicted_hours", round(plan.hours, 1),
+                      f"{plan.hours:.0f} h predicted"),),
+            "checkpoint every hour (torch.save of model and optimizer state) or rent a "
+            "data-centre GPU with ECC", change="none", share=0.0))
+    return out
+
+
+def advise_plan(facts: RunFacts, ctx: PlanContext) -> list[Finding | NotEvaluated]:
+    """Every rule, each finding priced on the plan; findings ranked by dollars saved."""
+    base = baseline_config(ctx, facts)
+    items: list[Finding | NotEvaluated] = [
+        *rules.input_pipeline(facts), *rules.precision(facts, ctx.spec),
+        *rules.gemm_shapes(facts), *rules.parallelism(facts),
+        *plan_findings(facts, ctx, base)]
+    return [price(x, ctx, facts, base) if isinstance(x, Finding) else x for x in items]
+
+
+def ranked(items: list[Finding | NotEvaluated]) -> list[Finding]:
+    """Findings, largest saving first (unpriced ones after, by their step-time share)."""
+    found = [x for x in items if isinstance(x, Finding)]
+
+    def key(x: Finding) -> tuple:
+        usd = x.usd_saved if x.usd_saved is not None and math.isfinite(x.usd_saved) else None
+        return (0, -usd, -(x.hours_saved or 0.0)) if usd is not None else (1, -x.share, 0.0)
+
+    return sorted(found, key=key)
