@@ -19,6 +19,7 @@ from mlflow_gpuopt.cli._errors import UsageError
 #: subcommand name -> "module:attribute" of a click command.
 _SUBCOMMANDS = {
     "recommend": "mlflow_gpuopt.cli.recommend:recommend",
+    "accuracy": "mlflow_gpuopt.cli.accuracy:accuracy",
     "predict": "mlflow_gpuopt.cli.predict:predict",
     "pricing": "mlflow_gpuopt.cli.pricing:pricing",
     "compare": "mlflow_gpuopt.cli.compare:compare",
@@ -27,6 +28,7 @@ _SUBCOMMANDS = {
 
 _HELP = {
     "recommend": "Rank instance x GPUs x strategy by cost for a target time-to-train.",
+    "accuracy": "Hold every launched plan's predictions against what its job measured.",
     "predict": "Predict throughput, memory and step time for one configuration.",
     "pricing": "Show or refresh the cloud GPU price catalog.",
     "compare": "Compare measured runs side by side, with what their hardware costs.",

@@ -70,6 +70,8 @@ class HardwareReader:
         self.last_energy_j: dict[int, float] = {}
         self.util_sum: float = 0.0
         self.util_n: int = 0
+        self.cpu_sum: float = 0.0
+        self.cpu_n: int = 0
 
     def read(self) -> HardwareReading:
         """One reading of everything (peaks, energy and utilisation sums are kept)."""
@@ -110,6 +112,9 @@ class HardwareReader:
             except Exception as exc:
                 self._warn("host", "host reading failed: %s", exc)
             else:
+                if host.cpu_utilization_percent is not None:
+                    self.cpu_sum += host.cpu_utilization_percent
+                    self.cpu_n += 1
                 if host.process_rss_bytes is not None:
                     self.peak_process_rss_bytes = max(self.peak_process_rss_bytes or 0.0,
                                                       host.process_rss_bytes)
@@ -119,6 +124,11 @@ class HardwareReader:
     def gpu_utilization_mean_percent(self) -> float | None:
         """Mean GPU utilisation over every reading of every sampled GPU."""
         return self.util_sum / self.util_n if self.util_n else None
+
+    @property
+    def cpu_utilization_mean_percent(self) -> float | None:
+        """Mean host CPU utilisation over every reading (this node's host)."""
+        return self.cpu_sum / self.cpu_n if self.cpu_n else None
 
     @property
     def energy_joules(self) -> float | None:
