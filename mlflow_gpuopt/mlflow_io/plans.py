@@ -113,6 +113,38 @@ def read_plan(plan_id: str, client: Any = None) -> PlanPrediction:
     return plan_of(read_recommendation(run_id, client), run_id, rank, client)
 
 
+def logged_plan_row(plan_id: str, workload: Any, client: Any = None) -> dict[str, Any]:
+    """Row ``rank`` of plan ``plan_id``'s recommendation, checked to be a plan of
+    ``workload`` (its source run measured the same model); :class:`PlanError` if not."""
+    from mlflow_gpuopt.mlflow_io.runs import RunInputError, _same_workload, load_run_inputs
+
+    try:
+        run_id, rank = parse_plan_id(plan_id)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    if run_id is None:
+        raise PlanError("a bare rank names a row of this result; give <run_id>:<rank> for a "
+                        "logged plan")
+    client = _client(client)
+    doc = read_recommendation(run_id, client)
+    cands = doc["candidates"]
+    if rank > len(cands):
+        raise PlanError(f"the recommendation has only {len(cands)} ranked plan(s)")
+    sources = doc.get("source_run_ids") or []
+    if not sources:
+        raise PlanError(f"recommendation {run_id} names no measured run; cannot tell its "
+                        "workload")
+    try:
+        theirs = load_run_inputs([sources[0]], client=client).workload
+    except RunInputError as exc:
+        raise PlanError(f"cannot read the plan's measured run: {exc}") from None
+    why = _same_workload(theirs, workload)
+    if why:
+        raise PlanError(f"a plan of another workload ({why}); emit a plan recommended for "
+                        "these runs")
+    return dict(cands[rank - 1])
+
+
 def link_job(plan: PlanPrediction, job_run_id: str, client: Any = None) -> str:
     """Append ``job_run_id`` to ``gpuopt.job_run_ids`` of the plan's run; returns that run.
 

@@ -177,3 +177,103 @@ def test_an_unreadable_plan_is_one_warning_and_training_goes_on(loop):
     assert run.data.tags[contract.TAG_PLAN] == "0123456789abcdef:1"
     assert contract.SUMMARY_THROUGHPUT_SAMPLES in run.data.metrics
     assert not any(k.startswith(contract.PREDICTED_PREFIX) for k in run.data.metrics)
+
+
+def _all_runs(client):
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+def test_emit_a_logged_plan_by_its_id_without_a_new_recommendation(loop):
+    client, doc, rank = loop["client"], loop["doc"], loop["rank"]
+    pid = doc["candidates"][rank - 1]["plan_id"]
+    before = len(_all_runs(client))
+    task = loop["tmp"] / "task.yaml"
+    out = _cli(loop["env"], "recommend", "--run-id", loop["source"].info.run_id, *TARGET,
+               "--no-log", "--json", "--emit", "skypilot", "--plan", pid, "--out", str(task))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["emitted"]["plan_id"] == pid
+    text = task.read_text()
+    assert f'GPUOPT_PLAN: "{pid}"' in text and 'accelerators: "A6000:2"' in text
+    assert len(_all_runs(client)) == before
+
+
+@pytest.mark.parametrize("plan, message", [
+    ("0", "--plan 0: plans are ranked from 1"),
+    ("0123456789abcdef:1", "unknown run id '0123456789abcdef'"),
+    ("{rec}:99", "the recommendation has only 10 ranked plan(s)"),
+    ("{source}:1", "is not a gpuopt recommendation run"),
+    ("{rec}:x", "expected a rank (1 = the winner) or a plan id"),
+    ("{other_workload}", "vs 250000 parameters); emit a plan recommended for these"),
+])
+def test_emit_bad_plan_is_one_line_exit_2_and_writes_nothing(loop, tmp_path, plan, message):
+    client, doc, source = loop["client"], loop["doc"], loop["source"]
+    rec_id = doc["mlflow_run_id"]
+    run_id = source.info.run_id
+    if plan == "{other_workload}":
+        # a measured run of another model (4x the parameters) asks for the tiny GPT's plan
+        exp = source.info.experiment_id
+        other = client.create_run(exp, tags={contract.TAG_TRACKED: "true"})
+        params = dict(source.data.params, **{contract.PARAM_PARAMS: "250000",
+                                             contract.PARAM_FLOPS_PER_SAMPLE: "9.6e+07"})
+        for k, v in params.items():
+            if k.startswith("gpuopt."):
+                client.log_param(other.info.run_id, k, v)
+        client.log_metric(other.info.run_id, contract.SUMMARY_THROUGHPUT_SAMPLES, 100.0)
+        client.set_terminated(other.info.run_id)
+        run_id, plan = other.info.run_id, f"{rec_id}:1"
+    before = len(_all_runs(client))
+    out = _cli(loop["env"], "recommend", "--run-id", run_id, *TARGET, "--emit", "torchrun",
+               "--plan", plan.format(rec=rec_id, source=source.info.run_id), "--out",
+               str(tmp_path / "x.sh"))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    err = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("Error:") and message in err[0], err
+    assert len(_all_runs(client)) == before and not any(tmp_path.iterdir())
+
+
+def test_compare_shows_the_plans_prediction_next_to_the_measurement(loop):
+    job, plan = loop["job"], loop["doc"]["candidates"][loop["rank"] - 1]
+    out = _cli(loop["env"], "compare", "--experiment", "gpuopt-examples", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["run_id"]: r for r in json.loads(out.stdout)}
+    assert rows[job.info.run_id]["predicted_throughput_samples_per_s"] == pytest.approx(
+        plan["throughput_samples_per_s"])
+    assert rows[job.info.run_id]["plan_id"] == plan["plan_id"]
+    src = rows[loop["source"].info.run_id]
+    assert src["predicted_throughput_samples_per_s"] is None and src["plan_id"] is None
+    table = _cli(loop["env"], "compare", "--experiment", "gpuopt-examples").stdout.splitlines()
+    col = table[0].split().index("predicted/s")
+    by_id = {line.split()[0]: line.split() for line in table[2:]}
+    assert by_id[job.info.run_name][col] == f"{plan['throughput_samples_per_s']:,.1f}"
+
+
+def test_demo_ends_with_the_launch_artefacts_and_the_loop_closes(tmp_path):
+    """``make demo``: measure, recommend, write the winner's torchrun script and SkyPilot
+    YAML; then the script trains the example as the plan and ``accuracy`` prints the pair."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO),
+           "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal")}
+    env.pop("GPUOPT_PLAN", None)
+    demo = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py"), "--steps", "6"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    script, task = tmp_path / "gpuopt-plan1-torchrun.sh", tmp_path / "gpuopt-plan1-skypilot.yaml"
+    assert f"  {script}" in demo.stdout.splitlines()
+    assert f"  {task}" in demo.stdout.splitlines()
+    pid = next(ln.split("GPUOPT_PLAN=")[1] for ln in script.read_text().splitlines()
+               if ln.startswith("GPUOPT_PLAN="))
+    assert f'GPUOPT_PLAN: "{pid}"' in task.read_text()  # both artefacts name the same plan
+    job_env = {**env, "PATH": f"{BIN}:{os.environ['PATH']}", "MASTER_PORT": str(_free_port())}
+    job_env.pop("MLFLOW_TRACKING_URI")
+    job = subprocess.run(["bash", str(script), "--steps", "5", "--interval", "0.2"],
+                         cwd=tmp_path, env=job_env, capture_output=True, text=True, timeout=400)
+    assert job.returncode == 0, job.stderr[-3000:]
+    out = _cli(env, "accuracy", "--experiment", "gpuopt-examples", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (pair,) = json.loads(out.stdout)["pairs"]
+    assert pair["plan_id"] == pid
+    client = mlflow.MlflowClient(uri)
+    assert client.get_run(pair["run_id"]).data.tags[contract.TAG_PLAN] == pid
