@@ -243,8 +243,9 @@ def test_compare_shows_the_plans_prediction_next_to_the_measurement(loop):
     assert src["predicted_throughput_samples_per_s"] is None and src["plan_id"] is None
     table = _cli(loop["env"], "compare", "--experiment", "gpuopt-examples").stdout.splitlines()
     col = table[0].split().index("predicted/s")
-    by_id = {line.split()[0]: line.split() for line in table[2:]}
-    assert by_id[job.info.run_name][col] == f"{plan['throughput_samples_per_s']:,.1f}"
+    # both runs are named tiny-gpt: one has a plan, one shows a blank
+    assert sorted(line.split()[col] for line in table[2:]) == sorted(
+        ["—", f"{plan['throughput_samples_per_s']:,.1f}"])
 
 
 def test_demo_ends_with_the_launch_artefacts_and_the_loop_closes(tmp_path):
