@@ -3,10 +3,15 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# SkyPilot pins click<8.2 (the project needs newer): it lives in its own venv, used by the
+# tests that check the emitted SkyPilot YAML with SkyPilot itself.
+SKY_VENV ?= .venv-sky
+SKY_PY := $(abspath $(SKY_VENV))/bin/python
+SKY_STAMP := $(SKY_VENV)/.installed-stamp
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: demo test setup browser clean bench
+.PHONY: demo test setup browser clean bench skypilot
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +23,13 @@ $(STAMP): pyproject.toml setup.py
 
 setup: $(STAMP)
 
+$(SKY_STAMP):
+	test -x $(SKY_PY) || $(PY) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install --quiet skypilot==0.14.1
+	touch $(SKY_STAMP)
+
+skypilot: $(SKY_STAMP)
+
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
@@ -26,9 +38,9 @@ browser:
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP) browser
+test: $(STAMP) browser skypilot
 	$(BIN)/ruff check mlflow_gpuopt tests examples benchmarks
-	$(BIN)/python -m pytest -q
+	GPUOPT_SKYPILOT_PYTHON=$(SKY_PY) $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_overhead.py
@@ -36,4 +48,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_recommend.py
 
 clean:
-	rm -rf $(VENV) mlruns mlartifacts mlflow.db
+	rm -rf $(VENV) $(SKY_VENV) mlruns mlartifacts mlflow.db

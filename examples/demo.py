@@ -56,14 +56,72 @@ def show_run(run_id: str) -> dict:
     return figures
 
 
-def recommend(run_id: str) -> None:
-    """Recommend GPUs for training this model on 2B tokens within 24 h, logged to MLflow."""
+TORCHRUN_OUT = "gpuopt-plan1-torchrun.sh"
+SKYPILOT_OUT = "gpuopt-plan1-skypilot.yaml"
+
+
+def recommend(run_id: str) -> str | None:
+    """Recommend GPUs for training this model on 2B tokens within 24 h, logged to MLflow,
+    and write the winner's torchrun launch script; returns the recommendation run's id."""
+    import mlflow
+
     from mlflow_gpuopt.cli import gpuopt
 
+    args = ["--run-id", run_id, "--tokens", "2B", "--deadline", "24h", "--top", "8"]
     print()
-    print("$ mlflow gpuopt recommend --run-id", run_id, "--tokens 2B --deadline 24h --top 8")
-    gpuopt.main(["recommend", "--run-id", run_id, "--tokens", "2B", "--deadline", "24h",
-                 "--top", "8"], prog_name="mlflow gpuopt", standalone_mode=False)
+    print("$ mlflow gpuopt recommend", " ".join(args), "--emit torchrun --out", TORCHRUN_OUT)
+    gpuopt.main(["recommend", *args, "--emit", "torchrun", "--out", TORCHRUN_OUT, "--force"],
+                prog_name="mlflow gpuopt", standalone_mode=False)
+    recs = mlflow.search_runs(
+        experiment_ids=[mlflow.get_run(run_id).info.experiment_id], output_format="list",
+        filter_string=f"tags.mlflow.parentRunId = '{run_id}' and "
+                      "tags.`gpuopt.kind` = 'recommendation'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return recs[0].info.run_id if recs else None
+
+
+def emit_skypilot(run_id: str, rec_id: str) -> None:
+    """The same plan (by its id) as a SkyPilot task YAML; nothing new is logged."""
+    import contextlib
+    import io
+
+    import click
+
+    from mlflow_gpuopt.cli import gpuopt
+
+    plan = f"{rec_id}:1"
+    print()
+    print(f"$ mlflow gpuopt recommend --run-id {run_id} --tokens 2B --deadline 24h --top 8 "
+          f"--no-log --emit skypilot --plan {plan} --out {SKYPILOT_OUT}")
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):  # the same table again: show its last lines
+            gpuopt.main(["recommend", "--run-id", run_id, "--tokens", "2B", "--deadline", "24h",
+                         "--top", "8", "--no-log", "--emit", "skypilot", "--plan", plan,
+                         "--out", SKYPILOT_OUT, "--force"], prog_name="mlflow gpuopt",
+                        standalone_mode=False)
+    except click.ClickException as exc:  # e.g. a Colab winner: not a SkyPilot cloud
+        print(f"  (no SkyPilot task: {exc.format_message()})")
+        return
+    for line in printed.getvalue().splitlines():
+        if line.startswith(("Wrote", "Note")):
+            print(line)
+
+
+def show_loop(rec_id: str | None) -> None:
+    """Where the launch artefacts are, and the two commands that close the loop."""
+    print()
+    print("Launch artefacts of the winning plan:")
+    for path in (TORCHRUN_OUT, SKYPILOT_OUT):
+        if os.path.exists(path):
+            print(f"  {os.path.abspath(path)}")
+    if rec_id:
+        print(f"Run the plan here (CPU stands in for its GPUs):  bash {TORCHRUN_OUT} --steps 30")
+        print("then hold its prediction against the measurement:  "
+              "mlflow gpuopt accuracy --experiment gpuopt-examples")
+
+
+def how_to_open() -> None:
     print()
     print("Open it in MLflow's UI:  mlflow ui --backend-store-uri sqlite:///mlflow.db")
     print("  -> experiment 'gpuopt-examples' -> the tiny-gpt run -> its nested "
@@ -75,7 +133,11 @@ def recommend(run_id: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     run_id = train_tiny_gpt.main(argv)
     figures = show_run(run_id)
-    recommend(run_id)
+    rec_id = recommend(run_id)
+    how_to_open()
+    if rec_id:
+        emit_skypilot(run_id, rec_id)
+    show_loop(rec_id)
     return figures
 
 

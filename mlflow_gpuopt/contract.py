@@ -69,6 +69,15 @@ TAG_SOURCE_RUN_IDS = "gpuopt.source_run_ids"  # comma-separated
 TAG_WHY = "gpuopt.why"  # a candidate's one-line reason
 KIND_RECOMMENDATION = "recommendation"
 KIND_CANDIDATE = "candidate"
+#: A job launched as a plan (``GPUOPT_PLAN`` / ``track(plan=...)``): the plan id
+#: (``<recommendation_run_id>:<rank>``), its parts, and the plan's child run where one exists.
+TAG_PLAN = "gpuopt.plan"
+TAG_RECOMMENDATION_RUN_ID = "gpuopt.recommendation_run_id"
+TAG_PLAN_RANK = "gpuopt.plan_rank"
+TAG_PLAN_RUN_ID = "gpuopt.plan_run_id"
+#: On a plan's run (its child run, else the recommendation run): the job runs launched as
+#: it, comma-separated, appended by each job.
+TAG_JOB_RUN_IDS = "gpuopt.job_run_ids"
 #: Hardware fingerprint tags set on every new run by the run-context plugin.
 TAG_HW_GPU = "gpuopt.hw.gpu"
 TAG_HW_GPU_COUNT = "gpuopt.hw.gpu_count"
@@ -157,6 +166,22 @@ SUMMARY_EXPOSED_COMM_FRACTION = summary_metric("exposed_comm_fraction")
 SUMMARY_INPUT_WAIT_FRACTION = summary_metric("input_wait_fraction")  # of the step time, 0..1
 SUMMARY_INPUT_WAIT_MEAN_S = summary_metric("input_wait_mean_s")
 SUMMARY_CPU_UTILIZATION = summary_metric("cpu_utilization_percent")  # host, mean of samples
+
+SUMMARY_PREDICTION_RATIO_THROUGHPUT = summary_metric("prediction_ratio_throughput")
+SUMMARY_PREDICTION_RATIO_STEP_TIME = summary_metric("prediction_ratio_step_time")
+SUMMARY_PREDICTION_RATIO_MEMORY = summary_metric("prediction_ratio_memory")
+
+# -- metrics: a plan's predictions, logged next to what a job launched as it measures ----------
+PREDICTED_PREFIX = "gpuopt/predicted/"
+PREDICTED_THROUGHPUT_SAMPLES = PREDICTED_PREFIX + "throughput_samples_per_s"
+PREDICTED_THROUGHPUT_LOW = PREDICTED_PREFIX + "throughput_low_samples_per_s"
+PREDICTED_THROUGHPUT_HIGH = PREDICTED_PREFIX + "throughput_high_samples_per_s"
+PREDICTED_STEP_TIME_S = PREDICTED_PREFIX + "step_time_s"
+PREDICTED_MEMORY_PER_GPU_BYTES = PREDICTED_PREFIX + "memory_per_gpu_bytes"
+PREDICTED_HOURS = PREDICTED_PREFIX + "hours"
+PREDICTED_HOURS_LOW = PREDICTED_PREFIX + "hours_low"
+PREDICTED_HOURS_HIGH = PREDICTED_PREFIX + "hours_high"
+PREDICTED_COST_USD = PREDICTED_PREFIX + "cost_usd"
 
 # -- artifacts ---------------------------------------------------------------------------------
 ARTIFACT_DIR = "gpuopt"

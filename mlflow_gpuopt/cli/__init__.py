@@ -20,6 +20,7 @@ from mlflow_gpuopt.cli._errors import UsageError
 _SUBCOMMANDS = {
     "recommend": "mlflow_gpuopt.cli.recommend:recommend",
     "advise": "mlflow_gpuopt.cli.advise:advise",
+    "accuracy": "mlflow_gpuopt.cli.accuracy:accuracy",
     "predict": "mlflow_gpuopt.cli.predict:predict",
     "pricing": "mlflow_gpuopt.cli.pricing:pricing",
     "compare": "mlflow_gpuopt.cli.compare:compare",
@@ -29,6 +30,7 @@ _SUBCOMMANDS = {
 _HELP = {
     "recommend": "Rank instance x GPUs x strategy by cost for a target time-to-train.",
     "advise": "What to change in the training script, with evidence and what it saves.",
+    "accuracy": "Hold every launched plan's predictions against what its job measured.",
     "predict": "Predict throughput, memory and step time for one configuration.",
     "pricing": "Show or refresh the cloud GPU price catalog.",
     "compare": "Compare measured runs side by side, with what their hardware costs.",

@@ -1,6 +1,7 @@
 """``mlflow gpuopt compare``: measured runs side by side, with what their hardware costs.
 
-For each run: hardware, throughput, MFU, and the cost per million samples (and per epoch with
+For each run: hardware, throughput (and, for runs launched as a plan, the plan's predicted
+throughput), MFU, and the cost per million samples (and per epoch with
 ``--dataset-size``) at the cheapest catalog on-demand price for that GPU, counted per GPU the
 run used. CPU runs have no catalog price and say so. Every tracked run is listed, profiled or
 not: a figure the run lacks (FLOPs per sample, MFU, throughput) is a blank (``—``; ``null``
@@ -62,6 +63,8 @@ def compare_rows(runs, catalog, dataset_size: float | None) -> list[dict]:
             "step_time_p50_s": r.step_time_p50_s, "peak_memory_bytes": r.peak_memory_bytes,
             "price_per_gpu_hour_usd": per_gpu, "priced_as": where,
             "usd_per_million_samples": per_m, "usd_per_epoch": per_epoch,
+            "plan_id": r.plan_id,
+            "predicted_throughput_samples_per_s": r.predicted_throughput_samples_per_s,
         })
     return rows
 
@@ -101,16 +104,22 @@ def compare(experiment, run_ids, dataset_size, as_json):
     if as_json:
         click.echo(_json.dumps(rows, indent=2))
         return
+    # runs launched as a plan: their plan's prediction next to what they measured
+    planned = any(r["predicted_throughput_samples_per_s"] is not None for r in rows)
     head = ("run", "device", "GPUs", "strategy", "prec", "GFLOP/sample", "samples/s", "MFU",
             "step p50",
             "$/M samples", "$/epoch" if size else "", "priced as")
+    if planned:
+        head = (*head[:7], "predicted/s", *head[7:])
     table = [head]
     for r in rows:
+        predicted = ((_fmt(r["predicted_throughput_samples_per_s"], ",.1f"),) if planned
+                     else ())
         table.append((
             r["run_name"] or r["run_id"][:8], r["device"], str(r["gpus"]), r["strategy"] or "—",
             r["precision"] or "—",
             _fmt(r["flops_per_sample"] and r["flops_per_sample"] / 1e9, ",.3g"),
-            _fmt(r["throughput_samples_per_s"], ",.1f"),
+            _fmt(r["throughput_samples_per_s"], ",.1f"), *predicted,
             _fmt(r["mfu"], ".1%"), _fmt(r["step_time_p50_s"] and r["step_time_p50_s"] * 1e3,
                                         ".1f") + (" ms" if r["step_time_p50_s"] else ""),
             _fmt(r["usd_per_million_samples"], ",.3g"),

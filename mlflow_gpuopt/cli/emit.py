@@ -39,6 +39,14 @@ class EmitRequest:
     out: Path
     force: bool
     script: str | None
+    #: ``--plan <recommendation_run_id>:<rank>``: that logged plan, not a rank of this result
+    recommendation_run_id: str | None = None
+
+    @property
+    def plan_id(self) -> str | None:
+        """The plan id asked for, when ``--plan`` named a logged plan."""
+        return f"{self.recommendation_run_id}:{self.rank}" if self.recommendation_run_id \
+            else None
 
 
 def emit_options(command):
@@ -47,8 +55,10 @@ def emit_options(command):
         click.option("--emit", type=click.Choice(EMIT_CHOICES), default=None,
                      help="Write the launch artefact of one plan: a torchrun script or a "
                           "SkyPilot task YAML."),
-        click.option("--plan", "plan_rank", type=int, default=None, metavar="K",
-                     help="Rank of the plan to --emit (default 1, the winner)."),
+        click.option("--plan", "plan_rank", default=None, metavar="K|PLAN_ID",
+                     help="Plan to --emit: a rank of this result (default 1, the winner), or "
+                          "a logged plan's id <recommendation_run_id>:<rank> (same workload "
+                          "and target)."),
         click.option("--out", "out_path", metavar="PATH", default=None,
                      help="Where --emit writes (default ./gpuopt-plan<K>-torchrun.sh or "
                           "./gpuopt-plan<K>-skypilot.yaml)."),
@@ -63,7 +73,27 @@ def emit_options(command):
     return command
 
 
-def check_request(emit: str | None, rank: int | None, out: str | None, force: bool,
+def _parse_plan(value: str | int | None) -> tuple[str | None, int]:
+    """``(recommendation run id or None, rank)`` of ``--plan``; :class:`UsageError` if bad."""
+    if value is None:
+        return None, 1
+    text = str(value).strip()
+    try:
+        rank = int(text)
+    except ValueError:
+        from mlflow_gpuopt.launch.plan_ids import parse_plan_id
+
+        try:
+            return parse_plan_id(text)
+        except ValueError:
+            raise UsageError(f"--plan {text}: expected a rank (1 = the winner) or a plan id "
+                             "<recommendation_run_id>:<rank>") from None
+    if rank < 1:
+        raise UsageError(f"--plan {rank}: plans are ranked from 1 (the winner)")
+    return None, rank
+
+
+def check_request(emit: str | None, rank: str | int | None, out: str | None, force: bool,
                   script: str | None, top: int) -> EmitRequest | None:
     """The checked request (``None`` without ``--emit``); :class:`UsageError` if bad."""
     if emit is None:
@@ -72,15 +102,43 @@ def check_request(emit: str | None, rank: int | None, out: str | None, force: bo
         if given:
             raise UsageError(f"{', '.join(given)}: only with --emit torchrun|skypilot")
         return None
-    rank = 1 if rank is None else rank
-    if rank < 1:
-        raise UsageError(f"--plan {rank}: plans are ranked from 1 (the winner)")
-    if rank > top:
+    rec_id, rank = _parse_plan(rank)
+    if rec_id is None and rank > top:
         raise UsageError(f"--plan {rank} is beyond the {top} plans shown (--top {top})")
     path = Path(out if out is not None else _DEFAULT_NAMES[emit].format(rank=rank))
     path = path.expanduser().absolute()
     _check_writable(path, force)
-    return EmitRequest(kind=emit, rank=rank, out=path, force=force, script=script)
+    return EmitRequest(kind=emit, rank=rank, out=path, force=force, script=script,
+                       recommendation_run_id=rec_id)
+
+
+def check_logged_plan(req: EmitRequest | None, workload: Any) -> dict[str, Any] | None:
+    """``--plan <run>:<rank>``: that plan's row, checked to be a plan of ``workload``
+    (the runs this command read); :class:`UsageError` (one line) if it is not. Read-only."""
+    if req is None or req.plan_id is None:
+        return None
+    from mlflow_gpuopt.mlflow_io.plans import PlanError, logged_plan_row
+
+    try:
+        return logged_plan_row(req.plan_id, workload)
+    except PlanError as exc:
+        raise UsageError(f"--plan {req.plan_id}: {exc}") from None
+
+
+#: What makes two plans the same plan (the candidate JSON's keys).
+_SAME_PLAN = ("provider", "instance_type", "region", "gpu", "nodes", "gpus_per_node",
+              "strategy", "tp", "pp", "micro_batch", "grad_accum", "precision", "pricing")
+
+
+def _matching_rank(row: dict[str, Any], rec: Any) -> int | None:
+    """The 1-based rank in ``rec`` of the plan that ``row`` describes, or None."""
+    from mlflow_gpuopt.recommend.serialize import candidate_dict
+
+    for i, cand in enumerate(rec.candidates, start=1):
+        d = candidate_dict(cand, i)
+        if all(d.get(k) == row.get(k) for k in _SAME_PLAN if k in row):
+            return i
+    return None
 
 
 def _check_writable(path: Path, force: bool) -> None:
@@ -97,21 +155,25 @@ def _check_writable(path: Path, force: bool) -> None:
         raise UsageError(f"--out {path}: directory {parent} is not writable")
 
 
-def check_plan(req: EmitRequest | None, doc: dict[str, Any]) -> None:
+def check_plan(req: EmitRequest | None, doc: dict[str, Any],
+               logged_row: dict[str, Any] | None = None) -> None:
     """The asked plan exists in the ranked result and the launcher can start it."""
     if req is None:
         return
     cands = doc["candidates"]
-    if req.rank > len(cands):
+    if logged_row is not None:
+        provider = logged_row["provider"]
+    elif req.rank > len(cands):
         raise UsageError(f"--plan {req.rank}: the recommendation has only {len(cands)} ranked "
                          "plan(s)")
-    provider = cands[req.rank - 1]["provider"]
+    else:
+        provider = cands[req.rank - 1]["provider"]
     if req.kind == "skypilot":
         from mlflow_gpuopt.launch.skypilot import SKYPILOT_CLOUDS
 
         if provider not in SKYPILOT_CLOUDS:
-            raise UsageError(f"--plan {req.rank} is a {provider} plan: SkyPilot cannot launch "
-                             "it; use --emit torchrun or another --plan")
+            raise UsageError(f"--plan {req.plan_id or req.rank} is a {provider} plan: "
+                             "SkyPilot cannot launch it; use --emit torchrun or another --plan")
 
 
 def add_plan_ids(doc: dict[str, Any], logged: Any) -> None:
@@ -182,16 +244,38 @@ def _write_atomically(path: Path, text: str, *, force: bool, mode: int) -> None:
                 os.unlink(tmp)
 
 
+def find_logged_plan(req: EmitRequest | None, rec: Any,
+                     logged_row: dict[str, Any] | None) -> int | None:
+    """``--plan <run>:<rank>``: the rank in ``rec`` of that plan (:class:`UsageError` if this
+    search no longer finds it); ``None`` otherwise."""
+    if req is None or logged_row is None:
+        return None
+    found = _matching_rank(logged_row, rec)
+    if found is None:
+        raise UsageError(f"--plan {req.plan_id}: this search does not find that plan any more "
+                         "(other target, options, prices or runs); emit a rank of this "
+                         "result instead")
+    return found
+
+
 def emit(req: EmitRequest | None, rec: Any, doc: dict[str, Any], logged: Any,
-         source_run_ids: list[str]) -> None:
-    """Add plan ids to ``doc``; with ``req``, write the artefact and record it in ``doc``."""
+         source_run_ids: list[str], found_rank: int | None = None) -> None:
+    """Add plan ids to ``doc``; with ``req``, write the artefact and record it in ``doc``.
+
+    ``found_rank``: where ``--plan <run>:<rank>`` sits in ``rec``; the artefact then names the
+    logged plan, whose predictions the job will be held against."""
     add_plan_ids(doc, logged)
     if req is None:
         return
     from mlflow_gpuopt.launch import LaunchContext, LaunchError, skypilot_yaml, torchrun_script
+    from mlflow_gpuopt.recommend.serialize import candidate_dict
 
-    row = doc["candidates"][req.rank - 1]
-    plan = rec.candidates[req.rank - 1]
+    if found_rank is not None:
+        plan = rec.candidates[found_rank - 1]
+        row = {**candidate_dict(plan, req.rank), "plan_id": req.plan_id}
+    else:
+        row = doc["candidates"][req.rank - 1]
+        plan = rec.candidates[req.rank - 1]
     recorded, experiment = _source(source_run_ids[0])
     script = req.script or recorded
     notes = []

@@ -180,6 +180,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         observations = [dataclasses.replace(o, recompute=o.recompute or workload.recompute
                                             or "none") for o in observations]
         workload = dataclasses.replace(workload, recompute=recompute)
+    logged_row = launch_emit.check_logged_plan(emit_req, workload)
     measured_batch = _global_batch(workload, observations)
     total = training_target.total_samples(
         tokens_per_sample=workload.tokens_per_sample,
@@ -205,7 +206,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     doc["notes"] = [*input_notes, *doc["notes"]]
     if run_ids and rec.candidates:
         doc["advice"] = _advice(run_ids[0], rec, predictor, catalog)
-    launch_emit.check_plan(emit_req, doc)
+    launch_emit.check_plan(emit_req, doc, logged_row)
+    found_rank = launch_emit.find_logged_plan(emit_req, rec, logged_row)
 
     # 4. Log (unless --no-log), then print. The recommendation is printed even when logging
     # fails: it cost the user a search, and the printout is all they need to act on it.
@@ -217,7 +219,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
             log_error = one_line_reason(exc)
         else:
             doc["mlflow_run_id"] = logged.run_id
-    launch_emit.emit(emit_req, rec, doc, logged, run_ids)
+    launch_emit.emit(emit_req, rec, doc, logged, run_ids, found_rank)
     out = sys.stdout
     if as_json:
         click.echo(_json.dumps(doc, indent=2), file=out)

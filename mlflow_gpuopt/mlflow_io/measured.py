@@ -45,6 +45,8 @@ class MeasuredRun:
     step_time_p50_s: float | None
     peak_memory_bytes: float | None
     start_time_ms: int
+    plan_id: str | None = None  # tag gpuopt.plan: the run was launched as this plan
+    predicted_throughput_samples_per_s: float | None = None  # that plan's prediction
 
 
 def _measured(run) -> MeasuredRun:
@@ -63,6 +65,8 @@ def _measured(run) -> MeasuredRun:
         step_time_p50_s=m.get(contract.SUMMARY_STEP_TIME_P50_S),
         peak_memory_bytes=m.get(contract.SUMMARY_PEAK_MEMORY_BYTES),
         start_time_ms=run.info.start_time or 0,
+        plan_id=run.data.tags.get(contract.TAG_PLAN),
+        predicted_throughput_samples_per_s=m.get(contract.PREDICTED_THROUGHPUT_SAMPLES),
     )
 
 

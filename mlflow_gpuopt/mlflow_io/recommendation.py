@@ -108,6 +108,7 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
         "mlflow.note.content": "\n\n".join(doc.get("explanation") or doc.get("notes") or []),
     })
     run_id = run.info.run_id
+    doc = _with_plan_ids(doc, run_id)
     status = "FAILED"
     children: list[str] = []
     try:
@@ -133,13 +134,32 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
                       if label in charts})
         _log_files(client, run_id, files)
         for cand in doc["candidates"][:top_children]:
-            children.append(_log_child(client, exp_id, run_id, cand, Metric, Param, RunTag))
+            children.append(_log_child(client, exp_id, run_id, cand, Metric, Param, RunTag,
+                                       plan_tags(run_id, cand["rank"])))
         status = "FINISHED"
     finally:
         client.set_terminated(run_id, status=status)
     logger.info("logged recommendation run %s with %d candidate runs", run_id, len(children))
     return LoggedRecommendation(run_id=run_id, experiment_id=exp_id,
                                 child_run_ids=tuple(children))
+
+
+def plan_tags(recommendation_run_id: str, rank: int) -> dict[str, str]:
+    """The tags that name a plan (on its child run, and on a job launched as it)."""
+    from mlflow_gpuopt.launch.plan_ids import plan_id
+
+    return {contract.TAG_PLAN: plan_id(recommendation_run_id, rank),
+            contract.TAG_RECOMMENDATION_RUN_ID: recommendation_run_id,
+            contract.TAG_PLAN_RANK: str(rank)}
+
+
+def _with_plan_ids(doc: Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """A copy of ``doc`` whose ranked candidates carry ``plan_id`` (``<run_id>:<rank>``)."""
+    from mlflow_gpuopt.launch.plan_ids import plan_id
+
+    cands = [dict(c, plan_id=plan_id(run_id, c["rank"])) if c.get("rank") else c
+             for c in doc["candidates"]]
+    return {**doc, "candidates": cands}
 
 
 def _log_files(client, run_id: str, files: Mapping[str, str | bytes]) -> None:
@@ -162,12 +182,12 @@ def _log_files(client, run_id: str, files: Mapping[str, str | bytes]) -> None:
 
 
 def _log_child(client, exp_id: str, parent_id: str, cand: Mapping[str, Any],
-               metric_cls, param_cls, run_tag_cls) -> str:
+               metric_cls, param_cls, run_tag_cls, tags: Mapping[str, str]) -> str:
     name = (f"#{cand['rank']} {cand['provider']} {cand['instance_type']} ×{cand['nodes']} "
             f"{cand.get('strategy_label', cand['strategy'])} {cand['pricing'].replace('_', '-')}")
     child = client.create_run(exp_id, run_name=name, tags={
         "mlflow.parentRunId": parent_id, contract.TAG_KIND: contract.KIND_CANDIDATE,
-        contract.TAG_WHY: _param_value(cand.get("why", ""))})
+        contract.TAG_WHY: _param_value(cand.get("why", "")), **tags})
     cid = child.info.run_id
     now = int(time.time() * 1000)
     try:

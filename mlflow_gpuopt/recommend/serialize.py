@@ -64,6 +64,12 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
         "price_per_hour_usd": round(c.price_per_hour_usd, 4),
         "usd_per_million_samples": round(c.usd_per_million_samples, 6),
         "memory_per_gpu_bytes": c.prediction.memory.total_bytes,
+        # what a job launched as this plan is checked against (``gpuopt accuracy``)
+        "throughput_low_samples_per_s": round(c.prediction.low, 6),
+        "throughput_high_samples_per_s": round(c.prediction.high, 6),
+        "step_time_s": c.prediction.step_time_s,
+        "exposed_comm_fraction": (c.prediction.exposed_comm_s / c.prediction.step_time_s
+                                  if c.prediction.step_time_s > 0 else 0.0),
         "memory_capacity_bytes": c.prediction.memory_capacity_bytes,
         "startup_hours": round(c.startup_hours, 6), "overhead_hours": round(c.overhead_hours, 6),
         "sessions": c.sessions, "extrapolated": c.prediction.extrapolated,

@@ -32,6 +32,9 @@ class TrackConfig:
         max_step_records: bound of the queue between the step hook and the sampler thread.
         flush_timeout_s: at exit, how long to wait for MLflow to take the queued records
             (what is left stays in the writer's journal, to replay later).
+        plan: the plan the job was launched as (``<recommendation_run_id>:<rank>``; default
+            ``$GPUOPT_PLAN``): the run is tagged with it, logs its predictions and, at the
+            end, measured / predicted ratios (``docs/launch.md``).
     """
 
     interval_s: float = 1.0
@@ -56,6 +59,7 @@ class TrackConfig:
     print_summary: bool = True
     max_step_records: int = 1_000_000
     flush_timeout_s: float = 10.0
+    plan: str | None = None
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:

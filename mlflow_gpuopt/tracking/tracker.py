@@ -40,11 +40,14 @@ if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
     from mlflow_gpuopt.tracking.hw_reader import HardwareReader
     from mlflow_gpuopt.tracking.sampler import Sampler
+    from mlflow_gpuopt.tracking.plan_link import PlanLink
     from mlflow_gpuopt.tracking.steps import StepClock
 
 logger = logging.getLogger(__name__)
 
 PROFILE_ARTIFACT = contract.PROFILE_ARTIFACT
+#: At exit, how long to wait for the plan's predictions still being read (seconds).
+PLAN_WAIT_S = 10.0
 
 
 class Tracker:
@@ -91,6 +94,9 @@ class Tracker:
         self._stopped = False
         self._stopped_logging = False  # set at close: a late gatherer round logs nothing
         self._input_wait_seen = (0.0, 0)  # the step clock's wait sum and count at last tick
+        self._plan_link: PlanLink | None = None
+        #: One line when the job fell outside its plan's interval (see ``launch.plan_check``).
+        self.plan_check: str | None = None
 
     # -- public --------------------------------------------------------------------------------
     def start(self) -> Tracker:
@@ -238,6 +244,13 @@ class Tracker:
             self._writer.set_tags({contract.TAG_TRACKED: "true"})
         except Exception as exc:
             self._warn("run", "no MLflow run; measuring without logging: %s", exc)
+            return
+        from mlflow_gpuopt.tracking.plan_link import PlanLink, plan_id_for
+
+        plan = plan_id_for(self.config.plan)
+        if plan is not None:
+            self._plan_link = PlanLink(plan, self.run_id, self._writer.set_tags,
+                                       self._log_metrics, self._warn).start()
 
     # -- hot-path failure ----------------------------------------------------------------------
     def _hook_error(self, where: str, exc: BaseException) -> None:
@@ -355,11 +368,43 @@ class Tracker:
         self.summary = self._with_advice(self._summarize())
         if self._writer is not None:
             metrics, step = reporter.final_metrics(self.summary.metrics(), self._agg.steps)
+            metrics.update(self._plan_metrics(metrics))
             self._writer.log_metrics(metrics, step=step)
             if self.profile is not None:
                 self._writer.log_dict(self.profile.to_json(self._hardware()), PROFILE_ARTIFACT)
         if self.config.print_summary:
             print(self.summary.text(), flush=True)
+            if self.plan_check:
+                print(self.plan_check, flush=True)
+
+    def _plan_metrics(self, final: dict[str, float]) -> dict[str, float]:
+        """The plan's predictions again (so each is a flat line over the run) and the ratios
+        measured / predicted; sets :attr:`plan_check`. ``{}`` for a job without a plan."""
+        from mlflow_gpuopt.launch.plan_check import (
+            Measured,
+            outlier_line,
+            prediction_metrics,
+            prediction_ratios,
+        )
+
+        link = self._plan_link
+        plan = link.wait(PLAN_WAIT_S) if link is not None else None
+        if plan is None:
+            return {}
+        s = self.summary
+        wp = workload_params(self.profile, self.config, self._clock.last_step_samples,
+                             self._fallback_precision)
+        mb = wp.get(contract.PARAM_MICRO_BATCH)
+        measured = Measured(
+            throughput_samples_per_s=s.steady.throughput_samples_per_s,
+            step_time_s=s.steady.step_time_mean_s,
+            peak_memory_per_gpu_bytes=s.peak_memory_bytes if s.device != "cpu" else None,
+            gpu_utilization_percent=s.gpu_utilization_mean_percent,
+            cpu_utilization_percent=self._hw.cpu_utilization_mean_percent,
+            exposed_comm_fraction=final.get(contract.SUMMARY_EXPOSED_COMM_FRACTION),
+            micro_batch=int(mb) if mb else None, precision=wp.get(contract.PARAM_PRECISION))
+        self.plan_check = outlier_line(measured, plan)
+        return {**prediction_metrics(plan), **prediction_ratios(measured, plan)}
 
     def _hardware(self) -> dict:
         from mlflow_gpuopt.devices.fingerprint import hardware_fingerprint
