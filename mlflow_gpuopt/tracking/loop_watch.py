@@ -1,7 +1,7 @@
 """What the training loop does through libraries that have no hook of their own.
 
-Two class-level wrappers, installed while at least one tracker listens and removed when the
-last one stops:
+Three wrappers, installed while at least one tracker listens and removed when the last one
+stops:
 
 * ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__``: each batch a ``DataLoader``
   yields (also under accelerate's and Lightning's loader wrappers, which iterate a plain
@@ -10,9 +10,13 @@ last one stops:
 * ``torch.amp.GradScaler.step``: when the scaler found inf/NaN gradients it does not call the
   optimizer's ``step()``, so no optimizer hook fires; the listener is told after each call and
   compares with the optimizer steps it saw, to count a step that did no update.
+* ``torch.autograd.backward`` (what ``Tensor.backward()`` calls): a backward ran, so the next
+  forward of the tracked model starts a new micro-batch. One call per backward, rather than a
+  gradient hook on every forward's output (several microseconds per forward).
 
-A listener is any object with ``on_batch(batch)``, ``scaler_step_begin() -> token`` and
-``scaler_step_end(optimizer, token)``; it must not raise (the wrappers drop what it raises).
+A listener is any object with ``on_batch(batch)``, ``on_backward()``,
+``scaler_step_begin() -> token`` and ``scaler_step_end(optimizer, token)``; it must not raise
+(the wrappers drop what it raises).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def _targets() -> dict[str, tuple[Any, str]]:
     import torch
     from torch.utils.data import dataloader
 
-    found = {"batch": (dataloader._BaseDataLoaderIter, "__next__")}
+    found = {"batch": (dataloader._BaseDataLoaderIter, "__next__"),
+             "backward": (torch.autograd, "backward")}
     scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler is not None:
         found["scaler"] = (scaler, "step")
@@ -52,6 +57,19 @@ def _wrap_next(orig: Any) -> Any:
         return batch
 
     return __next__
+
+
+def _wrap_backward(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        for listener in _listeners:
+            try:
+                listener.on_backward()
+            except Exception as exc:
+                logger.debug("gpuopt: backward listener failed: %s", exc)
+        return orig(*args, **kwargs)
+
+    return backward
 
 
 def _wrap_scaler_step(orig: Any) -> Any:
@@ -98,7 +116,8 @@ def watch(listener: Any) -> _Handle:
     global _listeners
     with _lock:
         if not _originals:
-            wrappers = {"batch": _wrap_next, "scaler": _wrap_scaler_step}
+            wrappers = {"batch": _wrap_next, "scaler": _wrap_scaler_step,
+                        "backward": _wrap_backward}
             for key, (cls, name) in _targets().items():
                 orig = cls.__dict__[name]
                 _originals[key] = (cls, name, orig)

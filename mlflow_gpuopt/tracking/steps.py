@@ -10,13 +10,17 @@ the optimizer (inf/NaN gradients: a step that did no update, not accumulation), 
 the optimizer's step ends that same step rather than a new one. With no optimizer named, the
 first one to step is the clock and a second one is ignored (one warning says what to pass).
 
-Samples come from the data, not from module calls. A forward of the tracked model starts a new
-micro-batch only when it is the step's first, or when a backward ran through the previous
-one's output — outside the optimizer's own ``step()`` (an LBFGS closure's evaluations are one
-micro-batch). Where the loop iterates a ``DataLoader`` (see :mod:`.loop_watch`), the step's
-samples are those of the batches it fetched, and its micro-batches are those batches unless
-the counted forwards split them exactly (a batch cut into accumulation chunks). So a
-discriminator called three times per step is one micro-batch of the data's size.
+Samples come from the data, not from module calls. A forward of the tracked model starts a
+new micro-batch only when it is the step's first, or when a backward ran since the previous
+one (``torch.autograd.backward``, see :mod:`.loop_watch`), and never inside the optimizer's
+own ``step()`` (an LBFGS closure's evaluations are one micro-batch). Where the loop iterates
+a ``DataLoader`` (see :mod:`.loop_watch`) and the model ran more micro-batches than the step
+fetched batches (in every step so far), or none, the step's samples are those of the batches
+it fetched, and its micro-batches are those batches unless the counted forwards split them
+exactly (a batch cut into accumulation chunks). So a discriminator called three times per
+step is one micro-batch of the data's size, while loaders that fetch a batch ahead
+(accelerate's, Lightning's) do not shift samples between steps when the forwards agree with
+the data.
 
 Any exception in a hook switches the clock off (one warning) and training goes on with a hook
 that returns at once.
@@ -92,25 +96,6 @@ def batch_size_of(batch: Any, tensor_type: type, depth: int = 0) -> int | None:
     return None
 
 
-def _first_grad_tensor(output: Any, tensor_type: type, depth: int = 0) -> Any:
-    """The first tensor of a forward's output that records gradients (or ``None``)."""
-    if isinstance(output, tensor_type):
-        return output if output.requires_grad else None
-    if depth >= _MAX_BATCH_DEPTH:
-        return None
-    if isinstance(output, (list, tuple)):
-        items: Any = output
-    elif hasattr(output, "values"):
-        items = output.values()
-    else:
-        return None
-    for item in items:
-        t = _first_grad_tensor(item, tensor_type, depth + 1)
-        if t is not None:
-            return t
-    return None
-
-
 class StepClock:
     """Counts and timestamps training steps; drives the one-off workload profiler."""
 
@@ -138,7 +123,7 @@ class StepClock:
         self.total_calls = 0  # gradient-recording forwards of the tracked model, all steps
         self.skipped_steps = 0  # GradScaler steps that skipped the optimizer
         self.optimizer_steps = 0  # post-hook calls of the clock's optimizer
-        self._backward_seen = False  # a backward ran through the last counted forward
+        self._backward_seen = False  # a backward ran since the last counted forward
         self._in_step = False  # inside the clock's optimizer's step() (closures)
         self._last_from_hook = False  # the last boundary was the optimizer's, not mark()'s
         self._warn = warn
@@ -217,28 +202,12 @@ class StepClock:
         self._stop_profiling("workload profiler", exc)
 
     def on_forward(self, module: Any, args: tuple, output: Any) -> None:
-        """Model forward hook: watch for a backward through the output (the next forward is
-        then a new micro-batch); closes the profiler's activation window."""
-        if self.broken:
-            return
-        try:
-            if self._grad_enabled():
-                t = _first_grad_tensor(output, self._tensor)
-                if t is None:  # nothing to watch: the next forward may start a micro-batch
-                    self._backward_seen = True
-                else:
-                    t.register_hook(self._on_output_grad)
-        except Exception as exc:
-            self._fail("forward hook", exc)
-            return
-        if self.profile_step == self.steps and self.profiler.active:
+        """Model forward hook: closes the profiler's activation window."""
+        if self.profile_step == self.steps and not self.broken and self.profiler.active:
             try:
                 self.profiler.end_forward(output)
             except Exception as exc:
                 self._profile_failed(exc)
-
-    def _on_output_grad(self, grad: Any) -> None:
-        self._backward_seen = True
 
     def _is_clock_optimizer(self, optimizer: Any) -> bool:
         """Whether ``optimizer``'s steps are the clock's; with none named, the first one to
@@ -280,6 +249,10 @@ class StepClock:
         self._mark(0, 0)
 
     # -- loop_watch listener (training thread) -------------------------------------------------
+    def on_backward(self) -> None:
+        """A backward started: the next forward of the tracked model is a new micro-batch."""
+        self._backward_seen = True
+
     def on_batch(self, batch: Any) -> None:
         """A ``DataLoader`` yielded ``batch`` (counted when gradients are recorded)."""
         if self.broken or not self._grad_enabled():

@@ -140,7 +140,9 @@ def test_config_from_training_arguments():
     assert (cfg.micro_batch, cfg.grad_accum, cfg.precision, cfg.run_name) == (32, 4, "bf16", "r")
 
 
-def test_lightning_module_calling_self_net_warns_once(tracking_uri, caplog):
+def fit_bypass(define_forward: bool):
+    """A LightningModule whose training_step calls ``self.net(x)``, with or without a
+    ``forward`` of its own; returns the callback after ``trainer.fit``."""
     L = pytest.importorskip("lightning")  # noqa: N806 - Lightning's conventional alias
     from mlflow_gpuopt.integrations.lightning import GpuOptCallback
 
@@ -151,19 +153,43 @@ def test_lightning_module_calling_self_net_warns_once(tracking_uri, caplog):
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return F.cross_entropy(self.net(x), y)  # the LightningModule's forward never runs
+            return F.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    caplog.set_level(logging.WARNING)
+    class BypassWithForward(Bypass):
+        def forward(self, x):  # defined, but training_step never calls it
+            return self.net(x)
+
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
     cb = GpuOptCallback(**OPTS)
     trainer = L.Trainer(max_steps=6, logger=False, callbacks=[cb], accelerator="cpu",
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
-    trainer.fit(Bypass(), torch.utils.data.DataLoader(data, batch_size=8))
+    module = BypassWithForward() if define_forward else Bypass()
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+    return cb
+
+
+def test_lightning_module_without_forward_tracks_its_net(tracking_uri, caplog):
+    caplog.set_level(logging.WARNING)
+    cb = fit_bypass(define_forward=False)
+    assert gpuopt_warnings(caplog) == []
+    params, metrics = logged(cb.tracker.run_id)
+    assert metrics["gpuopt/summary/steps"] == 6
+    assert samples_per_step(metrics) == pytest.approx(8)
+    assert params["gpuopt.micro_batch"] == "8"
+    assert params["gpuopt.grad_accum"] == "1"
+    # Linear(16, 32) (no input gradient) + Linear(32, 4): forward 2 x, backward 1 x and 2 x
+    expected = 2 * 16 * 32 * 2 + 2 * 32 * 4 * 3
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(expected, rel=0.01)
+
+
+def test_lightning_forward_bypassed_warns_once(tracking_uri, caplog):
+    caplog.set_level(logging.WARNING)
+    cb = fit_bypass(define_forward=True)
     warnings = gpuopt_warnings(caplog)
     assert len(warnings) == 1, warnings
     assert "never ran" in warnings[0] and "track(model=" in warnings[0]

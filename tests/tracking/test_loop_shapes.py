@@ -291,3 +291,25 @@ def test_accumulation_chunks_of_one_batch(tracking_uri):
     assert params["gpuopt.micro_batch"] == "8"
     assert params["gpuopt.grad_accum"] == "4"
     assert samples_per_step(metrics) == pytest.approx(32)
+
+
+def test_two_forwards_before_one_backward_are_one_micro_batch(tracking_uri):
+    """A siamese loop: the model embeds both halves of each pair, then one backward."""
+    torch.manual_seed(0)
+    model = mlp(16, 32, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    n, pairs = 6, 8
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for _ in range(n):
+            a, b = model(torch.randn(pairs, 16)), model(torch.randn(pairs, 16))
+            F.mse_loss(a, b).backward()
+            opt.step()
+            opt.zero_grad()
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == n
+    assert samples_per_step(metrics) == pytest.approx(pairs)
+    assert params["gpuopt.grad_accum"] == "1"
+    # the step's FLOPs (both embeddings; the second input's layer-1 grad is not needed
+    # either) per pair
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        2 * mlp_flops_per_sample(16, 32, 8), rel=0.01)
