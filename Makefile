@@ -13,12 +13,14 @@ export OMP_NUM_THREADS ?= 2
 
 .PHONY: demo test setup browser clean bench skypilot
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU build of PyTorch from local disk; must come first so nothing pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	# the integrations' libraries, tested in tests/tracking/test_integrations.py
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[hf,lightning]'
 	touch $(STAMP)
 
 setup: $(STAMP)

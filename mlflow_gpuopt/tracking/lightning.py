@@ -3,7 +3,9 @@
     trainer = L.Trainer(logger=MLFlowLogger(...), callbacks=[GpuOptCallback()])
 
 The run is, in order: an explicit ``run_id``; the run of the trainer's ``MLFlowLogger``; the
-active run (e.g. ``mlflow.autolog()``'s); else a new one. (Wrapping ``trainer.fit`` in
+active run (e.g. ``mlflow.autolog()``'s); else a new one. A LightningModule that defines no
+``forward`` cannot be called, so its ``training_step`` calls a submodule: when exactly one
+child holds parameters (``self.net``), that child is the tracked model. (Wrapping ``trainer.fit`` in
 ``gpuopt.track(model=module)`` works as well when there is no ``MLFlowLogger``.)
 """
 
@@ -29,6 +31,19 @@ def _base() -> type:
         return pl.Callback
 
 
+def model_that_runs(pl_module: Any) -> Any:
+    """The module whose forward the training step calls: ``pl_module``, or, when it defines
+    no ``forward`` of its own, its only child with parameters (else ``pl_module``, and the
+    tracker warns that the forward never ran)."""
+    for cls in type(pl_module).__mro__:
+        if "forward" in cls.__dict__:
+            if cls.__module__.split(".")[0] not in ("lightning", "pytorch_lightning", "torch"):
+                return pl_module  # the user's own forward
+            break
+    children = [m for m in pl_module.children() if next(m.parameters(), None) is not None]
+    return children[0] if len(children) == 1 else pl_module
+
+
 def mlflow_logger_run_id(trainer: Any) -> str | None:
     """The run id of the trainer's first ``MLFlowLogger``, if it has one."""
     for lg in getattr(trainer, "loggers", None) or []:
@@ -52,8 +67,11 @@ class GpuOptCallback(_base()):  # type: ignore[misc]
         try:
             run_id = self.config.run_id or mlflow_logger_run_id(trainer)
             optimizers = list(getattr(trainer, "optimizers", None) or [])
-            config = TrackConfig.from_kwargs(self.config, {"run_id": run_id})
-            self.tracker = Tracker(pl_module, optimizers[0] if len(optimizers) == 1 else None,
+            model = model_that_runs(pl_module)
+            config = TrackConfig.from_kwargs(self.config, {
+                "run_id": run_id, "name": self.config.name or type(pl_module).__name__})
+            self.tracker = Tracker(model,
+                                   optimizers[0] if len(optimizers) == 1 else None,
                                    config=config).start()
         except Exception as exc:  # never break training
             logger.warning("gpuopt: tracking could not start: %s", exc)

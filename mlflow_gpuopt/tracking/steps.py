@@ -3,10 +3,27 @@
 Each training step appends one record (the fields of :class:`StepRecord`) to a bounded deque
 (``comm``: the :class:`~.distributed.comm_meter.CommMeter`'s cumulative :class:`CommTotals` in
 a distributed job, else ``None``); everything else (step times, quantiles, throughput) is
-computed by the sampler thread from that deque. A step is an optimizer step (global post-hook)
-or a manual ``mark()`` — once ``mark()`` is called, it is the only step clock. Any exception in
-a hook switches the clock off (one warning) and training goes on with a hook that returns at
-once.
+computed by the sampler thread from that deque. A step is an optimizer step (global post-hook,
+matched against the innermost optimizer of a wrapper chain), a GradScaler step that skipped
+the optimizer (inf/NaN gradients: a step that did no update, not accumulation), or a manual
+``mark()`` — once ``mark()`` is called, it is the only step clock; a ``mark()`` right after
+the optimizer's step ends that same step rather than a new one. With no optimizer named, the
+first one to step is the clock and a second one is ignored (one warning says what to pass).
+
+Samples come from the data, not from module calls. A forward of the tracked model starts a
+new micro-batch only when it is the step's first, or when a backward ran since the previous
+one (``torch.autograd.backward``, see :mod:`.loop_watch`), and never inside the optimizer's
+own ``step()`` (an LBFGS closure's evaluations are one micro-batch). Where the loop iterates
+a ``DataLoader`` (see :mod:`.loop_watch`) and the model ran more micro-batches than the step
+fetched batches (in every step so far), or none, the step's samples are those of the batches
+it fetched, and its micro-batches are those batches unless the counted forwards split them
+exactly (a batch cut into accumulation chunks). So a discriminator called three times per
+step is one micro-batch of the data's size, while loaders that fetch a batch ahead
+(accelerate's, Lightning's) do not shift samples between steps when the forwards agree with
+the data.
+
+Any exception in a hook switches the clock off (one warning) and training goes on with a hook
+that returns at once.
 """
 
 from __future__ import annotations
@@ -16,6 +33,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from mlflow_gpuopt.tracking.optimizers import unwrap_optimizer
 from mlflow_gpuopt.tracking.profiler import WorkloadProfiler, first_tensor
 
 if TYPE_CHECKING:
@@ -55,6 +73,27 @@ class StepRecord(NamedTuple):
     comm: CommTotals | None  # the meter's cumulative totals (distributed jobs), or None
 
 
+_MAX_BATCH_DEPTH = 4  # nesting of a batch (dict of lists of tensors...) searched for a tensor
+
+
+def batch_size_of(batch: Any, tensor_type: type, depth: int = 0) -> int | None:
+    """Leading dimension of the first tensor in a DataLoader batch (tensor, sequence, mapping,
+    or an object with ``.items()`` like transformers' ``BatchEncoding``)."""
+    if isinstance(batch, tensor_type):
+        return int(batch.shape[0]) if batch.dim() >= 1 else None
+    if depth >= _MAX_BATCH_DEPTH:
+        return None
+    if isinstance(batch, (list, tuple)):
+        items: Any = batch
+    elif hasattr(batch, "items"):
+        items = (v for _, v in batch.items())
+    else:
+        return None
+    for item in items:
+        n = batch_size_of(item, tensor_type, depth + 1)
+        if n is not None:
+            return n
+    return None
 
 
 class StepClock:
@@ -63,11 +102,14 @@ class StepClock:
     def __init__(self, optimizer: Any = None, profiler: WorkloadProfiler | None = None,
                  profile_step: int = 1, cuda_events: bool = False, maxlen: int = 1_000_000,
                  on_error: Callable[[str, BaseException], None] | None = None,
-                 comm_meter: CommMeter | None = None) -> None:
+                 comm_meter: CommMeter | None = None,
+                 warn: Callable[..., None] | None = None,
+                 samples_per_step: int | None = None, has_model: bool = True) -> None:
         # plain tuples in StepRecord's field order (see _mark)
         self.records: deque[tuple] = deque(maxlen=maxlen)
         self._comm_step = comm_meter.end_step if comm_meter is not None else None
-        self.optimizer = optimizer
+        self.optimizer = unwrap_optimizer(optimizer)
+        self._named_optimizer = optimizer is not None
         self.profiler = profiler
         self.profile_step = profile_step if profiler is not None else -1
         self.steps = 0  # completed steps
@@ -75,7 +117,21 @@ class StepClock:
         self.broken = False
         self.pending_samples = 0
         self.pending_tokens = 0
-        self.pending_forwards = 0
+        self.pending_forwards = 0  # micro-batches counted from forwards
+        self.pending_batches = 0  # DataLoader batches fetched in this step
+        self.pending_batch_samples = 0
+        self.total_calls = 0  # gradient-recording forwards of the tracked model, all steps
+        self.skipped_steps = 0  # GradScaler steps that skipped the optimizer
+        self.optimizer_steps = 0  # post-hook calls of the clock's optimizer
+        self._backward_seen = False  # a backward ran since the last counted forward
+        self._in_step = False  # inside the clock's optimizer's step() (closures)
+        self._last_from_hook = False  # the last boundary was the optimizer's, not mark()'s
+        self._warn = warn
+        self._samples_per_step = samples_per_step
+        self._has_model = has_model
+        self._data_seen = False  # a DataLoader batch was seen
+        self._forwards_match_data = False  # a step's micro-batches were its loader batches
+        self._profiled_index = -1  # the step the profile was taken on
         self.last_step_samples = 0
         self.last_step_forwards = 0
         self.profile_samples: int | None = None
@@ -117,7 +173,8 @@ class StepClock:
 
     # -- hooks (training thread) ---------------------------------------------------------------
     def on_forward_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        """Model forward pre-hook: count the batch (forwards that record gradients only)."""
+        """Model forward pre-hook: count the micro-batch (gradient-recording forwards that
+        start one: see the module docstring)."""
         if self.broken:
             return None
         try:
@@ -129,12 +186,15 @@ class StepClock:
                 x = args[0]
             else:
                 x = first_tensor(args, kwargs)
-            if x is not None and x.dim() >= 1:
-                n = x.shape[0]
-                self.pending_samples += n
-                if x.dim() == 2 and not x.is_floating_point():
-                    self.pending_tokens += n * x.shape[1]
-            self.pending_forwards += 1
+            self.total_calls += 1
+            if self.pending_forwards == 0 or (self._backward_seen and not self._in_step):
+                self._backward_seen = False
+                if x is not None and x.dim() >= 1:
+                    n = x.shape[0]
+                    self.pending_samples += n
+                    if x.dim() == 2 and not x.is_floating_point():
+                        self.pending_tokens += n * x.shape[1]
+                self.pending_forwards += 1
         except Exception as exc:
             self._fail("forward hook", exc)
             return None
@@ -169,20 +229,116 @@ class StepClock:
             except Exception as exc:
                 self._profile_failed(exc)
 
+    def _is_clock_optimizer(self, optimizer: Any) -> bool:
+        """Whether ``optimizer``'s steps are the clock's; with none named, the first one to
+        step becomes it (a second one is then ignored, with one warning)."""
+        if self.optimizer is None:
+            self.optimizer = optimizer
+            if self.profiler is not None and self.profiler.optimizer is None:
+                self.profiler.optimizer = optimizer
+            return True
+        if optimizer is self.optimizer:
+            return True
+        if not self._named_optimizer and self._warn is not None:
+            self._warn("two-optimizers",
+                       "two optimizers step (%s, %s) and track() was given none: training "
+                       "steps are the first one's; pass track(model=..., optimizer=<the "
+                       "optimizer that ends a training step>)",
+                       type(self.optimizer).__name__, type(optimizer).__name__)
+        return False
+
+    def on_optimizer_step_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        """Global optimizer step pre-hook: forwards inside ``step()`` (closures) are not new
+        micro-batches."""
+        if self.broken:
+            return
+        if optimizer is self.optimizer or (self.optimizer is None and not self.manual):
+            self._in_step = True
+
     def on_optimizer_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         """Global optimizer step post-hook."""
-        if self.manual or self.broken:
+        if self.broken:
             return
-        if self.optimizer is not None and optimizer is not self.optimizer:
+        self._in_step = False
+        if self.manual:
             return
+        if not self._is_clock_optimizer(optimizer):
+            return
+        self.optimizer_steps += 1
+        self._last_from_hook = True
+        self._mark(0, 0)
+
+    # -- loop_watch listener (training thread) -------------------------------------------------
+    def on_backward(self) -> None:
+        """A backward started: the next forward of the tracked model is a new micro-batch."""
+        self._backward_seen = True
+
+    def on_batch(self, batch: Any) -> None:
+        """A ``DataLoader`` yielded ``batch`` (counted when gradients are recorded)."""
+        if self.broken or not self._grad_enabled():
+            return
+        n = batch_size_of(batch, self._tensor)
+        if n:
+            self._data_seen = True
+            self.pending_batches += 1
+            self.pending_batch_samples += n
+
+    def scaler_step_begin(self) -> int:
+        return self.optimizer_steps
+
+    def scaler_step_end(self, optimizer: Any, token: int | None) -> None:
+        """After ``GradScaler.step(optimizer)``: no optimizer step since the begin means the
+        scaler skipped it; that still ends a training step (one that did no update)."""
+        if self.broken or self.manual or token is None or self.optimizer_steps != token:
+            return
+        self._in_step = False
+        if not self._is_clock_optimizer(unwrap_optimizer(optimizer)):
+            return
+        self.skipped_steps += 1
+        self._last_from_hook = True
         self._mark(0, 0)
 
     def mark(self, samples: int | None = None, tokens: int | None = None) -> None:
-        """A manual step boundary (``tracker.step()``); from now on the only step clock."""
+        """A manual step boundary (``tracker.step()``); from now on the only step clock.
+
+        Called right after an optimizer step the hook already counted (nothing ran since),
+        it ends that step instead of adding an empty one.
+        """
         if self.broken:
             return
+        if (not self.manual and self._last_from_hook and self.pending_forwards == 0
+                and self.steps > 0):
+            self.manual = True
+            if samples or tokens:
+                self._amend_last(samples or 0, tokens or 0)
+            return
         self.manual = True
+        self._last_from_hook = False
         self._mark(samples or 0, tokens or 0)
+
+    def _amend_last(self, samples: int, tokens: int) -> None:
+        """Give the step just recorded the samples/tokens ``tracker.step()`` was told."""
+        try:
+            rec = self.records.pop()
+        except IndexError:  # the sampler thread already read it
+            return
+        self.records.append((rec[0], samples or rec[1], tokens or rec[2], *rec[3:]))
+        if samples:
+            self.last_step_samples = samples
+            if self.profile_samples is not None and self.profile_step == -1 \
+                    and self.steps == self._profiled_index + 1:
+                self.profile_samples = samples
+
+    def check_model_ran(self) -> None:
+        """One warning when steps ran but the tracked model's forward never did."""
+        if (self._has_model and self.steps > 0 and self.total_calls == 0
+                and self._warn is not None):
+            self._warn("no-forward",
+                       "the tracked model's forward never ran in %d steps (the loop calls "
+                       "another module, e.g. a LightningModule's self.net(x) or one module "
+                       "of a ModuleDict): no micro-batch and no FLOPs from it; pass "
+                       "track(model=<the module the loop calls>), or micro_batch= and "
+                       "samples_per_step=", self.steps)
 
     def _mark(self, samples: int, tokens: int) -> None:
         try:
@@ -191,22 +347,43 @@ class StepClock:
             if self._event_cls is not None:
                 ev = self._event_cls(enable_timing=True)
                 ev.record()
-            s = samples or self.pending_samples
+            forwards = self.pending_forwards
+            s = self.pending_samples
+            batches = self.pending_batches
+            if batches and forwards == batches:
+                self._forwards_match_data = True
+            if batches and (forwards == 0 or (forwards > batches
+                                              and not self._forwards_match_data)):
+                # the model ran more often than the data had batches, in every step so far
+                # (a loader that fetches ahead gives a step fewer batches at an epoch's end),
+                # or never: the data says what the step consumed, and its batches are the
+                # micro-batches unless the forwards split them exactly (accumulation chunks)
+                if s != self.pending_batch_samples:
+                    forwards = batches
+                s = self.pending_batch_samples
+            elif not batches and not forwards and self._data_seen:
+                s = self.last_step_samples  # it consumed a batch a loader fetched ahead
+            s = samples or self._samples_per_step or s
             k = tokens or self.pending_tokens
             comm = self._comm_step() if self._comm_step is not None else None
             # a plain tuple, read as a StepRecord off the training thread: the garbage
             # collector untracks exact tuples of plain values, while it would traverse every
             # queued NamedTuple (up to maxlen of them) on each collection
-            self.records.append((t, s, k, self.pending_forwards, ev, comm))
+            self.records.append((t, s, k, forwards, ev, comm))
             self.last_step_samples = s
-            self.last_step_forwards = self.pending_forwards
+            self.last_step_forwards = forwards
             self.pending_samples = self.pending_tokens = self.pending_forwards = 0
             self._last_mark_s = self._perf()
+            self.pending_batches = self.pending_batch_samples = 0
             profiling = self.steps == self.profile_step and self.profiler.active
+            if profiling:
+                self._profiled_index = self.steps
             self.steps += 1
         except Exception as exc:
             self._fail("step hook", exc)
             return
+        if self.steps == 2 and self.total_calls == 0:
+            self.check_model_ran()  # said while training, not only at the end
         if profiling:
             self.profile_step = -1
             self.profile_samples = s

@@ -23,6 +23,7 @@ from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
+from mlflow_gpuopt.tracking.optimizers import unwrap_optimizer
 from mlflow_gpuopt.tracking.profiler import WorkloadProfile, WorkloadProfiler, detect_precision
 from mlflow_gpuopt.tracking.reporting import Figures, JobReporter, LocalReporter, Reporter
 from mlflow_gpuopt.tracking.run_params import (
@@ -55,8 +56,10 @@ class Tracker:
 
     Args:
         model: the ``nn.Module`` being trained (for batch size, FLOPs and activations).
-        optimizer: its optimizer; steps of other optimizers are then ignored. Without it,
-            any optimizer's ``step()`` counts as a training step.
+        optimizer: its optimizer (or a wrapper holding it as ``.optimizer``: accelerate's,
+            Lightning's, DeepSpeed's); steps of other optimizers are then ignored. Without
+            it, the first optimizer to step is the step clock (a second one is ignored, with
+            one warning).
         config: a :class:`TrackConfig`; keyword arguments override its fields.
 
     Example::
@@ -71,7 +74,7 @@ class Tracker:
                  config: TrackConfig | None = None, **kwargs: Any) -> None:
         self.config = TrackConfig.from_kwargs(config, kwargs)
         self.model = model
-        self.optimizer = optimizer
+        self.optimizer = unwrap_optimizer(optimizer)
         self.run_id: str | None = None
         self.summary: TrackSummary | None = None
         self.profile: WorkloadProfile | None = None
@@ -146,12 +149,16 @@ class Tracker:
 
     # -- start ---------------------------------------------------------------------------------
     def _start(self) -> None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
         from mlflow_gpuopt.devices import get_gpus, get_host
         from mlflow_gpuopt.tracking.aggregate import StepAggregator
         from mlflow_gpuopt.tracking.gpu_select import select_gpus
         from mlflow_gpuopt.tracking.hw_reader import HardwareReader
+        from mlflow_gpuopt.tracking.loop_watch import watch
         from mlflow_gpuopt.tracking.sampler import Sampler
         from mlflow_gpuopt.tracking.steps import StepClock
 
@@ -176,11 +183,15 @@ class Tracker:
                     else None)
         self._clock = StepClock(self.optimizer, profiler, cfg.profile_step,
                                 cuda_events=bool(sel.cuda_indices), maxlen=cfg.max_step_records,
-                                on_error=self._hook_error, comm_meter=self._reporter.comm_meter)
+                                on_error=self._hook_error, comm_meter=self._reporter.comm_meter,
+                                warn=self._warn, samples_per_step=cfg.samples_per_step,
+                                has_model=self.model is not None)
         self._clock.input_wait_from_step = cfg.warmup_steps  # as the steady state does
         self._agg = StepAggregator(self._clock.start_time, cfg.warmup_steps,
                                    self._clock.start_event)
+        self._handles.append(register_optimizer_step_pre_hook(self._clock.on_optimizer_step_pre))
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
+        self._handles.append(watch(self._clock))  # DataLoader batches, skipped scaler steps
         if self.model is not None:
             self._handles.append(self.model.register_forward_pre_hook(self._clock.on_forward_pre,
                                                                       with_kwargs=True))
@@ -346,6 +357,7 @@ class Tracker:
                 clock.profiler.abort()  # the profiled step never finished
             except Exception as exc:
                 self._warn("profile", "could not leave the profiler's modes: %s", exc)
+        clock.check_model_ran()
         if self._sampler is not None:
             self._sampler.stop()
         reporter = self._reporter

@@ -1,0 +1,315 @@
+"""Loop shapes that are not one model, one forward and one optimizer step per step: skipped
+GradScaler steps, ``tracker.step()`` beside an optimizer, GANs (a module called three times,
+two optimizers), an LBFGS closure, optimizer wrappers, and forwards that bypass the tracked
+module. Each test counts steps, samples, micro-batches and FLOPs itself and compares."""
+
+from __future__ import annotations
+
+import logging
+
+import mlflow
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
+
+import mlflow_gpuopt as gpuopt
+from mlflow_gpuopt.tracking.optimizers import unwrap_optimizer
+
+OPTS = {"interval_s": 0.05, "print_summary": False, "warmup_steps": 1}
+
+
+def linear_flops(batch: int, n_in: int, n_out: int, grad_input: bool) -> tuple[int, int]:
+    """(forward, backward) matmul FLOPs of one ``nn.Linear`` over ``batch`` rows: 2 per
+    multiply-add; the backward computes the weight's gradient, and the input's when the
+    input records gradients."""
+    mm = 2 * batch * n_in * n_out
+    return mm, mm * (2 if grad_input else 1)
+
+
+def mlp_flops_per_sample(n_in: int, hidden: int, n_out: int) -> int:
+    """Forward + backward FLOPs per sample of Linear(n_in, hidden) -> ReLU -> Linear(hidden,
+    n_out) fed data that records no gradient."""
+    f1, b1 = linear_flops(1, n_in, hidden, grad_input=False)
+    f2, b2 = linear_flops(1, hidden, n_out, grad_input=True)
+    return f1 + b1 + f2 + b2
+
+
+def mlp(n_in=16, hidden=32, n_out=4) -> nn.Module:
+    return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+
+
+def logged(run_id: str) -> tuple[dict, dict]:
+    run = mlflow.get_run(run_id)
+    return run.data.params, run.data.metrics
+
+
+def samples_per_step(metrics: dict) -> float:
+    return (metrics["gpuopt/summary/throughput_samples_per_s"]
+            / metrics["gpuopt/summary/throughput_steps_per_s"])
+
+
+def gpuopt_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and r.getMessage().startswith("gpuopt:")]
+
+
+def test_unwrap_follows_optimizer_chains():
+    opt = torch.optim.SGD(mlp().parameters(), lr=0.1)
+
+    class Wrapper:  # how accelerate, Lightning and DeepSpeed hold the optimizer
+        def __init__(self, inner):
+            self.optimizer = inner
+
+        def step(self):
+            self.optimizer.step()
+
+    assert unwrap_optimizer(Wrapper(Wrapper(opt))) is opt
+    assert unwrap_optimizer(opt) is opt
+    assert unwrap_optimizer(None) is None
+
+
+def test_wrapped_optimizer_counts_steps_and_profile(tracking_uri):
+    """A wrapper whose step() calls the inner optimizer's (the hook sees the inner one)."""
+
+    class Wrapped:
+        def __init__(self, inner):
+            self.optimizer = inner
+
+        @property
+        def param_groups(self):
+            return self.optimizer.param_groups
+
+        def step(self):
+            self.optimizer.step()
+
+        def zero_grad(self):
+            self.optimizer.zero_grad()
+
+    torch.manual_seed(0)
+    model = mlp()
+    opt = Wrapped(torch.optim.Adam(model.parameters(), lr=1e-3))
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for _ in range(6):
+            F.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+            opt.zero_grad()
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == 6
+    assert params["gpuopt.optimizer"] == "Adam"
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        mlp_flops_per_sample(16, 32, 4), rel=0.01)
+
+
+def test_gradscaler_skipped_steps_are_steps_not_accumulation(tracking_uri):
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    skip = {0, 1, 2, 5}  # iterations whose gradients overflow (the scaler skips the update)
+    n, batch = 8, 8
+    before = [p.detach().clone() for p in model.parameters()]
+    updated = []
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for i in range(n):
+            loss = F.cross_entropy(model(torch.randn(batch, 16)), torch.randint(0, 4, (batch,)))
+            scaler.scale(loss).backward()
+            if i in skip:
+                model[0].weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            now = [p.detach().clone() for p in model.parameters()]
+            updated.append(any(not torch.equal(a, b) for a, b in zip(before, now, strict=True)))
+            before = now
+    assert [not u for u in updated] == [i in skip for i in range(n)]  # the scaler did skip
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == n
+    assert t._clock.skipped_steps == len(skip)
+    assert params["gpuopt.micro_batch"] == str(batch)
+    assert params["gpuopt.grad_accum"] == "1"
+    assert samples_per_step(metrics) == pytest.approx(batch)
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        mlp_flops_per_sample(16, 32, 4), rel=0.01)
+
+
+def test_optimizer_and_manual_step_agree(tracking_uri):
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    n, batch = 7, 8
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for _ in range(n):
+            F.cross_entropy(model(torch.randn(batch, 16)), torch.randint(0, 4, (batch,))).backward()
+            opt.step()
+            opt.zero_grad()
+            t.step()
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == n
+    assert params["gpuopt.grad_accum"] == "1"
+    assert params["gpuopt.micro_batch"] == str(batch)
+    assert samples_per_step(metrics) == pytest.approx(batch)
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        mlp_flops_per_sample(16, 32, 4), rel=0.01)
+
+
+# -- GAN: the discriminator runs three times per iteration, two optimizers step ---------------
+Z, H, D_IN, B, ITERS = 8, 32, 16, 8, 6
+
+
+def gan_iteration_flops_per_sample(window: str) -> int:
+    """Matmul FLOPs per sample of the DCGAN-style iteration below (hand count). ``window``:
+    "iteration" = everything between two discriminator steps (a whole iteration),
+    "generator" = from the generator's forward to the generator's step."""
+    d_fwd = sum(linear_flops(1, i, o, False)[0] for i, o in ((D_IN, H), (H, 1)))
+    d_bwd_data = linear_flops(1, D_IN, H, False)[1] + linear_flops(1, H, 1, True)[1]
+    d_bwd_through = linear_flops(1, D_IN, H, True)[1] + linear_flops(1, H, 1, True)[1]
+    g_fwd = sum(linear_flops(1, i, o, False)[0] for i, o in ((Z, H), (H, D_IN)))
+    g_bwd = linear_flops(1, Z, H, False)[1] + linear_flops(1, H, D_IN, True)[1]
+    real = d_fwd + d_bwd_data
+    fake_detached = d_fwd + d_bwd_data
+    generator_loss = d_fwd + d_bwd_through + g_bwd
+    if window == "iteration":
+        return real + g_fwd + fake_detached + generator_loss
+    return g_fwd + fake_detached + generator_loss
+
+
+def run_gan(track_kwargs: dict) -> tuple[gpuopt.Tracker, int]:
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(Z, H), nn.ReLU(), nn.Linear(H, D_IN))
+    disc = nn.Sequential(nn.Linear(D_IN, H), nn.LeakyReLU(0.2), nn.Linear(H, 1))
+    opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4)
+    opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4)
+    data = torch.utils.data.TensorDataset(torch.randn(B * ITERS, D_IN))
+    loader = torch.utils.data.DataLoader(data, batch_size=B)
+    bce = nn.BCEWithLogitsLoss()
+    models = {"G": gen, "D": disc}
+    opts = {"G": opt_g, "D": opt_d}
+    kwargs = {k: (models[v] if k == "model" else opts[v]) for k, v in track_kwargs.items()}
+    d_calls = 0
+    with gpuopt.track(**kwargs, **OPTS) as t:
+        for (real,) in loader:  # the DCGAN tutorial's loop
+            opt_d.zero_grad()
+            bce(disc(real), torch.ones(B, 1)).backward()
+            fake = gen(torch.randn(B, Z))
+            bce(disc(fake.detach()), torch.zeros(B, 1)).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            bce(disc(fake), torch.ones(B, 1)).backward()
+            opt_g.step()
+            d_calls += 3
+    assert d_calls == 3 * ITERS
+    return t, ITERS
+
+
+@pytest.mark.parametrize("model,optimizer,window", [("D", "D", "iteration"),
+                                                     ("G", "G", "generator")])
+def test_gan_samples_from_the_data(tracking_uri, caplog, model, optimizer, window):
+    t, iters = run_gan({"model": model, "optimizer": optimizer})
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == iters
+    assert samples_per_step(metrics) == pytest.approx(B)
+    assert params["gpuopt.micro_batch"] == str(B)
+    assert params["gpuopt.grad_accum"] == "1"
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        gan_iteration_flops_per_sample(window), rel=0.01)
+    assert gpuopt_warnings(caplog) == []
+
+
+def test_gan_two_optimizers_none_named_warns_once(tracking_uri, caplog):
+    caplog.set_level(logging.WARNING)
+    t, iters = run_gan({"model": "G"})
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == iters  # the first optimizer's steps only
+    assert samples_per_step(metrics) == pytest.approx(B)
+    warnings = gpuopt_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "optimizer=" in warnings[0] and "two optimizers" in warnings[0]
+    assert params["gpuopt.flops_per_sample"]  # the profile is kept
+
+
+def test_lbfgs_closure_is_one_micro_batch(tracking_uri):
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    n, batch = 5, 8
+    evaluations: list[int] = []
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for _ in range(n):
+            x, y = torch.randn(batch, 16), torch.randint(0, 4, (batch,))
+            evaluations.append(0)
+
+            def closure(x=x, y=y):
+                evaluations[-1] += 1
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+    assert min(evaluations) > 1  # the closure really ran several times per step
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == n
+    assert samples_per_step(metrics) == pytest.approx(batch)
+    assert params["gpuopt.micro_batch"] == str(batch)
+    assert params["gpuopt.grad_accum"] == "1"
+    profiled = t.config.profile_step
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        evaluations[profiled] * mlp_flops_per_sample(16, 32, 4), rel=0.01)
+
+
+def test_module_dict_that_never_runs_warns_once(tracking_uri, caplog):
+    caplog.set_level(logging.WARNING)
+    torch.manual_seed(0)
+    nets = nn.ModuleDict({"enc": nn.Linear(16, 8), "head": nn.Linear(8, 4)})
+    opt = torch.optim.SGD(nets.parameters(), lr=0.1)
+    with gpuopt.track(model=nets, optimizer=opt, **OPTS):
+        for _ in range(5):
+            x = torch.randn(8, 16)
+            F.cross_entropy(nets["head"](nets["enc"](x)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+            opt.zero_grad()
+    warnings = gpuopt_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "never ran" in warnings[0] and "track(model=" in warnings[0]
+
+
+def test_accumulation_chunks_of_one_batch(tracking_uri):
+    """One DataLoader batch cut into accumulation chunks: the chunks are the micro-batches."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(32 * 5, 16), torch.randint(0, 4, (160,)))
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for x, y in torch.utils.data.DataLoader(data, batch_size=32):
+            for xc, yc in zip(x.chunk(4), y.chunk(4), strict=True):
+                F.cross_entropy(model(xc), yc).backward()
+            opt.step()
+            opt.zero_grad()
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == 5
+    assert params["gpuopt.micro_batch"] == "8"
+    assert params["gpuopt.grad_accum"] == "4"
+    assert samples_per_step(metrics) == pytest.approx(32)
+
+
+def test_two_forwards_before_one_backward_are_one_micro_batch(tracking_uri):
+    """A siamese loop: the model embeds both halves of each pair, then one backward."""
+    torch.manual_seed(0)
+    model = mlp(16, 32, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    n, pairs = 6, 8
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for _ in range(n):
+            a, b = model(torch.randn(pairs, 16)), model(torch.randn(pairs, 16))
+            F.mse_loss(a, b).backward()
+            opt.step()
+            opt.zero_grad()
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == n
+    assert samples_per_step(metrics) == pytest.approx(pairs)
+    assert params["gpuopt.grad_accum"] == "1"
+    # the step's FLOPs (both embeddings; the second input's layer-1 grad is not needed
+    # either) per pair
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        2 * mlp_flops_per_sample(16, 32, 8), rel=0.01)
