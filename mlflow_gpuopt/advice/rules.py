@@ -34,6 +34,12 @@ GEMM_SHARE_MIN = 0.05
 DISPATCH_SHARE_MIN = 0.25
 #: Exposed communication above this share of the step: bucket and overlap settings pay.
 EXPOSED_COMM_MIN = 0.20
+#: Measured exposed communication this far (a share of the step) above the scaling model's
+#: share for the same configuration is a finding. The model's communication term is uncertain
+#: by about 40% of itself (``perfmodel.uncertainty.SIGMA_COMM_FIT_FLOOR``); 10 points of the
+#: step exceed that spread for any modelled share up to 25%, so a smaller gap is within what
+#: the model itself does not know.
+EXPOSED_COMM_MARGIN = 0.10
 #: Models this large gain from FP8 (smaller ones are dominated by non-GEMM work);
 #: the recommender's own threshold for tensor/pipeline parallelism.
 FP8_MIN_PARAMS = 1_000_000_000
@@ -185,6 +191,11 @@ def gemm_shapes(f: RunFacts, target_precision: str = "bf16") -> list[Finding | N
 
 # -- parallelism and compilation ----------------------------------------------------------------
 def parallelism(f: RunFacts) -> list[Finding | NotEvaluated]:
+    """nn.DataParallel, and exposed communication against the fixed threshold (no model)."""
+    return [*data_parallel(f), *exposed_comm(f)]
+
+
+def data_parallel(f: RunFacts) -> list[Finding | NotEvaluated]:
     out: list[Finding | NotEvaluated] = []
     if f.model_wrapper is None:
         out.append(NotEvaluated("data_parallel", "the run does not record its model wrapper "
@@ -198,15 +209,43 @@ def parallelism(f: RunFacts) -> list[Finding | NotEvaluated]:
             detail="DataParallel runs every GPU from one Python thread, copies the weights "
                    "from GPU 0 to the others on each forward and gathers the gradients back "
                    "to it, none of it overlapped with compute"))
-    if f.world_size <= 1:
-        out.append(NotEvaluated("exposed_comm", "a single process: no communication measured"))
-    elif f.exposed_comm_fraction is not None and f.exposed_comm_fraction >= EXPOSED_COMM_MIN:
-        out.append(Finding(
-            "exposed_comm", "gradient communication not hidden behind the backward",
-            (Evidence(contract.SUMMARY_EXPOSED_COMM_FRACTION, f.exposed_comm_fraction,
-                      f"{_pct(f.exposed_comm_fraction)} of the step waits on communication"),),
-            FIX_BUCKETS, change="none", share=f.exposed_comm_fraction))
     return out
+
+
+def exposed_comm(f: RunFacts, modelled_share: float | None = None
+                 ) -> list[Finding | NotEvaluated]:
+    """Exposed communication beyond what the scaling model predicts for the measured
+    configuration (``modelled_share``: its predicted exposed communication over its predicted
+    step) by ``EXPOSED_COMM_MARGIN`` of the step. Without a model of the run (no target, or
+    a CPU run the models cannot place) the fixed ``EXPOSED_COMM_MIN`` stands in."""
+    if f.world_size <= 1:
+        return [NotEvaluated("exposed_comm", "a single process: no communication measured")]
+    measured = f.exposed_comm_fraction
+    if measured is None:
+        return [NotEvaluated("exposed_comm", "the run has no exposed-communication "
+                             "measurement")]
+    ev = [Evidence(contract.SUMMARY_EXPOSED_COMM_FRACTION, measured,
+                   f"{_pct(measured)} of the step waits on communication")]
+    if modelled_share is None:
+        if measured < EXPOSED_COMM_MIN:
+            return []
+        excess = measured
+        detail = (f"no model of the measured configuration (fixed {_pct(EXPOSED_COMM_MIN)} "
+                  "threshold)")
+    else:
+        excess = measured - modelled_share
+        if excess < EXPOSED_COMM_MARGIN:
+            return []
+        ev.append(Evidence("predicted_exposed_comm_share", round(modelled_share, 4),
+                           f"the model predicts {_pct(modelled_share)} for this "
+                           f"configuration: {_pct(excess)} of the step beyond it"))
+        detail = ("DDP overlaps each gradient bucket's all-reduce with the rest of the "
+                  "backward; more exposed time than the model's share means the buckets "
+                  "wait (too small or too many, copies into the bucket, a bucket per "
+                  "unused parameter)")
+    return [Finding("exposed_comm", "gradient communication not hidden behind the backward",
+                    tuple(ev), FIX_BUCKETS, change="exposed_comm", share=excess,
+                    params={"excess_share": excess}, detail=detail)]
 
 
 def compile_dispatch(f: RunFacts, step_time_s: float | None = None,

@@ -51,7 +51,8 @@ class Finding:
     """One thing to change in the training script.
 
     ``change`` says what the pricing predicts differently (``precision``, ``micro_batch``,
-    ``input_wait``, ``gemm_alignment``, ``ddp``, ``recompute`` or ``none``: not priced);
+    ``input_wait``, ``gemm_alignment``, ``ddp``, ``recompute``, ``dispatch``, ``sharding``,
+    ``exposed_comm`` or ``none``: not priced);
     ``share`` is the rule's own estimate of the step-time share at stake (0..1), used to rank
     findings when nothing is priced (the end-of-run line).
     """

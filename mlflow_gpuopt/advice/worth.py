@@ -17,6 +17,12 @@ user's target is the finding's worth. How each fix changes the prediction:
 * ``ddp`` — ``nn.DataParallel``'s per-forward weight broadcast from GPU 0 and gradient
   gather to it, over GPU 0's link, not overlapped (DDP's overlapped all-reduce is in the
   prediction already).
+* ``sharding`` — the predictor with ZeRO-2 / FSDP (``strategy``) at the larger micro-batch
+  that sharding the optimizer state and gradients lets fit (and without the recomputation
+  it no longer needs), against the same plan as plain DDP at the measured micro-batch.
+* ``exposed_comm`` — the measured exposed communication beyond the model's share for the
+  measured configuration (a share of the step) is added to the plan's predicted step as the
+  script runs now, and removed by the fix.
 * ``dispatch`` — the counted kernels' host dispatch (``KERNEL_DISPATCH_S`` each) taken off
   each micro-step, as CUDA graphs do (an upper bound: compile keeps some launches).
 
@@ -45,6 +51,12 @@ NON_ECC_GPU_MARKERS = ("RTX-3090", "RTX-4090", "RTX-5090", "RTX-3080", "RTX-4080
 LONG_JOB_HOURS = 48.0
 #: Predicted communication above this share of the step makes PCIe-only nodes a finding.
 COMM_HEAVY_SHARE = 0.25
+#: The sharded data-parallel layouts the sharding rule tries, in order.
+SHARDED_STRATEGIES = ("zero2", "fsdp")
+FIX_FSDP = ("model = torch.distributed.fsdp.fully_shard(model)  # instead of "
+            "DistributedDataParallel(model); fully_shard each block first to overlap")
+FIX_ZERO2 = ("deepspeed.initialize(model=model, optimizer=optimizer, config={..., "
+             "\"zero_optimization\": {\"stage\": 2}})  # instead of DistributedDataParallel")
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,9 @@ class PlanContext:
     spec: Any  # catalog GpuSpec of the plan's GPU
     target: Any  # recommend.types.Target
     costing: Any  # recommend.types.Costing
+    #: perfmodel Hardware of the measured GPU in a node of the run's world size (``None``:
+    #: measured on a CPU or a GPU the catalog lacks: the run cannot be predicted as measured)
+    measured_hardware: Any = None
 
 
 def _scaled(pred: Any, step_s: float) -> Any:
@@ -166,6 +181,26 @@ def price(f: Finding, ctx: PlanContext, facts: RunFacts, base: Any) -> Finding:
         return _priced(f, _hours_usd(ctx, base, _scaled(pred, step + extra)), before,
                        f"{extra * 1e3:.1f} ms per step of weight broadcast and gradient "
                        f"gather over GPU 0's link ({n} GPUs)")
+    if f.change == "sharding":
+        ddp = replace(base, strategy="ddp")
+        p0 = _predict(ctx, ddp)
+        fixed_cfg = replace(base, **f.params)
+        fixed = _predict(ctx, fixed_cfg)
+        if p0 is None:
+            return replace(f, worth_note="the plan cannot be predicted as DDP")
+        return _priced(f, _hours_usd(ctx, ddp, p0),
+                       _hours_usd(ctx, fixed_cfg, fixed) if fixed else None,
+                       f"{f.params['strategy']} at micro-batch {fixed_cfg.micro_batch} × "
+                       f"accumulation {fixed_cfg.grad_accum} against DDP at "
+                       f"{ddp.micro_batch} × {ddp.grad_accum}")
+    if f.change == "exposed_comm":
+        e = f.params["excess_share"]
+        if base.gpus <= 1 or e >= 1.0:
+            return replace(f, hours_saved=0.0, usd_saved=0.0,
+                           worth_note="the plan has one GPU: no gradient communication there")
+        return _priced(f, _hours_usd(ctx, base, _scaled(pred, step / (1.0 - e))), before,
+                       f"{e:.1%} of the step beyond the modelled share, on the plan's "
+                       f"{step * 1e3:.1f} ms step")
     if f.change == "dispatch":
         d = f.params["dispatch_s"]
         if d >= step:
@@ -173,6 +208,110 @@ def price(f: Finding, ctx: PlanContext, facts: RunFacts, base: Any) -> Finding:
         return _priced(f, before, _hours_usd(ctx, base, _scaled(pred, step - d)),
                        "all host dispatch removed (CUDA graphs): an upper bound")
     return replace(f, worth_note="not priced: the models have no term for this change")
+
+
+def modelled_comm_share(facts: RunFacts, ctx: PlanContext) -> float | None:
+    """The share of the step the fitted model predicts as exposed communication for the run
+    as it was measured (its GPU, world size, strategy, micro-batch and precision), or
+    ``None`` where the model cannot place the run (a CPU, a GPU the catalog lacks)."""
+    hw = ctx.measured_hardware
+    if hw is None or facts.world_size <= 1:
+        return None
+    from mlflow_gpuopt.perfmodel.types import STRATEGIES, ParallelConfig
+
+    per_node = max(1, min(facts.world_size, hw.gpus_per_node))
+    strategy = (facts.strategy or "ddp").lower()
+    cfg = ParallelConfig(gpus_per_node=per_node,
+                         nodes=max(1, math.ceil(facts.world_size / per_node)),
+                         strategy=strategy if strategy in STRATEGIES else "ddp",
+                         micro_batch=facts.micro_batch, grad_accum=facts.grad_accum,
+                         precision=facts.precision or None)
+    try:
+        pred = ctx.predictor.predict(cfg, hw)
+    except (ValueError, ArithmeticError):
+        return None
+    return pred.exposed_comm_s / pred.step_time_s if pred.step_time_s > 0 else None
+
+
+def _larger_micro_batches(mb: int, accum: int) -> list[int]:
+    """Micro-batches above ``mb`` that keep the samples per rank and step (``mb × accum``),
+    largest first; with no accumulation, twice ``mb`` (the global batch doubles)."""
+    if accum <= 1:
+        return [2 * mb]
+    per_rank = mb * accum
+    out, m = [], 2 * mb
+    while m <= per_rank:
+        if per_rank % m == 0:
+            out.append(m)
+        m *= 2
+    return out[::-1]
+
+
+def sharding(facts: RunFacts, ctx: PlanContext, base: Any) -> list[Finding | NotEvaluated]:
+    """DDP whose replicated optimizer state and gradients keep the micro-batch small (or
+    the recomputation on): ZeRO-2 / FSDP on the plan's data-parallel ranks would fit a larger
+    micro-batch, and the plan predicts faster with it."""
+    measured = (facts.strategy or "ddp").lower()
+    if measured not in ("ddp", "single"):
+        return []  # already sharded, or a tensor/pipeline layout
+    if base.tp > 1 or base.pp > 1:
+        return []
+    if base.gpus <= 1:
+        return [NotEvaluated("sharded_optimizer", "the plan has one GPU: no ranks to shard "
+                             "the optimizer state over")]
+    ddp = replace(base, strategy="ddp")
+    pred = _predict(ctx, ddp)
+    if pred is None:
+        return [NotEvaluated("sharded_optimizer", "the plan cannot be predicted as DDP at "
+                             "the measured micro-batch")]
+    mb = ddp.micro_batch or 1
+    mode = ddp.recompute_mode(ctx.predictor.workload.recompute)
+    before = pred.step_time_s / pred.samples_per_step  # seconds per sample
+    best = None
+    for strat in SHARDED_STRATEGIES:
+        trials = [(m, "none") for m in _larger_micro_batches(mb, ddp.grad_accum)]
+        if mode != "none":
+            trials += [(m, mode) for m in _larger_micro_batches(mb, ddp.grad_accum)]
+            trials.append((mb, "none"))
+        for m, rc in trials:
+            accum = max(1, mb * ddp.grad_accum // m)
+            if _predict(ctx, replace(ddp, micro_batch=m, grad_accum=accum, recompute=rc,
+                                     activation_checkpointing=False)) is not None:
+                continue  # DDP fits this too: sharding is not what it needs
+            params = {"strategy": strat, "micro_batch": m, "grad_accum": accum,
+                      "recompute": rc, "activation_checkpointing": False}
+            p = _predict(ctx, replace(ddp, **params))
+            if p is None:
+                continue
+            per_sample = p.step_time_s / p.samples_per_step
+            if per_sample < before and (best is None or per_sample < best[0]):
+                best = (per_sample, params, p)
+            break  # the largest that fits for this strategy
+    if best is None:
+        return []
+    _, params, p = best
+    replicated = pred.memory.optimizer_bytes + pred.memory.gradients_bytes
+    ev = (Evidence("predicted_ddp_optimizer_and_gradient_bytes", round(replicated),
+                   f"DDP keeps {replicated / 2**30:.2f} GiB of optimizer state and gradients "
+                   f"on each of {base.gpus} {ctx.spec.name}s (of "
+                   f"{pred.memory_capacity_bytes / 2**30:.0f} GiB)"),
+          Evidence("predicted_max_micro_batch", pred.max_micro_batch,
+                   f"DDP fits micro-batch {pred.max_micro_batch} at most; "
+                   f"{params['strategy']} fits {p.max_micro_batch}"))
+    what = [f"micro-batch {params['micro_batch']}"] if params["micro_batch"] != mb else []
+    if params["recompute"] == "none" and mode != "none":
+        what.append("no activation checkpointing")
+    fix = FIX_FSDP if params["strategy"] == "fsdp" else FIX_ZERO2
+    return [Finding(
+        "sharded_optimizer", f"DDP replicates the optimizer state: {params['strategy']} "
+                             f"would fit {' and '.join(what)}",
+        ev, f"{fix}; batch_size={params['micro_batch']}"
+            + (f"; accumulation_steps={params['grad_accum']}" if ddp.grad_accum > 1 else
+               "  # doubles the global batch: retune the learning rate"),
+        change="sharding", share=max(0.0, 1.0 - p.step_time_s / p.samples_per_step / before),
+        params=params,
+        detail="ZeRO-2 / FSDP keep 1/N of the optimizer state and gradients on each of N "
+               "ranks; the memory freed holds the activations of a larger micro-batch")]
 
 
 def plan_findings(facts: RunFacts, ctx: PlanContext, base: Any
@@ -217,6 +356,8 @@ def plan_findings(facts: RunFacts, ctx: PlanContext, base: Any
                 change="recompute", share=0.2,
                 params={"recompute": "none", "activation_checkpointing": False}))
     out += rules.compile_dispatch(facts, pred.step_time_s, base.grad_accum)
+    out += sharding(facts, ctx, base)
+    out += rules.exposed_comm(facts, modelled_comm_share(facts, ctx))
     plan = ctx.plan
     comm_share = pred.exposed_comm_s / pred.step_time_s if pred.step_time_s else 0.0
     if plan.config.gpus > 1 and not ctx.spec.nvlink_gb_per_s and comm_share >= COMM_HEAVY_SHARE:
@@ -243,7 +384,7 @@ def advise_plan(facts: RunFacts, ctx: PlanContext) -> list[Finding | NotEvaluate
     base = baseline_config(ctx, facts)
     items: list[Finding | NotEvaluated] = [
         *rules.input_pipeline(facts), *rules.precision(facts, ctx.spec),
-        *rules.gemm_shapes(facts), *rules.parallelism(facts),
+        *rules.gemm_shapes(facts), *rules.data_parallel(facts),
         *plan_findings(facts, ctx, base)]
     return [price(x, ctx, facts, base) if isinstance(x, Finding) else x for x in items]
 

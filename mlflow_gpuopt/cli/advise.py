@@ -41,9 +41,14 @@ def price_on_plan(facts, rec, predictor, catalog):
     plan = rec.winner or rec.cheapest
     if plan is None:
         return None
+    from mlflow_gpuopt.hardware import hardware_for_gpu
+
     spec = catalog.gpus[plan.offer.gpu]
+    measured = _measured_spec(facts.device)
     ctx = PlanContext(plan=plan, predictor=predictor, hardware=_hardware_for(spec, plan.offer),
-                      spec=spec, target=rec.target, costing=Costing())
+                      spec=spec, target=rec.target, costing=Costing(),
+                      measured_hardware=None if measured is None else hardware_for_gpu(
+                          measured, gpus_per_node=max(1, facts.world_size)))
     return advise_plan(facts, ctx), plan_summary(plan)
 
 
