@@ -62,6 +62,9 @@ def replay(path: str, tracking_uri: str | None, timeout_s: float) -> None:
             _replay_locked(path, tracking_uri, timeout_s, lock)
     except LockTimeoutError as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:  # e.g. a full disk: progress can't be recorded, so nothing is sent
+        raise _Unreachable(f"cannot write next to {path} ({exc.strerror or exc}); the journal "
+                           "is kept, free some space and run the same command again") from None
 
 
 def _replay_locked(path: str, tracking_uri: str | None, timeout_s: float, lock: Path) -> None:
