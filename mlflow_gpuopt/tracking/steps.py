@@ -66,6 +66,8 @@ class StepClock:
                  comm_meter: CommMeter | None = None) -> None:
         # plain tuples in StepRecord's field order (see _mark)
         self.records: deque[tuple] = deque(maxlen=maxlen)
+        self.dropped = 0  # step records pushed out of a full ``records`` (more than maxlen
+        # steps between two sampler ticks)
         self._comm_step = comm_meter.end_step if comm_meter is not None else None
         self.optimizer = optimizer
         self.profiler = profiler
@@ -177,6 +179,8 @@ class StepClock:
             # a plain tuple, read as a StepRecord off the training thread: the garbage
             # collector untracks exact tuples of plain values, while it would traverse every
             # queued NamedTuple (up to maxlen of them) on each collection
+            if len(self.records) == self.records.maxlen:
+                self.dropped += 1  # the deque drops the oldest record: counted, warned about
             self.records.append((t, s, k, self.pending_forwards, ev, comm))
             self.last_step_samples = s
             self.last_step_forwards = self.pending_forwards

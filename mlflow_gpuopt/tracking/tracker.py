@@ -237,6 +237,11 @@ class Tracker:
             except Exception as exc:
                 self._warn("steps", "step timing failed: %s", exc)
                 window = None
+            if self._clock.dropped:
+                self._warn("dropped", "%d training steps were not timed (more than "
+                           "max_step_records=%d steps in one interval); raise max_step_records "
+                           "or lower interval_s", self._clock.dropped,
+                           self.config.max_step_records)
             reporter = self._reporter
             reading = self._hw.read() if reporter.wants_reading() else None
             metrics = reporter.tick(window, reading, self._agg)
