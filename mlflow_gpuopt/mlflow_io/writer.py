@@ -148,6 +148,7 @@ class RunWriter:
         self._warned: set[str] = set()
         self._stop = threading.Event()  # no more records are coming: drain and finish
         self._abort = threading.Event()  # close's deadline passed: stop sending
+        self._kick = threading.Event()  # close() began: retry now, not after the backoff
         self._report: CloseReport | None = None
         self._pump = threading.Thread(target=self._pump_loop, name="GpuOptWriterPump",
                                       daemon=True)
@@ -343,7 +344,7 @@ class RunWriter:
                            else delivery.DeliveryError(repr(exc), ambiguous=True))
                     self._on_failure(None, err)
                     backoff_s = min(max(0.1, backoff_s * 2), self._max_backoff_s)
-                    self._abort.wait(backoff_s)
+                    self._pause(backoff_s)
                     continue
                 backoff_s = 0.0
             with self._cond:
@@ -365,15 +366,20 @@ class RunWriter:
                     continue
                 self._on_failure(batch, exc)
                 backoff_s = min(max(0.1, backoff_s * 2), self._max_backoff_s)
-                self._abort.wait(backoff_s)
+                self._pause(backoff_s)
                 continue
             except Exception as exc:  # a bug or an unexpected library error: keep the records
                 self._on_failure(batch, delivery.DeliveryError(repr(exc), ambiguous=True))
                 backoff_s = min(max(0.1, backoff_s * 2), self._max_backoff_s)
-                self._abort.wait(backoff_s)
+                self._pause(backoff_s)
                 continue
             backoff_s = 0.0
             self._commit(batch, next_offset, sent)
+
+    def _pause(self, backoff_s: float) -> None:
+        """Wait before a retry; close() cuts the wait short once (the server may be back)."""
+        if self._kick.wait(backoff_s) and not self._abort.is_set():
+            self._kick.clear()
 
     def _create_run(self) -> None:
         """Create the run that exists only locally (sender thread), once: a run already
@@ -523,6 +529,7 @@ class RunWriter:
         deadline = time.monotonic() + max(0.0, timeout_s)
         end_ms = int(time.time() * 1000)
         self._stop.set()
+        self._kick.set()
         with contextlib.suppress(queue.Full):  # the pump is busy with a full queue anyway
             self._queue.put_nowait(_STOP)
         # The pump only does local work: give it at least a moment even at timeout 0.
@@ -533,6 +540,7 @@ class RunWriter:
         reserve = min(2.0, 0.2 * max(0.0, timeout_s)) if end_status else 0.0
         self._sender.join(max(deadline - reserve - time.monotonic(), 0.0))
         self._abort.set()
+        self._kick.set()
         with self._cond:
             left = self._seq > self._acked or not self._queue.empty() or self._pump.is_alive()
             created = self._create is None
