@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: demo test setup browser clean bench
+.PHONY: demo test setup browser clean bench faults
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,12 @@ demo: $(STAMP)
 test: $(STAMP) browser
 	$(BIN)/ruff check mlflow_gpuopt tests examples benchmarks
 	$(BIN)/python -m pytest -q
+
+# The fault-injection suite (real mlflow servers, full disks, corrupt journals, bad input),
+# then its figures: values delivered/lost/duplicated per outage, bad inputs, secrets found.
+faults: $(STAMP)
+	$(BIN)/python -m pytest -q -m faults
+	$(BIN)/python benchmarks/bench_faults.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_overhead.py

@@ -1,7 +1,7 @@
 """How every bad input of the fault suite ends: the figures the README's reliability section
 quotes ("N bad inputs tried: N one line + exit 2").
 
-Runs each invocation of ``tests/test_bad_input.py`` (``CASES``: those that used to traceback or
+Runs each invocation of ``tests/cli/test_bad_input.py`` (``CASES``: those that used to traceback or
 pass silently; ``HELD``: those that already ended in one line) through the real CLI against a
 fresh sqlite MLflow store, and prints one row per input (exit code, traceback or not, stderr
 lines, runs written) and the counts by outcome.
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _suite():
     spec = importlib.util.spec_from_file_location("test_bad_input",
-                                                  REPO / "tests" / "test_bad_input.py")
+                                                  REPO / "tests" / "cli" / "test_bad_input.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
