@@ -35,6 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 N_JOBS = 16  # 15 single-process jobs + 1 torchrun job of 4 ranks
+DDP_STEPS_PER_S = 20  # the torchrun job's fixed step count per second of duration
 
 JOB = r'''
 import json, os, sys, time
@@ -57,14 +58,14 @@ x = torch.randn(256, 64)
 y = x[:, :1] * 2.0 + 0.5
 times = []
 with track(model, opt, interval_s=0.5, flush_timeout_s=10.0, print_summary=False) as t:
+    # a DDP job's ranks must take the same number of steps: a fixed count, about duration_s
     end = time.monotonic() + duration_s
-    while time.monotonic() < end:
+    n_steps = int(sys.argv[3]) if world > 1 else None
+    while (len(times) < n_steps) if n_steps else (time.monotonic() < end):
         t0 = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad(); loss.backward(); opt.step()
         times.append(time.perf_counter() - t0)
-    if world > 1:
-        dist.barrier()
 writer = t._writer
 json.dump({"rank": rank, "run_id": t.run_id, "local_run_id": getattr(writer, "local_run_id", None),
            "produced": writer._produced_metrics if writer is not None else 0,
@@ -108,7 +109,7 @@ class Postgres:
         subprocess.run(self._cmd(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p",
                                  str(self.port), "-U", "postgres", "mlflow"), check=True,
                        capture_output=True)
-        return f"postgresql://postgres@127.0.0.1:{self.port}/mlflow"
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/mlflow"
 
     def stop(self) -> None:
         subprocess.run(self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m",
@@ -169,7 +170,8 @@ def _round(root: Path, server: Server, duration_s: float, outage: bool, env: dic
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
-         f"--master-port={_free_port()}", str(script), str(root / "ddp"), str(duration_s)],
+         f"--master-port={_free_port()}", str(script), str(root / "ddp"), str(duration_s),
+         str(DDP_STEPS_PER_S * int(duration_s))],
         env=job_env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     t0 = time.monotonic()
     if outage:
@@ -179,7 +181,11 @@ def _round(root: Path, server: Server, duration_s: float, outage: bool, env: dic
         server.start()
     failed = 0
     for p in procs:
-        _, err = p.communicate(timeout=duration_s + 600)
+        try:
+            _, err = p.communicate(timeout=duration_s + 240)
+        except subprocess.TimeoutExpired:  # bounded: a stuck job counts as failed
+            p.kill()
+            _, err = p.communicate()
         if p.returncode != 0:
             failed += 1
             print(f"  a job failed (exit {p.returncode}): {err.decode()[-400:]}", flush=True)
@@ -200,7 +206,9 @@ def _round(root: Path, server: Server, duration_s: float, outage: bool, env: dic
             continue
         produced += res["produced"]
         run_id = res["run_id"]
-        if run_id == res.get("local_run_id") or not run_id:  # created later by replay
+        try:
+            client.get_run(run_id)
+        except Exception:  # a locally minted id: the run was created later, with its tag
             found = client.search_runs(["0"], f"tags.`gpuopt.local_run_id` = '{run_id}'")
             run_id = found[0].info.run_id if found else None
         if not run_id:
@@ -238,8 +246,8 @@ def main(duration_s: float = 40.0) -> int:
             print(f"skipped: PostgreSQL could not be started here ({exc} "
                   f"{detail.decode(errors='replace')[-200:]})".strip())
             return 0
+        server = Server(tmp, store, env)
         try:
-            server = Server(tmp, store, env)
             server.start()
             rows = {}
             for name, outage in (("undisturbed", False), ("outage", True)):
@@ -256,6 +264,7 @@ def main(duration_s: float = 40.0) -> int:
             bad = any(r["lost"] or r["duplicated"] or r["failed"] for r in rows.values())
             return 1 if bad else 0
         finally:
+            server.kill()
             pg.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
