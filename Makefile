@@ -11,7 +11,7 @@ SKY_STAMP := $(SKY_VENV)/.installed-stamp
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: demo test setup browser clean bench skypilot
+.PHONY: demo test setup browser clean bench skypilot faults
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,6 +43,12 @@ demo: $(STAMP)
 test: $(STAMP) browser skypilot
 	$(BIN)/ruff check mlflow_gpuopt tests examples benchmarks
 	GPUOPT_SKYPILOT_PYTHON=$(SKY_PY) $(BIN)/python -m pytest -q
+
+# The fault-injection suite (real mlflow servers, full disks, corrupt journals, bad input),
+# then its figures: values delivered/lost/duplicated per outage, bad inputs, secrets found.
+faults: $(STAMP)
+	$(BIN)/python -m pytest -q -m faults
+	$(BIN)/python benchmarks/bench_faults.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_overhead.py

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _suite():
     spec = importlib.util.spec_from_file_location("test_bad_input",
-                                                  REPO / "tests" / "test_bad_input.py")
+                                                  REPO / "tests" / "cli" / "test_bad_input.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)

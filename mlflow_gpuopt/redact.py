@@ -42,6 +42,8 @@ _MIN_SECRET_LEN = 6
 
 # scheme://user:password@host  -> scheme://user:***@host
 _URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*):(?P<pw>[^/@\s]+)@")
+# scheme://TOKEN@host (a token as the whole user-info) -> scheme://***@host
+_URI_TOKEN = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<pw>[^/@\s:*]+)@")
 _QUERY_SECRET = re.compile(r"(token|key|password|secret|sig|signature|credential)", re.I)
 
 
@@ -63,17 +65,23 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
         secret_var = is_secret_name(name) or name.upper().startswith(_SECRET_PREFIXES)
         if secret_var and len(value) >= _MIN_SECRET_LEN:
             found.add(value)
-        for match in _URI_USERINFO.finditer(value):
+        for match in [*_URI_USERINFO.finditer(value), *_URI_TOKEN.finditer(value)]:
             if len(match.group("pw")) >= _MIN_SECRET_LEN:
                 found.add(match.group("pw"))
     return sorted(found, key=len, reverse=True)
 
 
+def _mask_userinfo(text: str) -> str:
+    text = _URI_USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", text)
+    return _URI_TOKEN.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+
+
 def redact_uri(uri: str | None) -> str | None:
-    """``uri`` with the password of its user-info and secret-looking query values masked."""
+    """``uri`` with the password (or token-only user-info) of its user-info and secret-looking
+    query values masked."""
     if not uri:
         return uri
-    text = _URI_USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", uri)
+    text = _mask_userinfo(uri)
     try:
         parts = urlsplit(text)
     except ValueError:
@@ -93,7 +101,7 @@ def redact(text: str, extra_secrets: tuple[str, ...] | list[str] = (),
     """
     if not text:
         return text
-    out = _URI_USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", text)
+    out = _mask_userinfo(text)
     secrets = [s for s in extra_secrets if s and len(s) >= _MIN_SECRET_LEN]
     for secret in sorted(set(secrets) | set(secret_values(environ)), key=len, reverse=True):
         if secret in out:
@@ -116,10 +124,26 @@ def public_url(url: str) -> str:
 
 
 def uri_secrets(uri: str | None) -> list[str]:
-    """The password (if any) inside ``uri``, for :func:`redact`'s ``extra_secrets``."""
+    """The password or token (if any) inside ``uri``, for :func:`redact`'s ``extra_secrets``."""
     if not uri:
         return []
-    return [m.group("pw") for m in _URI_USERINFO.finditer(uri)]
+    return ([m.group("pw") for m in _URI_USERINFO.finditer(uri)]
+            + [m.group("pw") for m in _URI_TOKEN.finditer(uri)])
+
+
+def public_uri(uri: str | None) -> str | None:
+    """``uri`` without its user-info (and with secret-looking query values masked): what may
+    be stored, e.g. in a journal header. Credentials come back from MLflow's environment
+    (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``/``_TOKEN``) when the URI is used again."""
+    if not uri:
+        return uri
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return redact_uri(uri)
+    if "@" in parts.netloc:
+        uri = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return redact_uri(uri)
 
 
 def redact_obj(obj: Any, extra_secrets: tuple[str, ...] | list[str] = (),

@@ -47,10 +47,13 @@ class DeliveryError(Exception):
     ``ambiguous``: the request may have reached the server and been applied.
     """
 
-    def __init__(self, message: str, *, permanent: bool = False, ambiguous: bool = False) -> None:
+    def __init__(self, message: str, *, permanent: bool = False, ambiguous: bool = False,
+                 not_found: bool = False, status: int | None = None) -> None:
         super().__init__(message)
+        self.status = status  # the HTTP status when the server answered
         self.permanent = permanent
         self.ambiguous = ambiguous
+        self.not_found = not_found  # the run (or experiment) does not exist in this store
 
 
 MetricTuple = tuple[str, float, int, int]  # key, value, timestamp_ms, step
@@ -65,6 +68,17 @@ class Transport(Protocol):
     def metric_history(self, run_id: str, key: str) -> set[tuple[int, int, float]]: ...
 
     def log_json_artifact(self, run_id: str, obj: Any, artifact_file: str) -> None: ...
+
+    def create_run(self, experiment_id: str, run_name: str | None, start_time_ms: int,
+                   tags: dict[str, str]) -> str: ...
+
+    def experiment_id(self, name: str) -> str: ...
+
+    def find_run(self, experiment_id: str, tag_key: str, tag_value: str) -> str | None: ...
+
+    def update_run(self, run_id: str, status: str, end_time_ms: int) -> None: ...
+
+    def run_exists(self, run_id: str) -> bool: ...
 
 
 def _json_value(value: float) -> float | str:
@@ -115,10 +129,12 @@ class RestTransport:
         body = resp.text[:300] if resp.text else ""
         message = f"{what} failed: HTTP {status} {body}".strip()
         if status >= 500:
-            raise DeliveryError(message, ambiguous=True)
+            raise DeliveryError(message, ambiguous=True, status=status)
+        if status == 404 or "RESOURCE_DOES_NOT_EXIST" in body:
+            raise DeliveryError(message, permanent=True, not_found=True, status=status)
         if status in _RETRYABLE_STATUS:
-            raise DeliveryError(message)
-        raise DeliveryError(message, permanent=True)
+            raise DeliveryError(message, status=status)
+        raise DeliveryError(message, permanent=True, status=status)
 
     def log_batch(self, run_id, metrics, params, tags) -> None:
         body = {
@@ -167,6 +183,49 @@ class RestTransport:
         _log_with_repo(repo, payload, artifact_file)
 
 
+    def create_run(self, experiment_id, run_name, start_time_ms, tags) -> str:
+        body = {"experiment_id": str(experiment_id), "start_time": int(start_time_ms),
+                "tags": [{"key": k, "value": str(v)} for k, v in tags.items()]}
+        if run_name:
+            body["run_name"] = run_name
+        data = self._call("/api/2.0/mlflow/runs/create", "POST", "create-run", json=body).json()
+        return str(data["run"]["info"]["run_id"])
+
+    def experiment_id(self, name) -> str:
+        """The id of experiment ``name``, created when missing (as ``mlflow.start_run`` does)."""
+        try:
+            data = self._call("/api/2.0/mlflow/experiments/get-by-name", "GET",
+                              "get-experiment", params={"experiment_name": name}).json()
+            return str(data["experiment"]["experiment_id"])
+        except DeliveryError as exc:
+            if not exc.not_found:
+                raise
+        data = self._call("/api/2.0/mlflow/experiments/create", "POST", "create-experiment",
+                          json={"name": name}).json()
+        return str(data["experiment_id"])
+
+    def find_run(self, experiment_id, tag_key, tag_value) -> str | None:
+        body = {"experiment_ids": [str(experiment_id)], "max_results": 1,
+                "filter": f"tags.`{tag_key}` = '{tag_value}'"}
+        data = self._call("/api/2.0/mlflow/runs/search", "POST", "search-runs", json=body).json()
+        runs = data.get("runs") or []
+        return str(runs[0]["info"]["run_id"]) if runs else None
+
+    def update_run(self, run_id, status, end_time_ms) -> None:
+        self._call("/api/2.0/mlflow/runs/update", "POST", "update-run",
+                   json={"run_id": run_id, "status": status, "end_time": int(end_time_ms)})
+
+    def run_exists(self, run_id) -> bool:
+        try:
+            data = self._call("/api/2.0/mlflow/runs/get", "GET", "get-run",
+                              params={"run_id": run_id}).json()
+        except DeliveryError as exc:
+            if exc.not_found or (exc.permanent and "INVALID_PARAMETER_VALUE" in str(exc)):
+                return False
+            raise
+        return data["run"]["info"].get("lifecycle_stage", "active") == "active"
+
+
 def _log_with_repo(repo: Any, payload: bytes, artifact_file: str) -> None:
     import tempfile
     from pathlib import Path
@@ -200,7 +259,8 @@ class ClientTransport:
 
         if isinstance(exc, MlflowException) and exc.error_code in (
                 "INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST"):
-            return DeliveryError(f"{what} failed: {exc}", permanent=True)
+            return DeliveryError(f"{what} failed: {exc}", permanent=True,
+                                 not_found=exc.error_code == "RESOURCE_DOES_NOT_EXIST")
         return DeliveryError(f"{what} failed: {exc}", ambiguous=True)
 
     def log_batch(self, run_id, metrics, params, tags) -> None:
@@ -226,6 +286,49 @@ class ClientTransport:
             self._client.log_dict(run_id, obj, artifact_file)
         except Exception as exc:
             raise self._fail(exc, f"log_dict {artifact_file}") from exc
+
+
+    def create_run(self, experiment_id, run_name, start_time_ms, tags) -> str:
+        try:
+            run = self._client.create_run(str(experiment_id), start_time=int(start_time_ms),
+                                          tags=dict(tags), run_name=run_name)
+        except Exception as exc:
+            raise self._fail(exc, "create_run") from exc
+        return run.info.run_id
+
+    def experiment_id(self, name) -> str:
+        try:
+            exp = self._client.get_experiment_by_name(name)
+            return exp.experiment_id if exp is not None else self._client.create_experiment(name)
+        except Exception as exc:
+            raise self._fail(exc, "get_experiment_by_name") from exc
+
+    def find_run(self, experiment_id, tag_key, tag_value) -> str | None:
+        try:
+            runs = self._client.search_runs([str(experiment_id)],
+                                            f"tags.`{tag_key}` = '{tag_value}'", max_results=1)
+        except Exception as exc:
+            raise self._fail(exc, "search_runs") from exc
+        return runs[0].info.run_id if runs else None
+
+    def update_run(self, run_id, status, end_time_ms) -> None:
+        from mlflow.entities import RunStatus
+
+        try:  # the store's call: MlflowClient.set_terminated would print the run's URL
+            self._client._tracking_client.store.update_run_info(
+                run_id, RunStatus.from_string(status), int(end_time_ms), None)
+        except Exception as exc:
+            raise self._fail(exc, "update_run") from exc
+
+    def run_exists(self, run_id) -> bool:
+        try:
+            run = self._client.get_run(run_id)
+        except Exception as exc:
+            err = self._fail(exc, "get_run")
+            if err.permanent:
+                return False
+            raise err from exc
+        return run.info.lifecycle_stage == "active"
 
 
 def make_transport(tracking_uri: str | None, timeout_s: float = 5.0) -> Transport:

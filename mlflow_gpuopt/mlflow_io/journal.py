@@ -12,6 +12,22 @@ and markers, always in the order they were produced:
     {"ack": 2}          # every record with seq <= 2 is in MLflow
     {"uncertain": 4}    # a send of records up to seq 4 failed after the request may have
                         # reached the server: check the run before sending them again
+    {"created": "<id>"} # the run the header's create_run made (see below)
+    {"end": {"status": "FINISHED", "end_time_ms": ...}}   # set on the run after delivery
+
+A run that could not be created because the tracking server was unreachable when training
+started has a locally minted id (a uuid4 hex, as MLflow's own ids) and the header carries
+``"create_run": {"experiment_id" | "experiment_name", "run_name", "start_time_ms", "tags"}``.
+MLflow's REST API cannot create a run with a given id, so whoever delivers the journal first
+(the writer when the server comes back, or ``mlflow gpuopt replay``) creates the run, tagged
+``contract.TAG_LOCAL_RUN_ID`` = the local id, and appends ``{"created": <real id>}`` before
+sending any record; records then go to the real id. Before creating, the deliverer searches
+the experiment for a run with that tag, so a crash between creating and journaling the
+mapping never creates the run twice.
+
+Every line is validated (:func:`read_state`): types, ranges (seq and acks within 1..2**62,
+steps and timestamps within MLflow's int64), numbers for metric values, strings for params
+and tags. A line that fails makes the journal corrupt, named by line number.
 
 Records are written by one thread and synced to disk (fsync) once per batch. A crash can
 tear the last line; readers ignore a torn last line (those records were never acknowledged
@@ -22,6 +38,7 @@ redacted and the writer redacts params, tags and artifacts before they are journ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +57,9 @@ SCHEMA = contract.JOURNAL_SCHEMA
 JOURNAL_DIR_ENV = "GPUOPT_JOURNAL_DIR"
 _DEFAULT_DIR = ".gpuopt-journal"
 RECORD_KINDS = ("metrics", "params", "tags", "dict")
+END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+_MAX_SEQ = 2**62  # far beyond any journal; larger numbers are corruption
+_INT64 = 2**63
 
 
 class JournalError(Exception):
@@ -71,15 +91,25 @@ def _dumps(obj: Any) -> str:
 
 
 class JournalWriter:
-    """Appends records, acks and markers to one journal file (single writer thread)."""
+    """Appends records, acks and markers to one journal file (single writer thread).
+
+    Writes go straight to the file descriptor (no buffer that a later flush could fail on).
+    A write that fails (a full disk) is undone: the file is cut back to its size before the
+    write, so the journal never holds a partial line, and the ``OSError`` is raised.
+    """
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # "x": never overwrite a journal that is already there.
-        self._file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - long-lived handle
-        self._file.write(_dumps({"journal": SCHEMA, **header}) + "\n")
-        self.sync()
+        # O_EXCL: never overwrite a journal that is already there.
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._size = 0
+        try:
+            self._write(_dumps({"journal": SCHEMA, **header}) + "\n")
+            self.sync()
+        except OSError:
+            self._discard()
+            raise
 
     @classmethod
     def reopen(cls, path: str | os.PathLike) -> JournalWriter:
@@ -100,41 +130,81 @@ class JournalWriter:
                 data_end -= step
             keep = data_end + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
             f.truncate(keep)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._size = keep
         return self
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def _write(self, text: str) -> None:
+        if self._fd is None:
+            raise ValueError(f"journal {self.path} is closed")
+        data = text.encode("utf-8")
+        before = self._size
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError:
+            with contextlib.suppress(OSError):  # undo the partial line
+                os.ftruncate(self._fd, before)
+                os.lseek(self._fd, before, os.SEEK_SET)
+            raise
+        self._size = before + len(data)
 
     def append(self, records: Iterable[dict[str, Any]], sync: bool = True) -> None:
         """Write records (each a dict with ``seq`` and ``kind``), then fsync once."""
-        self._file.write("".join(_dumps(r) + "\n" for r in records))
-        self._file.flush()
+        self._write("".join(_dumps(r) + "\n" for r in records))
         if sync:
-            os.fsync(self._file.fileno())
+            self.sync()
 
     def ack(self, seq: int) -> None:
         """Mark every record with ``seq`` or lower as delivered."""
-        self._file.write(_dumps({"ack": int(seq)}) + "\n")
-        self._file.flush()
+        self._write(_dumps({"ack": int(seq)}) + "\n")
 
     def mark_uncertain(self, seq: int) -> None:
         """Records up to ``seq`` may already be in MLflow: verify before re-sending them."""
-        self._file.write(_dumps({"uncertain": int(seq)}) + "\n")
+        self._write(_dumps({"uncertain": int(seq)}) + "\n")
+        self.sync()
+
+    def mark_created(self, run_id: str) -> None:
+        """The header's ``create_run`` made run ``run_id``: records go there."""
+        self._write(_dumps({"created": str(run_id)}) + "\n")
+        self.sync()
+
+    def mark_end(self, status: str, end_time_ms: int) -> None:
+        """Set the run's end status once everything is delivered (replay does)."""
+        self._write(_dumps({"end": {"status": status, "end_time_ms": int(end_time_ms)}}) + "\n")
         self.sync()
 
     def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        if self._fd is not None:
+            os.fsync(self._fd)
 
     def tell(self) -> int:
-        return self._file.tell()
+        return self._size
 
     def close(self) -> None:
-        if not self._file.closed:
-            self.sync()
-            self._file.close()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _discard(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.path.unlink(missing_ok=True)
 
     def remove(self) -> None:
         """Close and delete the file (everything in it was delivered)."""
-        self.close()
+        with contextlib.suppress(OSError):
+            self.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -154,7 +224,7 @@ def iter_lines(path: Path, offset: int = 0) -> Iterator[tuple[int, dict[str, Any
             pos += len(raw)
             try:
                 obj = json.loads(raw)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise JournalError(f"{path}: line at byte {pos - len(raw)} is not JSON") from exc
             if not isinstance(obj, dict):
                 raise JournalError(f"{path}: line at byte {pos - len(raw)} is not a JSON object")
@@ -178,46 +248,135 @@ class JournalState:
     pending_records: int
     pending_metrics: int
     body_offset: int
+    created_run_id: str | None = None
+    end: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:
-        return str(self.header["run_id"])
+        """The run records go to: the created run, else the header's (maybe local) id."""
+        return self.created_run_id or str(self.header["run_id"])
+
+    @property
+    def create_run(self) -> dict[str, Any] | None:
+        """The run to create first (the server was unreachable when training started)."""
+        return None if self.created_run_id else self.header.get("create_run")
+
+
+def _int_in(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _record_problem(obj: dict[str, Any]) -> str | None:
+    """Why a record line is invalid, or None."""
+    kind = obj.get("kind")
+    if not _int_in(obj.get("seq"), 1, _MAX_SEQ):
+        return "seq is not an integer in 1..2**62"
+    if kind == "metrics":
+        if not _int_in(obj.get("step"), -_INT64, _INT64 - 1):
+            return "step is not a 64-bit integer"
+        if not _int_in(obj.get("ts"), 0, _INT64 - 1):
+            return "ts is not a timestamp in milliseconds"
+        values = obj.get("values")
+        if not isinstance(values, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
+            return "values is not a mapping of names to numbers"
+    elif kind in ("params", "tags"):
+        if not _str_map(obj.get("values")):
+            return "values is not a mapping of names to strings"
+    elif kind == "dict":
+        if not isinstance(obj.get("file"), str) or not obj["file"] or "obj" not in obj:
+            return "a JSON artifact without file name or content"
+    else:
+        return f"unknown record kind {str(kind)[:20]!r}"
+    return None
+
+
+def _header_problem(header: dict[str, Any]) -> str | None:
+    if not isinstance(header.get("run_id"), str) or not header["run_id"]:
+        return "run_id is not a string"
+    uri = header.get("tracking_uri")
+    if uri is not None and not isinstance(uri, str):
+        return "tracking_uri is not a string"
+    create = header.get("create_run")
+    if create is not None:
+        if not isinstance(create, dict) or not _str_map(create.get("tags", {})):
+            return "create_run is not a run description"
+        if not _int_in(create.get("start_time_ms"), 0, _INT64 - 1):
+            return "create_run.start_time_ms is not a timestamp"
+        if not (isinstance(create.get("experiment_id"), str)
+                or isinstance(create.get("experiment_name"), str)):
+            return "create_run names no experiment"
+    return None
 
 
 def read_state(path: str | os.PathLike) -> JournalState:
-    """Validate a whole journal and summarise it; :class:`JournalError` if it is not one."""
+    """Validate a whole journal and summarise it; :class:`JournalError` (one line naming the
+    line number and what is wrong) if it is not a valid journal."""
     path = Path(path)
     if not path.is_file():
         raise JournalError(f"{path}: no such journal file")
+    lineno = 1
     try:
         lines = iter_lines(path)
         first = next(lines, None)
-        if first is None or first[1].get("journal") != SCHEMA or not first[1].get("run_id"):
+        if first is None or first[1].get("journal") != SCHEMA:
             raise JournalError(f"{path}: not a gpuopt journal (no '{SCHEMA}' header)")
         body_offset, header = first
+        problem = _header_problem(header)
+        if problem:
+            raise JournalError(f"{path}: corrupt header: {problem}")
         acked = uncertain = 0
+        created: str | None = None
+        end: dict[str, Any] | None = None
         seqs = array("q")  # record seqs in file order (8 bytes each: bounded by the file)
         metric_counts = array("q")
         last_seq = 0
         for _, obj in lines:
-            if "ack" in obj:
-                acked = max(acked, int(obj["ack"]))
-            elif "uncertain" in obj:
-                uncertain = max(uncertain, int(obj["uncertain"]))
-            elif obj.get("kind") in RECORD_KINDS and isinstance(obj.get("seq"), int):
+            lineno += 1
+            keys = set(obj)
+            if keys == {"ack"} or keys == {"uncertain"}:
+                (key, value), = obj.items()
+                if not _int_in(value, 0, _MAX_SEQ):
+                    raise JournalError(f"{path}: line {lineno}: {key} is not an integer "
+                                       "in 0..2**62")
+                if key == "ack":
+                    acked = max(acked, value)
+                else:
+                    uncertain = max(uncertain, value)
+            elif keys == {"created"}:
+                if not isinstance(obj["created"], str) or not obj["created"]:
+                    raise JournalError(f"{path}: line {lineno}: created is not a run id")
+                created = obj["created"]
+            elif keys == {"end"}:
+                e = obj["end"]
+                if not (isinstance(e, dict) and e.get("status") in END_STATUSES
+                        and _int_in(e.get("end_time_ms"), 0, _INT64 - 1)):
+                    raise JournalError(f"{path}: line {lineno}: end is not a status and time")
+                end = e
+            elif "kind" in obj or "seq" in obj:
+                problem = _record_problem(obj)
+                if problem:
+                    raise JournalError(f"{path}: line {lineno}: {problem}")
                 if obj["seq"] <= last_seq:
-                    raise JournalError(f"{path}: record seq {obj['seq']} out of order")
+                    raise JournalError(f"{path}: line {lineno}: record seq {obj['seq']} "
+                                       "out of order")
                 last_seq = obj["seq"]
-                n = len(obj.get("values", {})) if obj["kind"] == "metrics" else 0
+                n = len(obj["values"]) if obj["kind"] == "metrics" else 0
                 seqs.append(obj["seq"])
                 metric_counts.append(n)
             else:
-                raise JournalError(f"{path}: unknown line {_dumps(obj)[:80]}")
+                raise JournalError(f"{path}: line {lineno}: unknown line {_dumps(obj)[:60]}")
     except OSError as exc:
         raise JournalError(f"{path}: cannot read ({exc.strerror})") from exc
+    except RecursionError:
+        raise JournalError(f"{path}: line {lineno + 1}: nested too deeply") from None
     first_pending = bisect_right(seqs, acked)
     return JournalState(path, header, acked, uncertain, len(seqs) - first_pending,
-                        sum(metric_counts[first_pending:]), body_offset)
+                        sum(metric_counts[first_pending:]), body_offset, created, end)
 
 
 def iter_pending(state: JournalState) -> Iterator[dict[str, Any]]:

@@ -89,7 +89,25 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
     ``create_run`` (tags), one ``log_batch`` (params, metrics, tags) and ``set_terminated``;
     the recommendation run's artifacts written to one temporary folder and logged with one
     ``log_artifacts``.
+
+    MLflow prints "View run ... at URL" when a run ends, the URL built from the tracking URI
+    with its credentials: that print is off while this logs (:func:`~mlflow_gpuopt.redact.
+    no_url_echo`).
     """
+    import mlflow
+
+    from mlflow_gpuopt.redact import no_url_echo
+
+    uri = getattr(getattr(client, "_tracking_client", None), "tracking_uri", None)
+    with no_url_echo(uri or mlflow.get_tracking_uri()):
+        return _log_recommendation(doc, source_run_ids=source_run_ids, charts=charts,
+                                   report_html=report_html, top_children=top_children,
+                                   client=client)
+
+
+def _log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
+                        charts: Mapping[str, bytes], report_html: str, top_children: int,
+                        client) -> LoggedRecommendation:
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 

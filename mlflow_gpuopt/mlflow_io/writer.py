@@ -50,6 +50,7 @@ from mlflow_gpuopt.redact import (
     redact,
     redact_mapping,
     redact_obj,
+    public_uri,
     redact_uri,
     uri_secrets,
 )
@@ -70,11 +71,15 @@ class CloseReport:
     ``pending_metrics``: metric values not delivered before the timeout (0 when all went
     through); they are in ``journal_path``, the journal left on disk (``None`` when nothing
     was left).
+    ``lost_metrics``: metric values neither delivered nor journaled (the disk refused the
+    journal and more than ``max_held_records`` were waiting, or nothing could be written at
+    close). Warned about with their count.
     """
 
     delivered_metrics: int
     pending_metrics: int
     journal_path: str | None
+    lost_metrics: int = 0
 
 
 class RunWriter:
@@ -88,12 +93,21 @@ class RunWriter:
     ``max_backoff_s``: the longest wait between retries while the server is unreachable.
     ``transport``: how records reach MLflow (default: from the tracking URI; tests may pass
     their own :class:`~.delivery.Transport`).
+    ``create_run``: the run ``run_id`` names exists only locally (the server was unreachable
+    when training started; see :mod:`.journal`): a description of the run to create
+    (``experiment_id`` or ``experiment_name``, ``run_name``, ``start_time_ms``, ``tags``).
+    Records go to the journal at once; the sender creates the run when the server answers,
+    and from then on ``run_id`` is the created run's id.
+    ``max_held_records``: records kept in memory when the journal cannot be written (a full
+    disk); beyond that the oldest are dropped, counted and warned about.
     """
 
     def __init__(self, run_id: str, tracking_uri: str | None = None, *, max_queue: int = 100_000,
                  flush_interval_s: float = 0.5, journal_dir: str | os.PathLike | None = None,
                  max_memory_records: int = 10_000, request_timeout_s: float = 5.0,
-                 max_backoff_s: float = 5.0, transport: delivery.Transport | None = None) -> None:
+                 max_backoff_s: float = 5.0, transport: delivery.Transport | None = None,
+                 create_run: dict[str, Any] | None = None,
+                 max_held_records: int = 200_000) -> None:
         import mlflow
 
         self.run_id = run_id
@@ -105,6 +119,9 @@ class RunWriter:
         self._journal_dir = journal_dir
         self._max_memory = max(1, max_memory_records)
         self._max_backoff_s = max_backoff_s
+        self.local_run_id = run_id
+        self._create = dict(create_run) if create_run else None
+        self._max_held = max(self._max_memory, max_held_records)
 
         self._cond = threading.Condition()
         # -- state below is guarded by self._cond ----------------------------------------------
@@ -120,6 +137,8 @@ class RunWriter:
         self._rejected_metrics = 0
         self._closed = False
         self._journal_failed = False
+        self._lost_metrics = 0  # dropped from memory while the journal could not be written
+        self._last_journal_retry = 0.0
         self._outage_since: float | None = None
         self._last_fsync = 0.0
         # --------------------------------------------------------------------------------------
@@ -129,10 +148,14 @@ class RunWriter:
         self._warned: set[str] = set()
         self._stop = threading.Event()  # no more records are coming: drain and finish
         self._abort = threading.Event()  # close's deadline passed: stop sending
+        self._kick = threading.Event()  # close() began: retry now, not after the backoff
         self._report: CloseReport | None = None
         self._pump = threading.Thread(target=self._pump_loop, name="GpuOptWriterPump",
                                       daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="GpuOptWriter", daemon=True)
+        if self._create is not None:  # nothing of a run that exists only here may be lost
+            with self._cond:
+                self._spill_locked("run not created yet")
         self._pump.start()
         self._sender.start()
         atexit.register(self._close_at_exit)
@@ -237,34 +260,60 @@ class RunWriter:
         if self._closed:  # close() already finished: too late to keep them anywhere but disk
             self._spill_locked("closed")
         if self._journal is not None:
-            self._append_locked(records)
+            if self._mem:  # the journal could not be written lately: try again, in order
+                now = time.monotonic()
+                if now - self._last_journal_retry >= 1.0:
+                    self._last_journal_retry = now
+                    if self._append_locked(list(self._mem) + records):
+                        self._mem.clear()
+                        return
+            elif self._append_locked(records):
+                return
+            self._mem.extend(records)  # kept in memory (bounded) until the disk takes them
+            self._bound_memory_locked()
             return
         self._mem.extend(records)
         if len(self._mem) > self._max_memory:
             self._spill_locked("memory")
+        self._bound_memory_locked()
 
-    def _append_locked(self, records: list[dict[str, Any]]) -> None:
+    def _bound_memory_locked(self) -> None:
+        """Drop the oldest records beyond ``max_held_records`` (no journal to hold them)."""
+        while len(self._mem) > self._max_held:
+            rec = self._mem.popleft()
+            if rec["kind"] == "metrics":
+                self._lost_metrics += len(rec["values"])
+            self._warn_once("held-full", "gpuopt: the tracking journal cannot be written and "
+                            "%d records are held in memory; dropping the oldest (counted)",
+                            self._max_held)
+
+    def _append_locked(self, records: list[dict[str, Any]]) -> bool:
+        """Append to the journal; False (and one warning) if the disk refused."""
         assert self._journal is not None
         now = time.monotonic()
         sync = now - self._last_fsync >= _FSYNC_INTERVAL_S
         try:
             self._journal.append(records, sync=sync)
         except (OSError, ValueError) as exc:  # ValueError: written after close() closed it
-            self._warn_once("journal-io", "gpuopt: cannot write tracking journal %s: %s",
-                            self._journal.path, exc)
-            return
+            self._warn_once("journal-io", "gpuopt: cannot write tracking journal %s (%s); "
+                            "holding tracking records in memory and retrying", self._journal.path,
+                            exc)
+            return False
         if sync:
             self._last_fsync = now
+        return True
 
     def _spill_locked(self, reason: str) -> None:
         """Enter journal mode: everything undelivered goes to (and is then read from) disk."""
         if self._journal is not None or self._journal_failed:
             return
         path = new_journal_path(self.run_id, self._journal_dir)
+        header = {"run_id": self.run_id, "tracking_uri": public_uri(self._uri),
+                  "created_ms": int(time.time() * 1000), "pid": os.getpid()}
+        if self._create is not None:
+            header["create_run"] = self._create
         try:
-            self._journal = JournalWriter(path, {
-                "run_id": self.run_id, "tracking_uri": redact_uri(self._uri),
-                "created_ms": int(time.time() * 1000), "pid": os.getpid()})
+            self._journal = JournalWriter(path, header)
         except OSError as exc:
             self._journal_failed = True
             self._warn_once("journal-io", "gpuopt: cannot create tracking journal %s (%s); "
@@ -273,16 +322,31 @@ class RunWriter:
         self._read_offset = self._journal.tell()
         self._last_fsync = time.monotonic()
         logger.debug("gpuopt: tracking journal %s opened (%s)", path, reason)
-        if self._mem:
-            self._journal.append(list(self._mem))
-            self._mem.clear()
-        if self._verify_through > self._acked:
-            self._journal.mark_uncertain(self._verify_through)
+        try:
+            if self._verify_through > self._acked:
+                self._journal.mark_uncertain(self._verify_through)
+            if self._mem:
+                self._journal.append(list(self._mem))
+                self._mem.clear()
+        except OSError as exc:  # a full disk: the records stay in memory (bounded)
+            self._warn_once("journal-io", "gpuopt: cannot write tracking journal %s (%s); "
+                            "holding tracking records in memory and retrying", path, exc)
 
     # -- sender: memory/journal -> MLflow -----------------------------------------------------
     def _send_loop(self) -> None:
         backoff_s = 0.0
         while not self._abort.is_set():
+            if self._create is not None:
+                try:
+                    self._create_run()
+                except Exception as exc:
+                    err = (exc if isinstance(exc, delivery.DeliveryError)
+                           else delivery.DeliveryError(repr(exc), ambiguous=True))
+                    self._on_failure(None, err)
+                    backoff_s = min(max(0.1, backoff_s * 2), self._max_backoff_s)
+                    self._pause(backoff_s)
+                    continue
+                backoff_s = 0.0
             with self._cond:
                 batch, next_offset = self._next_batch_locked()
                 if batch is None:
@@ -302,27 +366,53 @@ class RunWriter:
                     continue
                 self._on_failure(batch, exc)
                 backoff_s = min(max(0.1, backoff_s * 2), self._max_backoff_s)
-                self._abort.wait(backoff_s)
+                self._pause(backoff_s)
                 continue
             except Exception as exc:  # a bug or an unexpected library error: keep the records
                 self._on_failure(batch, delivery.DeliveryError(repr(exc), ambiguous=True))
                 backoff_s = min(max(0.1, backoff_s * 2), self._max_backoff_s)
-                self._abort.wait(backoff_s)
+                self._pause(backoff_s)
                 continue
             backoff_s = 0.0
             self._commit(batch, next_offset, sent)
 
+    def _pause(self, backoff_s: float) -> None:
+        """Wait before a retry; close() cuts the wait short once (the server may be back)."""
+        if self._kick.wait(backoff_s) and not self._abort.is_set():
+            self._kick.clear()
+
+    def _create_run(self) -> None:
+        """Create the run that exists only locally (sender thread), once: a run already
+        tagged with our local id (a create whose answer was lost) is taken instead."""
+        from mlflow_gpuopt import contract
+
+        spec = self._create
+        assert spec is not None
+        exp_id = spec.get("experiment_id") or self._transport.experiment_id(
+            spec["experiment_name"])
+        run_id = self._transport.find_run(exp_id, contract.TAG_LOCAL_RUN_ID, self.local_run_id)
+        if run_id is None:
+            tags = {**spec.get("tags", {}), contract.TAG_LOCAL_RUN_ID: self.local_run_id}
+            run_id = self._transport.create_run(exp_id, spec.get("run_name"),
+                                                spec["start_time_ms"], tags)
+        with self._cond:
+            if self._journal is not None:
+                with contextlib.suppress(OSError, ValueError):  # replay finds it by its tag
+                    self._journal.mark_created(run_id)
+            self.run_id = run_id
+            self._create = None
+        logger.info("gpuopt: created MLflow run %s for the locally started run %s", run_id,
+                    self.local_run_id)
+
     def _next_batch_locked(self) -> tuple[delivery.Batch | None, int]:
-        """The oldest undelivered records as one batch, and the journal offset after them."""
+        """The oldest undelivered records as one batch, and the journal offset after them.
+
+        The journal holds older records than memory when both hold some (memory takes the
+        records the disk refused): the journal is read first.
+        """
         batch = delivery.Batch()
-        if self._mem:
-            for rec in self._mem:
-                if not batch.fits(rec):
-                    break
-                batch.add(rec)
-            return batch, 0
         if self._journal is None:
-            return None, 0
+            return self._mem_batch(batch)
         offset = self._read_offset
         try:
             for end, obj in iter_lines(self._journal.path, self._read_offset):
@@ -343,7 +433,15 @@ class RunWriter:
         if not self._closed:  # caught up: everything in the journal is in MLflow
             self._journal.remove()
             self._journal = None
+            return self._mem_batch(batch)
         return None, 0
+
+    def _mem_batch(self, batch: delivery.Batch) -> tuple[delivery.Batch | None, int]:
+        for rec in self._mem:
+            if not batch.fits(rec):
+                break
+            batch.add(rec)
+        return (batch if batch.records else None), 0
 
     def _commit(self, batch: delivery.Batch, next_offset: int, sent: int,
                 rejected: bool = False) -> None:
@@ -366,7 +464,7 @@ class RunWriter:
                     self._read_offset = next_offset
                 try:
                     self._journal.ack(batch.last_seq)
-                except OSError as exc:
+                except (OSError, ValueError) as exc:
                     self._warn_once("journal-io", "gpuopt: cannot write tracking journal: %s", exc)
             if self._outage_since is not None:
                 logger.info("gpuopt: MLflow is reachable again after %.1f s; delivering the "
@@ -376,20 +474,21 @@ class RunWriter:
             self._cond.notify_all()
         del sent
 
-    def _on_failure(self, batch: delivery.Batch, exc: delivery.DeliveryError) -> None:
+    def _on_failure(self, batch: delivery.Batch | None, exc: delivery.DeliveryError) -> None:
         with self._cond:
             self._inflight = None
             if self._closed:
                 return
-            if exc.ambiguous:
+            if exc.ambiguous and batch is not None:
                 self._verify_through = max(self._verify_through, batch.last_seq)
             first = self._outage_since is None
             if first:
                 self._outage_since = time.monotonic()
             if self._journal is None:
                 self._spill_locked("outage")
-            elif exc.ambiguous:
-                self._journal.mark_uncertain(self._verify_through)
+            elif exc.ambiguous and batch is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._journal.mark_uncertain(self._verify_through)
             where = self._journal.path if self._journal is not None else "memory"
         if first:
             logger.warning("gpuopt: cannot write to MLflow at %s (%s); keeping tracking records "
@@ -415,58 +514,117 @@ class RunWriter:
                     return False
                 self._cond.wait(min(left, 0.05))
 
-    def close(self, timeout_s: float = 10.0) -> CloseReport:
+    def close(self, timeout_s: float = 10.0, end_status: str | None = None) -> CloseReport:
         """Deliver what is queued (waiting at most ``timeout_s``) and stop the threads.
 
+        ``end_status`` (``FINISHED``/``FAILED``/``KILLED``): also end the run, within the same
+        ``timeout_s`` and through the same bounded transport; when that can't be done in time
+        the status goes into the journal and ``replay`` sets it.
+
         Whatever is not delivered by then stays in the journal, and one warning says how to
-        deliver it later. A clean close removes the journal.
+        deliver it later. A clean close removes the journal. Never raises.
         """
         if self._report is not None:
             return self._report
         deadline = time.monotonic() + max(0.0, timeout_s)
+        end_ms = int(time.time() * 1000)
         self._stop.set()
+        self._kick.set()
         with contextlib.suppress(queue.Full):  # the pump is busy with a full queue anyway
             self._queue.put_nowait(_STOP)
         # The pump only does local work: give it at least a moment even at timeout 0.
         self._pump.join(max(deadline - time.monotonic(), 1.0))
         with self._cond:
             self._cond.notify_all()
-        self._sender.join(max(deadline - time.monotonic(), 0.0))
+        # ending the run gets the last part of the time (a fifth, at most 2 s)
+        reserve = min(2.0, 0.2 * max(0.0, timeout_s)) if end_status else 0.0
+        self._sender.join(max(deadline - reserve - time.monotonic(), 0.0))
         self._abort.set()
+        self._kick.set()
+        with self._cond:
+            left = self._seq > self._acked or not self._queue.empty() or self._pump.is_alive()
+            created = self._create is None
+        ended = False
+        if end_status and created:  # also with records left: they follow via replay
+            ended = self._end_run(end_status, end_ms, deadline)
         with self._cond:
             self._closed = True
-            pending = (self._produced_metrics - self._delivered_metrics - self._rejected_metrics)
-            left = self._seq > self._acked or not self._queue.empty() or self._pump.is_alive()
-            if left:
+            pending = (self._produced_metrics - self._delivered_metrics - self._rejected_metrics
+                       - self._lost_metrics)
+            keep = left or (end_status is not None and not ended)
+            if keep:
                 self._journal_failed = False
                 self._spill_locked("close")
-                if self._inflight is not None and self._journal is not None:
-                    # the request in flight may still land: replay must check first
-                    self._journal.mark_uncertain(self._inflight.last_seq)
+                # the disk refused earlier: retry
+                if self._journal is not None and self._mem and self._append_locked(
+                        list(self._mem)):
+                    self._mem.clear()
+                if self._journal is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        if self._inflight is not None:
+                            # the request in flight may still land: replay must check first
+                            self._journal.mark_uncertain(self._inflight.last_seq)
+                        if end_status:  # replay sets it again after the records
+                            self._journal.mark_end(end_status, end_ms)
+            lost_now = sum(len(r["values"]) for r in self._mem if r["kind"] == "metrics")
+            lost_artifacts = [r["file"] for r in self._mem if r["kind"] == "dict"]
             path = self._journal.path if self._journal is not None else None
             if self._journal is not None:
-                if left:
-                    self._journal.close()
-                else:
-                    self._journal.remove()
-                    path = None
-        self._report = CloseReport(self._delivered_metrics, max(pending, 0),
-                                   str(path) if path else None)
+                try:
+                    if keep:
+                        self._journal.close()
+                    else:
+                        self._journal.remove()
+                        path = None
+                except OSError as exc:
+                    self._warn_once("journal-io", "gpuopt: cannot close tracking journal %s: %s",
+                                    path, exc)
+        lost = self._lost_metrics + lost_now
+        self._report = CloseReport(self._delivered_metrics, max(pending - lost_now, 0),
+                                   str(path) if path else None, lost)
         atexit.unregister(self._close_at_exit)
-        if path:
+        if path and pending - lost_now > 0:
             logger.warning(
                 "gpuopt: %d metric values (and any params, tags or artifacts logged with them) "
                 "could not be delivered to MLflow at %s within %gs; they are kept in %s. "
                 "Deliver them with: mlflow gpuopt replay %s",
-                pending, redact_uri(self._uri), timeout_s, path, path)
-        elif left:
-            logger.warning("gpuopt: %d metric values could not be delivered to MLflow and no "
-                           "journal could be written; they are lost", pending)
+                pending - lost_now, redact_uri(self._uri), timeout_s, path, path)
+        elif path:
+            logger.warning("gpuopt: the MLflow run could not be ended within %gs; its end "
+                           "status is kept in %s. Set it with: mlflow gpuopt replay %s",
+                           timeout_s, path, path)
+        if lost:
+            logger.warning("gpuopt: %d metric values%s could not be delivered to MLflow nor "
+                           "written to the journal (%s); they are lost", lost,
+                           f" and {', '.join(lost_artifacts)}" if lost_artifacts else "",
+                           "the disk refused the writes" if self._journal_failed or lost_now
+                           else "more than max_held_records were waiting")
         if self._dropped:
             logger.warning("gpuopt: %d tracking records were dropped because the queue was "
                            "full", self._dropped)
         return self._report
 
+    def _end_run(self, status: str, end_ms: int, deadline: float) -> bool:
+        """Set the run's end status via the transport; False if not done by ``deadline``."""
+        done = threading.Event()
+
+        def end() -> None:
+            try:
+                self._transport.update_run(self.run_id, status, end_ms)
+                done.set()
+            except Exception as exc:
+                self._warn_once("end", "gpuopt: could not end the MLflow run: %s",
+                                redact(str(exc), self._secrets))
+
+        t = threading.Thread(target=end, name="GpuOptEndRun", daemon=True)
+        t.start()
+        t.join(max(deadline - time.monotonic(), 0.0))
+        return done.is_set()
+
     def _close_at_exit(self) -> None:
         if self._report is None:
-            self.close(timeout_s=5.0)
+            try:
+                self.close(timeout_s=5.0)
+            except Exception as exc:  # at interpreter exit: a warning, never a traceback
+                logger.warning("gpuopt: could not close the tracking writer: %s",
+                               redact(str(exc), self._secrets))

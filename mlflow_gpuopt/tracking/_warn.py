@@ -6,6 +6,18 @@ import logging
 import threading
 
 
+def _uri_secrets() -> list[str]:
+    """The password or token of MLflow's tracking URI (it need not be in the environment)."""
+    try:
+        import mlflow
+
+        from mlflow_gpuopt.redact import uri_secrets
+
+        return uri_secrets(mlflow.get_tracking_uri())
+    except Exception:
+        return []
+
+
 class WarnOnce:
     """Warn the first time each key fails, then every ``every``-th time (0 = never again)."""
 
@@ -20,6 +32,13 @@ class WarnOnce:
             n = self._counts.get(key, 0) + 1
             self._counts[key] = n
         if n == 1 or (self._every and n % self._every == 0):
+            from mlflow_gpuopt.redact import redact
+
             suffix = f" (x{n})" if n > 1 else ""
-            # the caller's message is a %-template: prefix/suffix it, its args stay lazy
-            self._logger.warning("gpuopt: " + message + suffix, *args)  # noqa: G003
+            try:
+                text = "gpuopt: " + message + suffix
+                text = text % args if args else text
+            except (TypeError, ValueError):
+                text = "gpuopt: " + message + suffix + " " + " ".join(map(str, args))
+            # an exception message may quote the tracking URI with its password: mask it
+            self._logger.warning("%s", redact(text, _uri_secrets()))

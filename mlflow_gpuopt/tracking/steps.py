@@ -107,6 +107,8 @@ class StepClock:
                  samples_per_step: int | None = None, has_model: bool = True) -> None:
         # plain tuples in StepRecord's field order (see _mark)
         self.records: deque[tuple] = deque(maxlen=maxlen)
+        self.dropped = 0  # step records pushed out of a full ``records`` (more than maxlen
+        # steps between two sampler ticks)
         self._comm_step = comm_meter.end_step if comm_meter is not None else None
         self.optimizer = unwrap_optimizer(optimizer)
         self._named_optimizer = optimizer is not None
@@ -369,6 +371,8 @@ class StepClock:
             # a plain tuple, read as a StepRecord off the training thread: the garbage
             # collector untracks exact tuples of plain values, while it would traverse every
             # queued NamedTuple (up to maxlen of them) on each collection
+            if len(self.records) == self.records.maxlen:
+                self.dropped += 1  # the deque drops the oldest record: counted, warned about
             self.records.append((t, s, k, forwards, ev, comm))
             self.last_step_samples = s
             self.last_step_forwards = forwards

@@ -251,7 +251,8 @@ class Tracker:
         try:
             self._binding = bind_run(self.config.run_id, self.config.run_name)
             self.run_id = self._binding.run_id
-            self._writer = RunWriter(self.run_id)
+            self._writer = RunWriter(self.run_id, self._binding.tracking_uri,
+                                     create_run=self._binding.create_run)
             self._writer.set_tags({contract.TAG_TRACKED: "true"})
         except Exception as exc:
             self._warn("run", "no MLflow run; measuring without logging: %s", exc)
@@ -288,6 +289,11 @@ class Tracker:
             except Exception as exc:
                 self._warn("steps", "step timing failed: %s", exc)
                 window = None
+            if self._clock.dropped:
+                self._warn("dropped", "%d training steps were not timed (more than "
+                           "max_step_records=%d steps in one interval); raise max_step_records "
+                           "or lower interval_s", self._clock.dropped,
+                           self.config.max_step_records)
             reporter = self._reporter
             reading = self._hw.read() if reporter.wants_reading() else None
             metrics = reporter.tick(window, reading, self._agg)
@@ -491,16 +497,24 @@ class Tracker:
         self._stopped_logging = True
         if isinstance(self._reporter, JobReporter):
             self._reporter.logging = False
+        binding = self._binding
+        end_status = None
+        if binding is not None and binding.started_here:
+            end_status = "FAILED" if failed else "FINISHED"
         if self._writer is not None:
-            try:
-                self._writer.close(timeout_s=self.config.flush_timeout_s)  # warns itself
+            try:  # delivery and the run's end, bounded by flush_timeout_s; warns itself
+                self._writer.close(timeout_s=self.config.flush_timeout_s, end_status=end_status)
+                self.run_id = self._writer.run_id  # the created run's id, once it exists
             except Exception as exc:
                 self._warn("flush", "could not flush to MLflow: %s", exc)
-        if self._binding is not None:
-            from mlflow_gpuopt.mlflow_io.run_binding import end_run
+        if binding is not None:
+            from mlflow_gpuopt.mlflow_io.run_binding import end_run, release_run
 
             try:
-                end_run(self._binding, failed)
+                if self._writer is not None:
+                    release_run(binding)
+                else:
+                    end_run(binding, failed)
             except Exception as exc:
                 self._warn("end", "could not end the MLflow run: %s", exc)
         if self._hw is not None:

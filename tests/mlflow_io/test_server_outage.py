@@ -13,7 +13,7 @@ import pytest
 from _mlflow_server import MlflowServer, TinyTraining
 from _net_watch import NetWatch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
 @pytest.fixture

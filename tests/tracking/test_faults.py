@@ -17,6 +17,8 @@ import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.devices.samples import GpuSample
 from mlflow_gpuopt.testing import FakeGPU, FakeGPUs, fake_nvml
 
+pytestmark = pytest.mark.faults
+
 STEPS = 8
 
 
