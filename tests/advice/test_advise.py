@@ -63,7 +63,7 @@ def tracked(model, batches, *, autocast: bool = False, **kw):
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     out = io.StringIO()
     with (contextlib.redirect_stdout(out),
-          gpuopt.track(model, opt, interval_s=0.05, **kw) as t):
+          gpuopt.track(model, opt, interval_s=0.1, **kw) as t):
         fit(model, opt, batches, autocast)
     return t, out.getvalue()
 

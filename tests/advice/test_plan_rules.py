@@ -61,7 +61,7 @@ def tracked_run(model: nn.Module, optimizer: str, sample: tuple[int, ...]) -> st
            else torch.optim.SGD(model.parameters(), lr=1e-2))
     gen = torch.Generator().manual_seed(0)
     with (contextlib.redirect_stdout(io.StringIO()), fake_nvml([FakeGPU()]),
-          gpuopt.track(model, opt, interval_s=0.05) as t):
+          gpuopt.track(model, opt, interval_s=0.1) as t):
         for _ in range(8):
             x = torch.randn(MB, *sample, generator=gen)
             y = torch.randint(0, 16, (MB,), generator=gen)

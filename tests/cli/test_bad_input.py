@@ -372,6 +372,7 @@ def test_full_disk_while_logging_prints_the_result_and_redacts(tmp_path, monkeyp
         raise OSError(errno.ENOSPC, f"No space left on device: http://u:{password}@host/x")
 
     monkeypatch.setattr(LocalArtifactRepository, "log_artifact", full)
+    monkeypatch.setattr(LocalArtifactRepository, "log_artifacts", full)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     from mlflow import MlflowClient
 

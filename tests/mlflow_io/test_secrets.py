@@ -61,7 +61,7 @@ _TRAINING = textwrap.dedent("""
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 16), torch.randn(64, 1)
-    with gpuopt.track(model=model, optimizer=opt, interval_s=0.05) as tracker:
+    with gpuopt.track(model=model, optimizer=opt, interval_s=0.1) as tracker:
         for _ in range(100):
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad(); loss.backward(); opt.step()

@@ -116,7 +116,7 @@ def test_track_against_server_that_goes_away(server, tmp_path, monkeypatch):
     net = NetWatch(monkeypatch)
     steps_before = steps_during = 0
     try:
-        with gpuopt.track(model=training.model, optimizer=training.opt, interval_s=0.05,
+        with gpuopt.track(model=training.model, optimizer=training.opt, interval_s=0.1,
                           print_summary=False, profile=False) as tracker:
             t_end = time.monotonic() + 1.0
             while time.monotonic() < t_end:

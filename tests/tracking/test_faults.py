@@ -169,7 +169,7 @@ def test_full_disk_for_artifacts(tracking_uri, caplog, monkeypatch):
 
     monkeypatch.setattr(MlflowClient, "log_dict", no_space)
     model, opt = make_model()
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False, flush_timeout_s=2.0) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False, flush_timeout_s=2.0) as t:
         losses = train(model, opt)
     assert len(losses) == STEPS
     run = mlflow.get_run(t.run_id)
@@ -187,7 +187,7 @@ def test_store_refuses_metric_writes(tracking_uri, tmp_path, caplog, monkeypatch
 
     monkeypatch.setattr(MlflowClient, "log_batch", refuse)
     model, opt = make_model()
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False, flush_timeout_s=1.0) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False, flush_timeout_s=1.0) as t:
         losses = train(model, opt)
     assert len(losses) == STEPS
     assert t.summary is not None and t.summary.total_steps == STEPS
@@ -223,7 +223,7 @@ def test_tracking_server_refuses_writes(monkeypatch, tmp_path, caplog):
     mlflow.set_tracking_uri(uri)
     try:
         model, opt = make_model()
-        with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
             losses = train(model, opt)
     finally:
         mlflow.set_tracking_uri(None)
@@ -243,7 +243,7 @@ def test_writer_cannot_start(tracking_uri, caplog, monkeypatch):
 
     monkeypatch.setattr(writer, "RunWriter", broken)
     model, opt = make_model()
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
         losses = train(model, opt)
     assert len(losses) == STEPS and t.summary.total_steps == STEPS
     assert mlflow.active_run() is None

@@ -16,7 +16,7 @@ import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
 import mlflow_gpuopt as gpuopt
 
-OPTS = {"interval_s": 0.05, "print_summary": False, "warmup_steps": 1}
+OPTS = {"interval_s": 0.1, "print_summary": False, "warmup_steps": 1}
 LAYERS, WIDTH, HEADS, VOCAB, SEQ = 2, 64, 2, 128, 16
 
 

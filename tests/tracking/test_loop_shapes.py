@@ -16,7 +16,7 @@ import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.tracking.optimizers import unwrap_optimizer
 
-OPTS = {"interval_s": 0.05, "print_summary": False, "warmup_steps": 1}
+OPTS = {"interval_s": 0.1, "print_summary": False, "warmup_steps": 1}
 
 
 def linear_flops(batch: int, n_in: int, n_out: int, grad_input: bool) -> tuple[int, int]:

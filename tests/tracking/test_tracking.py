@@ -52,7 +52,7 @@ def artifact(run_id: str, path: str) -> dict:
 
 def test_contract_is_logged(tracking_uri):
     model, opt = make_model()
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
         train(model, opt, steps=12, sleep_s=0.01)
     run = mlflow.get_run(t.run_id)
     assert run.info.status == "FINISHED"
@@ -98,7 +98,7 @@ def test_tracking_does_not_change_training(tracking_uri):
     model_a, opt_a = make_model()
     plain = train(model_a, opt_a, steps=6)
     model_b, opt_b = make_model()
-    with gpuopt.track(model_b, opt_b, interval_s=0.05, print_summary=False,
+    with gpuopt.track(model_b, opt_b, interval_s=0.1, print_summary=False,
                       profile_step=1) as t:
         tracked = train(model_b, opt_b, steps=6)
     assert tracked == plain  # bit-identical losses, profiled step included
@@ -112,7 +112,7 @@ def test_compiled_model_is_tracked_and_profiled(tracking_uri):
     forward runs, not what it computes: the steps, micro-batch and FLOPs are the same."""
     model, opt = make_model()
     compiled = torch.compile(model, backend="aot_eager")
-    with gpuopt.track(compiled, opt, interval_s=0.05, print_summary=False) as t:
+    with gpuopt.track(compiled, opt, interval_s=0.1, print_summary=False) as t:
         train(compiled, opt, steps=8)
     p = mlflow.get_run(t.run_id).data.params
     assert p["gpuopt.micro_batch"] == str(BATCH)
@@ -141,7 +141,7 @@ class CondGate(nn.Module):
 def test_higher_order_operator_in_the_profiled_step(tracking_uri):
     model = CondGate()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
         train(model, opt, steps=6)  # steps after the profiled one run cond without the modes
     assert t.summary.total_steps == 6
     # forward 2·in·out, weight gradient 2·in·out (the input needs no gradient); cond: none
@@ -176,7 +176,7 @@ def test_abort_leaves_every_mode_even_when_one_exit_fails():
 def test_joins_active_run_and_leaves_it_open(tracking_uri):
     model, opt = make_model()
     with mlflow.start_run() as outer:
-        with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
             train(model, opt, steps=4)
         assert t.run_id == outer.info.run_id
         assert mlflow.active_run().info.run_id == outer.info.run_id
@@ -189,7 +189,7 @@ def test_joins_active_run_and_leaves_it_open(tracking_uri):
 def test_starts_and_ends_its_own_run_failed_on_exception(tracking_uri):
     model, opt = make_model()
     with (pytest.raises(RuntimeError, match="user bug"),
-          gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t):
+          gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t):
         train(model, opt, steps=3)
         raise RuntimeError("user bug")
     assert mlflow.active_run() is None
@@ -201,7 +201,7 @@ def test_starts_and_ends_its_own_run_failed_on_exception(tracking_uri):
 def test_explicit_run_id(tracking_uri):
     run = MlflowClient().create_run(mlflow.get_experiment_by_name("Default").experiment_id)
     model, opt = make_model()
-    with gpuopt.track(model, opt, run_id=run.info.run_id, interval_s=0.05, print_summary=False):
+    with gpuopt.track(model, opt, run_id=run.info.run_id, interval_s=0.1, print_summary=False):
         train(model, opt, steps=3)
     assert mlflow.active_run() is None
     assert mlflow.get_run(run.info.run_id).data.params["gpuopt.device"] == "cpu"
@@ -209,7 +209,7 @@ def test_explicit_run_id(tracking_uri):
 
 def test_grad_accumulation_and_flops_per_sample(tracking_uri):
     model, opt = make_model()
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
         train(model, opt, steps=5, accum=4, batch=8)
     p = mlflow.get_run(t.run_id).data.params
     assert p["gpuopt.grad_accum"] == "4" and p["gpuopt.micro_batch"] == "8"
@@ -287,7 +287,7 @@ def test_kernel_count_leaves_out_views_and_the_optimizer():
 
 
 def test_manual_steps_without_optimizer(tracking_uri):
-    tracker = gpuopt.Tracker(interval_s=0.05, warmup_steps=1, print_summary=False).start()
+    tracker = gpuopt.Tracker(interval_s=0.1, warmup_steps=1, print_summary=False).start()
     for _ in range(6):
         time.sleep(0.01)
         tracker.step(samples=10, tokens=640)
@@ -303,7 +303,7 @@ def test_manual_steps_without_optimizer(tracking_uri):
 
 def test_manual_step_takes_over_from_optimizer_hook(tracking_uri):
     model, opt = make_model()
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
         for _ in range(4):
             train(model, opt, steps=2)  # two optimizer steps ...
             t.step(samples=2 * BATCH)  # ... reported as one training step
@@ -316,7 +316,7 @@ def test_manual_step_takes_over_from_optimizer_hook(tracking_uri):
 def test_other_optimizers_are_ignored_and_hooks_removed(tracking_uri):
     model, opt = make_model()
     other = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
-    with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
         train(model, opt, steps=3)
         other.step()
         assert any(th.name == "GpuOptSampler" for th in threading.enumerate())
@@ -333,7 +333,7 @@ def test_fake_gpu_series_device_and_mfu(tracking_uri, monkeypatch):
     gpus = [FakeGPU("NVIDIA H100 80GB HBM3"), FakeGPU("NVIDIA A100-SXM4-80GB", power_mw=400_000)]
     with fake_nvml(gpus) as nvml:
         model, opt = make_model()
-        with gpuopt.track(model, opt, interval_s=0.05, print_summary=False) as t:
+        with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
             train(model, opt, steps=6, sleep_s=0.01)
         assert nvml.initialized is False  # released at exit
     run = mlflow.get_run(t.run_id)

@@ -38,7 +38,7 @@ def test_callback_joins_the_mlflow_logger_run(tracking_uri):
     data = torch.utils.data.TensorDataset(torch.randn(48, 16), torch.randint(0, 4, (48,)))
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     mlf = MLFlowLogger(experiment_name="lit", tracking_uri=tracking_uri)
-    cb = GpuOptCallback(interval_s=0.05, print_summary=False)
+    cb = GpuOptCallback(interval_s=0.1, print_summary=False)
     trainer = L.Trainer(max_steps=6, logger=mlf, callbacks=[cb], accelerator="cpu",
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, log_every_n_steps=1)
