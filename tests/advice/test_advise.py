@@ -179,7 +179,7 @@ def test_idle_gpu_with_busy_loader_workers_with_fake_nvml(tracking_uri):
             pass
         return torch.utils.data.default_collate(items)
 
-    loader = torch.utils.data.DataLoader(SlowDataset(8 * 6 * cores, 32, 0.0), batch_size=8,
+    loader = torch.utils.data.DataLoader(SlowDataset(8 * 30 * cores, 32, 0.0), batch_size=8,
                                          num_workers=cores, collate_fn=busy_collate)
     with fake_nvml([FakeGPU(utilization_percent=15)]):
         t, _ = tracked(mlp(32, 64, 8), loader)
