@@ -18,7 +18,7 @@
    wall and CPU (user + system) medians and the ratios. Goals: 1.2× with logging, 1.1×
    without. MLflow's own import (~3 s of CPU here) dominates all three.
 
-    python benchmarks/bench_recommend.py [--repeats 5] [--cli-repeats 5] [--no-cli]
+    python benchmarks/bench_recommend.py [--repeats 5] [--cli-repeats 5] [--no-cli | --cli-only]
 """
 
 from __future__ import annotations
@@ -244,15 +244,21 @@ def main() -> None:
     parser.add_argument("--cli-repeats", type=int, default=5, help="runs of each command")
     parser.add_argument("--train-steps", type=int, default=20, help="tiny GPT steps")
     parser.add_argument("--no-cli", action="store_true", help="skip the whole-command part")
+    parser.add_argument("--cli-only", action="store_true",
+                        help="only the whole-command part (part 3)")
     args = parser.parse_args()
-    bench_searches(args.repeats)
+    if args.no_cli and args.cli_only:
+        parser.error("give --no-cli or --cli-only, not both")
+    if not args.cli_only:
+        bench_searches(args.repeats)
     with tempfile.TemporaryDirectory(prefix="bench-recommend-") as tmp:
         store = Path(tmp)
         run_id = None
         if not args.no_cli:
             run_id = _make_run(store, args.train_steps)
             os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
-        bench_llm(args.repeats, run_id)
+        if not args.cli_only:
+            bench_llm(args.repeats, run_id)
         if run_id:
             bench_cli(store, run_id, args.cli_repeats)
 

@@ -49,7 +49,7 @@ def load_run_facts(run_id: str, client: Any = None) -> RunFacts:
     params, metrics = dict(run.data.params), dict(run.data.metrics)
     if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
         raise RunInputError(f"run {run_id} has no gpuopt data; run it under gpuopt.track()")
-    profile = _read_profile(client, run_id) or {}
+    profile = _read_profile(client, run) or {}
 
     def field(key: str) -> Any:
         value = profile.get(key)

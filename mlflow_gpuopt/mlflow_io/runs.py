@@ -76,18 +76,27 @@ def _float(params: dict[str, str], key: str,
     return number if math.isfinite(number) else default
 
 
-def _read_profile(client: Any, run_id: str) -> dict | None:
-    """``gpuopt/profile.json`` of a run, or None when the run has none; a profile that is
-    not UTF-8 JSON holding one object is a :class:`RunInputError` (one line)."""
+def _read_profile(client: Any, run: Any) -> dict | None:
+    """``gpuopt/profile.json`` of ``run`` (an MLflow ``Run``), or None when the run has none;
+    a profile that is not UTF-8 JSON holding one object is a :class:`RunInputError` (one
+    line).
+
+    Read through the repository of the run's own ``artifact_uri``: ``client.list_artifacts``
+    and ``client.download_artifacts`` by run id each fetch the run again and search its
+    logged models to resolve the same URI (four extra store queries per profile)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    run_id = run.info.run_id
     try:
-        listed = {f.path for f in client.list_artifacts(run_id, contract.ARTIFACT_DIR)}
+        repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=client.tracking_uri)
+        listed = {f.path for f in repo.list_artifacts(contract.ARTIFACT_DIR)}
     except Exception as exc:  # an unreachable artifact store: say so, fall back to params
         logger.warning("cannot list artifacts of run %s: %s", run_id, exc)
         return None
     if PROFILE_ARTIFACT not in listed:
         return None
     with tempfile.TemporaryDirectory(prefix="gpuopt-profile-") as tmp:
-        local = client.download_artifacts(run_id, PROFILE_ARTIFACT, tmp)
+        local = repo.download_artifacts(PROFILE_ARTIFACT, tmp)
         where = f"run {run_id}: {PROFILE_ARTIFACT}"
         try:
             text = Path(local).read_text(encoding="utf-8")
@@ -291,7 +300,7 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
         params = dict(run.data.params)
         if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
             raise RunInputError(f"run {run_id} has no gpuopt data; {HOW_TO_TRACK}")
-        profile = _read_profile(client, run_id)
+        profile = _read_profile(client, run)
         this = _workload(run_id, params, profile)
         if workload is None:
             workload, first = this, run_id
