@@ -48,6 +48,16 @@ class RunBinding:
     pushed_active: bool = False  # put on MLflow's active-run stack by bind_run
 
 
+def tracking_uri_secrets() -> list[str]:
+    """The password or token inside MLflow's current tracking URI, for redacting warnings
+    (the URI need not come from the environment: ``mlflow.set_tracking_uri`` sets it too)."""
+    import mlflow
+
+    from mlflow_gpuopt.redact import uri_secrets
+
+    return uri_secrets(mlflow.get_tracking_uri())
+
+
 def bind_run(run_id: str | None = None, run_name: str | None = None, *,
              tags: dict[str, str] | None = None,
              start_timeout_s: float = START_TIMEOUT_S) -> RunBinding:

@@ -9,11 +9,9 @@ import threading
 def _uri_secrets() -> list[str]:
     """The password or token of MLflow's tracking URI (it need not be in the environment)."""
     try:
-        import mlflow
+        from mlflow_gpuopt.mlflow_io.run_binding import tracking_uri_secrets
 
-        from mlflow_gpuopt.redact import uri_secrets
-
-        return uri_secrets(mlflow.get_tracking_uri())
+        return tracking_uri_secrets()
     except Exception:
         return []
 

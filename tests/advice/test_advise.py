@@ -80,12 +80,14 @@ def by_rule(doc):
 
 def test_slow_dataloader_is_input_starvation_priced_on_the_plan(tracking_uri):
     model = mlp(64, 64, 8)  # aligned shapes, fp32, no wrapper
-    loader = torch.utils.data.DataLoader(SlowDataset(16 * 14, 64, 0.002), batch_size=16)
+    # 10 ms per sample, 160 ms per step: the wait dominates the step even when a loaded
+    # machine slows the (tiny) compute many times over
+    loader = torch.utils.data.DataLoader(SlowDataset(16 * 14, 64, 0.01), batch_size=16)
     t, printed = tracked(model, loader)
     assert "gpuopt advice: Input pipeline starves the training step" in printed
     m = mlflow.get_run(t.run_id).data.metrics
-    assert m["gpuopt/summary/input_wait_fraction"] >= 0.5  # 32 ms of sleep per step
-    assert m["gpuopt/input_wait_s"] > 0.02
+    assert m["gpuopt/summary/input_wait_fraction"] >= 0.5  # 160 ms of sleep per step
+    assert m["gpuopt/input_wait_s"] > 0.1
     doc = advise("--run-id", t.run_id, *TARGET, "--json")
     found = by_rule(doc)
     wait = found["input_wait"]
@@ -94,7 +96,7 @@ def test_slow_dataloader_is_input_starvation_priced_on_the_plan(tracking_uri):
         m["gpuopt/summary/input_wait_fraction"], rel=1e-3)
     assert "num_workers" in wait["fix"] and "pin_memory=True" in wait["fix"]
     assert wait["hours_saved"] > 0 and wait["usd_saved"] > 0
-    # ~2 ms of waiting per sample over 10M samples: thousands of hours, the largest saving
+    # ~10 ms of waiting per sample over 10M samples: thousands of hours, the largest saving
     assert doc["findings"][0]["rule"] == "input_wait"
     usd = [f["usd_saved"] for f in doc["findings"] if f["usd_saved"] is not None]
     assert usd == sorted(usd, reverse=True)
