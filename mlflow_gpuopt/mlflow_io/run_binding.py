@@ -19,6 +19,8 @@ the run name. Other URIs (sqlite, a local path) use ``mlflow.start_run``: no net
 
 from __future__ import annotations
 
+import os
+import sys
 import logging
 import time
 import uuid
@@ -50,12 +52,18 @@ class RunBinding:
 
 def tracking_uri_secrets() -> list[str]:
     """The password or token inside MLflow's current tracking URI, for redacting warnings
-    (the URI need not come from the environment: ``mlflow.set_tracking_uri`` sets it too)."""
-    import mlflow
+    (the URI need not come from the environment: ``mlflow.set_tracking_uri`` sets it too).
+
+    MLflow is not imported for this: a warning can fire on the training thread or in a rank
+    that never talks to MLflow, and importing it there takes seconds. Where MLflow is not
+    loaded, no URI was set through it, so the environment's is the one in force."""
 
     from mlflow_gpuopt.redact import uri_secrets
 
-    return uri_secrets(mlflow.get_tracking_uri())
+    mlflow = sys.modules.get("mlflow")
+    uri = (mlflow.get_tracking_uri() if mlflow is not None
+           else os.environ.get("MLFLOW_TRACKING_URI"))
+    return uri_secrets(uri)
 
 
 def bind_run(run_id: str | None = None, run_name: str | None = None, *,
