@@ -102,7 +102,7 @@ def test_resnet(tracking_uri, examples):
 
 
 def test_lightning_with_autolog_shares_one_run(tracking_uri, examples):
-    pytest.importorskip("lightning")
+    import lightning  # noqa: F401 - the extra must be installed
     lit = examples("train_lightning")
     resnet = examples("train_resnet")
     try:

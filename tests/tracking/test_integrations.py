@@ -29,7 +29,7 @@ def gpt_flops_per_sample(layers: int, width: int, vocab: int, seq: int) -> float
 
 
 def tiny_gpt():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     cfg = transformers.GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, vocab_size=VOCAB,
                                   n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0,
                                   attn_pdrop=0.0)
@@ -53,7 +53,7 @@ def gpuopt_warnings(caplog) -> list[str]:
 
 
 def test_accelerate_prepared_objects(tracking_uri):
-    accelerate = pytest.importorskip("accelerate")
+    import accelerate
     acc = accelerate.Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2)
     model = tiny_gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -92,7 +92,7 @@ class TokenDataset(torch.utils.data.Dataset):
 
 
 def test_transformers_trainer_joins_the_mlflow_run(tracking_uri, tmp_path, monkeypatch, caplog):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from mlflow_gpuopt.integrations.transformers import GpuOptCallback
 
     caplog.set_level(logging.WARNING)
@@ -130,7 +130,7 @@ def test_transformers_trainer_joins_the_mlflow_run(tracking_uri, tmp_path, monke
 
 
 def test_config_from_training_arguments():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from mlflow_gpuopt.integrations.transformers import config_from_args
 
     args = transformers.TrainingArguments(output_dir="unused", per_device_train_batch_size=16,
@@ -143,7 +143,7 @@ def test_config_from_training_arguments():
 def fit_bypass(define_forward: bool):
     """A LightningModule whose training_step calls ``self.net(x)``, with or without a
     ``forward`` of its own; returns the callback after ``trainer.fit``."""
-    L = pytest.importorskip("lightning")  # noqa: N806 - Lightning's conventional alias
+    import lightning as L  # noqa: N812 - Lightning's conventional alias
     from mlflow_gpuopt.integrations.lightning import GpuOptCallback
 
     class Bypass(L.LightningModule):

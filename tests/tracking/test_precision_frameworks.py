@@ -9,7 +9,6 @@ from configs (no download), CPU, a real sqlite MLflow store.
 from __future__ import annotations
 
 import mlflow
-import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
@@ -19,7 +18,7 @@ VOCAB, SEQ = 64, 16
 
 
 def _tiny_gpt2(attn: str = "sdpa"):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2,
                                   n_head=4, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
@@ -29,7 +28,7 @@ def _tiny_gpt2(attn: str = "sdpa"):
 
 
 def test_accelerate_bf16_on_cpu_is_bf16(tracking_uri):
-    accelerate = pytest.importorskip("accelerate")
+    import accelerate
     acc = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
     model = _tiny_gpt2()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -63,8 +62,8 @@ def test_plain_fp32_loop_of_the_same_model_is_fp32(tracking_uri):
 
 
 def test_transformers_trainer_bf16_is_bf16(tracking_uri, tmp_path):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    import transformers
+    import accelerate  # noqa: F401 - the extra must be installed
     model = _tiny_gpt2()
     ids = torch.randint(0, VOCAB, (32, SEQ))
     data = [{"input_ids": row, "labels": row} for row in ids]

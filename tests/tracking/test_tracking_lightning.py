@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import mlflow
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
-L = pytest.importorskip("lightning")
+import lightning as L  # noqa: N812 - Lightning's conventional alias
 
 
 class Tiny(L.LightningModule):
