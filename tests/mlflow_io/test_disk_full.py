@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _mlflow_server import MlflowServer, TinyTraining
+from _mlflow_server import TinyTraining
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -51,15 +51,6 @@ def full_disk(tmp_path, monkeypatch):
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = MlflowServer(tmp_path / "server")
-    try:
-        yield srv.start()
-    finally:
-        srv.kill()
 
 
 def _run(uri: str) -> str:

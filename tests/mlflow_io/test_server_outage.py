@@ -10,19 +10,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from _mlflow_server import MlflowServer, TinyTraining
+from _mlflow_server import TinyTraining
 from _net_watch import NetWatch
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = MlflowServer(tmp_path / "server")
-    try:
-        yield srv.start()
-    finally:
-        srv.kill()
 
 
 def _new_run(uri: str) -> str:
