@@ -1,4 +1,4 @@
-"""Charts (PNG, matplotlib Agg) and the self-contained HTML report of a recommendation."""
+"""Charts (PNG, drawn with Pillow) and the self-contained HTML report of a recommendation."""
 
 from mlflow_gpuopt.report.charts import pareto_png, scaling_png
 from mlflow_gpuopt.report.html import render_html

@@ -1,107 +1,69 @@
 """PNG charts of a recommendation: cost vs time (with the Pareto front) and scaling.
 
-Uses matplotlib's object API on the Agg canvas (no pyplot global state, no display needed);
-each function returns PNG bytes and writes nothing.
+``*_chart`` build a :class:`~mlflow_gpuopt.report.canvas.Chart` (data); ``*_png`` render it
+to PNG bytes. Nothing is written.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlflow_gpuopt.perfmodel.types import Observation
 from mlflow_gpuopt.recommend.explain import hours_text
 from mlflow_gpuopt.recommend.types import Recommendation, ScalingPoint
+from mlflow_gpuopt.report.canvas import (BLACK, MARKERS, PALETTE, Band, Chart, ErrorBar, Line,
+                                         Points, VLine, render_png)
 
-_DPI = 110
-
-
-def _figure(width: float = 7.5, height: float = 4.6):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=_DPI)
-    FigureCanvasAgg(fig)
-    return fig
+_GOLD = (255, 215, 0)
+_CRIMSON = (220, 20, 60)
 
 
-def _png(fig) -> bytes:
-    """The figure cropped to its artists plus ``savefig.pad_inches``, as PNG bytes.
-
-    The same crop as ``bbox_inches="tight"``, measured with ``get_tightbbox`` (text extents,
-    ticks, legend) instead of the full draw with rendering disabled that ``savefig`` does
-    for "tight" before the real one (about a tenth of the chart's CPU). Byte-identical PNG.
-    """
-    from matplotlib import rcParams
-
-    pad = rcParams["savefig.pad_inches"]
-    bbox = fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad, pad)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches=bbox)
-    return buf.getvalue()
-
-
-def _plain_log_labels(ax, x_base: float = 10, y_base: float = 10) -> None:
-    """Log-axis tick labels as plain text (``100``, ``1e+04``) instead of matplotlib's default
-    mathtext (``$10^{2}$``): parsing mathtext costs more CPU than drawing the rest of the
-    chart."""
-    from matplotlib.ticker import LogFormatter
-
-    for axis, base in ((ax.xaxis, x_base), (ax.yaxis, y_base)):
-        axis.set_major_formatter(LogFormatter(base))
-        axis.set_minor_formatter(LogFormatter(base, labelOnlyBase=False))
-
-
-def _colors(names: Sequence[str]) -> dict[str, tuple]:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab20"]
-    return {name: cmap(i % 20) for i, name in enumerate(sorted(set(names)))}
+def colors(names: Sequence[str]) -> dict[str, tuple[int, int, int]]:
+    """One palette colour per distinct name, in sorted order (stable across charts)."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(sorted(set(names)))}
 
 
 def pareto_png(rec: Recommendation) -> bytes:
+    """:func:`pareto_chart` as PNG bytes."""
+    return render_png(pareto_chart(rec))
+
+
+def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] = ()) -> bytes:
+    """:func:`scaling_chart` as PNG bytes."""
+    return render_png(scaling_chart(points, measured))
+
+
+def pareto_chart(rec: Recommendation) -> Chart:
     """Predicted hours (x) vs expected cost (y) for every feasible plan, by GPU type.
 
     The Pareto front is drawn as a step line, the deadline as a vertical line, the winner as
-    a star. Log axes: plans span orders of magnitude in both.
+    a star with its interval. Log axes: plans span orders of magnitude in both.
     """
-    fig = _figure()
-    ax = fig.add_subplot(1, 1, 1)
     cands = rec.candidates
-    colors = _colors([c.offer.gpu for c in cands])
-    for gpu, color in colors.items():
+    palette = colors([c.offer.gpu for c in cands])
+    items: list = []
+    for gpu, color in palette.items():
         pts = [c for c in cands if c.offer.gpu == gpu]
-        ax.scatter([c.hours for c in pts], [c.cost_usd for c in pts], s=16, alpha=0.55,
-                   color=color, label=gpu, edgecolors="none")
+        items.append(Points(tuple(c.hours for c in pts), tuple(c.cost_usd for c in pts),
+                            fill=color, alpha=0.6, label=gpu))
     if rec.pareto:
-        ax.step([c.hours for c in rec.pareto], [c.cost_usd for c in rec.pareto], where="post",
-                color="black", linewidth=1.2, label="Pareto front")
-        ax.scatter([c.hours for c in rec.pareto], [c.cost_usd for c in rec.pareto], s=28,
-                   facecolors="none", edgecolors="black", linewidths=0.9)
+        hours = tuple(c.hours for c in rec.pareto)
+        cost = tuple(c.cost_usd for c in rec.pareto)
+        items += [Line(hours, cost, BLACK, width_px=1.2, steps_post=True, label="Pareto front"),
+                  Points(hours, cost, fill=None, radius_px=3.5, edge=BLACK)]
     if rec.target.deadline_hours:
-        ax.axvline(rec.target.deadline_hours, color="crimson", linestyle="--", linewidth=1,
-                   label=f"deadline {hours_text(rec.target.deadline_hours)}")
+        items.append(VLine(rec.target.deadline_hours, _CRIMSON,
+                           label=f"deadline {hours_text(rec.target.deadline_hours)}"))
     if rec.winner is not None:
         w = rec.winner
-        ax.scatter([w.hours], [w.cost_usd], marker="*", s=260, color="gold",
-                   edgecolors="black", zorder=5, label="recommended")
-        ax.errorbar([w.hours], [w.cost_usd],
-                    xerr=[[w.hours - w.hours_low], [w.hours_high - w.hours]],
-                    yerr=[[max(0.0, w.cost_usd - w.cost_low_usd)],
-                          [max(0.0, w.cost_high_usd - w.cost_usd)]],
-                    fmt="none", ecolor="black", elinewidth=0.8, capsize=3, zorder=4)
-    if cands:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        _plain_log_labels(ax)
-    ax.set_xlabel("predicted time to train (hours)")
-    ax.set_ylabel("expected cost (USD)")
-    ax.set_title("Cost vs time of every feasible plan")
-    ax.grid(True, which="both", alpha=0.25)
-    if cands:  # outside the axes: the cheap corner is where the eye must go
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.85)
-    return _png(fig)
+        items += [ErrorBar(w.hours, w.cost_usd, w.hours_low, w.hours_high,
+                           max(w.cost_low_usd, w.cost_usd * 1e-3), w.cost_high_usd),
+                  Points((w.hours,), (w.cost_usd,), fill=_GOLD, marker="*", radius_px=10,
+                         edge=BLACK, label="recommended")]
+    return Chart(title="Cost vs time of every feasible plan",
+                 x_label="predicted time to train (hours)", y_label="expected cost (USD)",
+                 items=tuple(items))
 
 
 @dataclass(frozen=True)
@@ -143,41 +105,28 @@ def scaling_series(points: Sequence[ScalingPoint]) -> list[ScalingSeries]:
     return out
 
 
-_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
-
-
-def scaling_png(points: Sequence[ScalingPoint], measured: Sequence[Observation] = ()) -> bytes:
+def scaling_chart(points: Sequence[ScalingPoint],
+                  measured: Sequence[Observation] = ()) -> Chart:
     """Predicted global throughput vs GPU count per GPU type and instance family (colour:
-    GPU; marker and dash: family), with the measured points."""
-    fig = _figure(8.5, 5.0)
-    ax = fig.add_subplot(1, 1, 1)
+    GPU; marker and dash: family; band: the prediction interval), with the measured points."""
     series = scaling_series(points)
-    names = [s.gpu for s in series] + [o.gpu for o in measured]
-    colors = _colors(names)
+    palette = colors([s.gpu for s in series] + [o.gpu for o in measured])
+    bands: list = []
+    lines: list = []
     nth: dict[str, int] = {}
     for s in series:
         k = nth[s.gpu] = nth.get(s.gpu, -1) + 1
-        ax.plot(s.gpus, s.throughput_samples_per_s, marker=_MARKERS[k % len(_MARKERS)],
-                markersize=4, linestyle=("-", "--", ":", "-.")[k % 4], color=colors[s.gpu],
-                label=s.label)
-        ax.fill_between(s.gpus, s.low, s.high, color=colors[s.gpu], alpha=0.05, linewidth=0)
-    for o in measured:
-        ax.scatter([o.gpu_count], [o.throughput_samples_per_s], marker="D", s=46,
-                   color=colors.get(o.gpu, "black"), edgecolors="black", zorder=5,
-                   label=f"{o.gpu} measured")
-    if points or measured:
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        _plain_log_labels(ax, x_base=2)
-        handles, labels = ax.get_legend_handles_labels()
-        seen: dict[str, object] = {}
-        for h, lab in zip(handles, labels, strict=True):
-            seen.setdefault(lab, h)
-        ax.legend(list(seen.values()), list(seen), fontsize=7, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), framealpha=0.85)
-    ax.set_xlabel("GPUs (data parallel: DDP, or ZeRO/FSDP where DDP does not fit)")
-    ax.set_ylabel("throughput (samples/s)")
-    ax.set_title("Predicted scaling per GPU type and instance family "
-                 "(band: interval; diamonds: measured)")
-    ax.grid(True, which="both", alpha=0.25)
-    return _png(fig)
+        color = palette[s.gpu]
+        bands.append(Band(s.gpus, s.low, s.high, color, alpha=0.05))
+        lines.append(Line(s.gpus, s.throughput_samples_per_s, color, width_px=1.5,
+                          dash=("-", "--", ":", "-.")[k % 4], marker=MARKERS[k % len(MARKERS)],
+                          label=s.label))
+    dots = [Points((o.gpu_count,), (o.throughput_samples_per_s,), fill=palette[o.gpu],
+                   marker="D", radius_px=5, edge=BLACK, label=f"{o.gpu} measured")
+            for o in measured]
+    return Chart(
+        title="Predicted scaling per GPU type and instance family "
+              "(band: interval; diamonds: measured)",
+        x_label="GPUs (data parallel: DDP, or ZeRO/FSDP where DDP does not fit)",
+        y_label="throughput (samples/s)", items=(*bands, *lines, *dots), x_log_base=2,
+        axes_width_px=660, axes_height_px=420)

@@ -532,22 +532,3 @@ def test_scaling_chart_has_one_line_per_gpu_and_instance_family():
     kept = run(offers=offers, target=Target(1e7, deadline_hours=None, per_rank_batch=24,
                                             global_batch=24))
     assert kept.scaling and all(24 % p.gpus == 0 for p in kept.scaling)
-
-
-def test_charts_crop_exactly_as_savefig_tight(monkeypatch):
-    """The charts measure their crop without savefig's extra "tight" draw; the PNG must be
-    the one ``bbox_inches="tight"`` gives, byte for byte (legend outside the axes included)."""
-    import io
-
-    from mlflow_gpuopt.report import charts
-
-    def tight_png(fig) -> bytes:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight")
-        return buf.getvalue()
-
-    rec = run(target=Target(1e7, deadline_hours=24.0, per_rank_batch=256))
-    assert rec.candidates and rec.scaling
-    ours = (charts.pareto_png(rec), charts.scaling_png(rec.scaling))
-    monkeypatch.setattr(charts, "_png", tight_png)
-    assert ours == (charts.pareto_png(rec), charts.scaling_png(rec.scaling))
