@@ -7,6 +7,7 @@ Subcommands live in their own modules and are imported only when invoked, so ``-
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 from collections.abc import Iterator
@@ -94,6 +95,12 @@ def gpuopt() -> None:
     # The commands read small artifacts (gpuopt/profile.json); MLflow's download progress
     # bars would interleave with the table and the one-line errors on stderr.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # Everything imported so far (MLflow, click, SQLAlchemy: a few hundred thousand objects)
+    # lives until the process exits; frozen, the collector stops re-walking it in every full
+    # collection the command's allocations trigger (each ~0.1-0.2 s of CPU here). Thawed
+    # when the command ends, so a caller that stays (a test's CliRunner) collects as before.
+    gc.freeze()
+    click.get_current_context().call_on_close(gc.unfreeze)
 
 
 def main() -> None:

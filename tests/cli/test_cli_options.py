@@ -4,6 +4,7 @@ hardware of the GPUs the runs measured."""
 
 from __future__ import annotations
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -97,3 +98,28 @@ def test_measured_hardware_uses_the_largest_node_measured_per_gpu(tmp_path, monk
     assert (hw.gpu, hw.gpus_per_node) == ("A100-80GB-SXM4", 8)
     with pytest.raises(UnknownGpuError):
         measured_hardware([Observation("Voodoo 5", 1, 1.0)], catalog)
+
+
+_FREEZE_COUNTS: list[int] = []
+
+
+@click.command("freeze-probe")
+def _freeze_probe() -> None:
+    import gc
+
+    _FREEZE_COUNTS.append(gc.get_freeze_count())
+
+
+def test_a_command_freezes_the_collector_only_while_it_runs(monkeypatch):
+    """The group freezes what MLflow's import left (so full collections skip it) and thaws it
+    when the command ends: a process that stays, like this one, collects as before."""
+    import gc
+
+    from mlflow_gpuopt import cli
+
+    monkeypatch.setitem(cli._SUBCOMMANDS, "freeze-probe", f"{__name__}:_freeze_probe")
+    _FREEZE_COUNTS.clear()
+    result = CliRunner().invoke(gpuopt, ["freeze-probe"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert _FREEZE_COUNTS and _FREEZE_COUNTS[0] > 1000  # frozen during the command
+    assert gc.get_freeze_count() == 0
