@@ -99,7 +99,7 @@ def recommendation_dict(rec: Recommendation, top: int = 20) -> dict[str, Any]:
         "winner": small(rec.winner), "fastest": small(rec.fastest),
         "cheapest": small(rec.cheapest), "explanation": list(rec.explanation),
         "notes": list(rec.notes), "dropped": dict(rec.dropped), "searched": rec.searched,
-        "feasible": len(rec.candidates),
+        "predicted": rec.predicted, "costed": rec.costed, "feasible": len(rec.candidates),
         "scaling": [{"gpu": p.gpu, "gpus": p.gpus,
                      "throughput_samples_per_s": p.throughput_samples_per_s,
                      "low": p.low, "high": p.high, "provider": p.provider,

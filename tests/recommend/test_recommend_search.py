@@ -30,7 +30,7 @@ def _catalog_hardware(spec, o):
 def _answer(rec):
     """Everything a user sees of a recommendation except timings and drop counts."""
     doc = recommendation_dict(rec, top=len(rec.candidates))
-    for key in ("notes", "dropped", "searched"):
+    for key in ("notes", "dropped", "searched", "predicted", "costed"):
         doc.pop(key, None)
 
     def plan(c):
@@ -49,6 +49,9 @@ def _same_answer(run):
     assert _answer(quick) == _answer(full)
     assert quick.searched == full.searched  # plans considered: the same space
     assert quick.predicted < full.predicted and quick.costed <= full.costed
+    doc = recommendation_dict(quick)  # the counts reach --json and recommendation.json
+    assert (doc["searched"], doc["predicted"], doc["costed"]) == (
+        quick.searched, quick.predicted, quick.costed)
     return quick, full
 
 
