@@ -167,6 +167,7 @@ SUMMARY_EXPOSED_COMM_FRACTION = summary_metric("exposed_comm_fraction")
 SUMMARY_INPUT_WAIT_FRACTION = summary_metric("input_wait_fraction")  # of the step time, 0..1
 SUMMARY_INPUT_WAIT_MEAN_S = summary_metric("input_wait_mean_s")
 SUMMARY_CPU_UTILIZATION = summary_metric("cpu_utilization_percent")  # host, mean of samples
+SUMMARY_SKIPPED_STEPS = summary_metric("skipped_steps")  # GradScaler skipped the update
 
 SUMMARY_PREDICTION_RATIO_THROUGHPUT = summary_metric("prediction_ratio_throughput")
 SUMMARY_PREDICTION_RATIO_STEP_TIME = summary_metric("prediction_ratio_step_time")

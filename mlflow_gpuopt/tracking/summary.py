@@ -28,6 +28,9 @@ class TrackSummary:
     input_wait_mean_s: float | None = None
     input_wait_fraction: float | None = None
     cpu_utilization_mean_percent: float | None = None  # host, mean over the samples
+    #: optimizer steps a GradScaler skipped (inf/NaN gradients: no update); counted in
+    #: ``total_steps``, since they took a step's time
+    skipped_steps: int = 0
     advice: str | None = None  # the top finding of the cheap advice rules, one line
 
     def metrics(self) -> dict[str, float]:
@@ -50,6 +53,7 @@ class TrackSummary:
             contract.SUMMARY_INPUT_WAIT_MEAN_S: self.input_wait_mean_s,
             contract.SUMMARY_INPUT_WAIT_FRACTION: self.input_wait_fraction,
             contract.SUMMARY_CPU_UTILIZATION: self.cpu_utilization_mean_percent,
+            contract.SUMMARY_SKIPPED_STEPS: float(self.skipped_steps),
         }
         return {k: float(v) for k, v in values.items() if v is not None}
 
@@ -59,7 +63,9 @@ class TrackSummary:
         parts = [f"gpuopt: run {self.run_id or '(not logged)'} on "
                  f"{self.device_count} x {self.device}" if self.device_count else
                  f"gpuopt: run {self.run_id or '(not logged)'} on cpu",
-                 f"{self.total_steps} steps"]
+                 f"{self.total_steps} steps" + (f" ({self.skipped_steps} skipped by the "
+                                                f"GradScaler: inf/NaN gradients)"
+                                                if self.skipped_steps else "")]
         if s.throughput_samples_per_s is not None:
             parts.append(f"{s.throughput_samples_per_s:.1f} samples/s")
         elif s.throughput_steps_per_s is not None:

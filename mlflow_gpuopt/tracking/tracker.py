@@ -465,7 +465,8 @@ class Tracker:
                                                    own.steady.step_time_p50_s)
         return dataclasses.replace(summary, input_wait_mean_s=wait_mean,
                                    input_wait_fraction=wait_share,
-                                   cpu_utilization_mean_percent=hw.cpu_utilization_mean_percent)
+                                   cpu_utilization_mean_percent=hw.cpu_utilization_mean_percent,
+                                   skipped_steps=clock.skipped_steps)
 
     def _with_advice(self, summary: TrackSummary) -> TrackSummary:
         """The summary with the top finding of the cheap advice rules (never raises)."""
