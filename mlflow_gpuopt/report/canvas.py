@@ -40,8 +40,9 @@ _GRID: RGB = (226, 228, 232)
 _GRID_MINOR: RGB = (242, 243, 245)
 _FRAME: RGB = (87, 96, 106)
 
-#: Font sizes in output pixels.
+#: Font sizes and the legend's swatch width, in output pixels.
 _FONT_PX = {"title": 15, "label": 13, "tick": 12, "legend": 11}
+_SWATCH_PX = 26
 
 #: Marker names (matplotlib's letters): circle, square, triangles, diamond, plus, x, star.
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
@@ -93,7 +94,7 @@ class Band:
 
 @dataclass(frozen=True)
 class VLine:
-    """A vertical line across the axes at ``x`` (drawn only when ``x`` is inside them)."""
+    """A vertical line across the axes at ``x`` (the x axis widens to hold it)."""
 
     x: float
     color: RGB
@@ -175,7 +176,7 @@ class LogAxis:
 def log_ticks(axis: LogAxis) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(labelled, unlabelled) tick values inside ``axis``.
 
-    Labelled: the powers of the base. A base-10 axis with fewer than two of them labels its
+    Labelled: the powers of the base. A base-10 axis with fewer than three of them labels its
     2× and 5× values too, and one still short of two gets evenly stepped ticks (1, 2, 2.5 or 5
     × a power of ten) so that every axis can be read. Unlabelled (minor grid): the 2…9 × 10^k
     values of a base-10 axis.
@@ -187,7 +188,7 @@ def log_ticks(axis: LogAxis) -> tuple[tuple[float, ...], tuple[float, ...]]:
         return tuple(major), ()
     minor = [m * 10.0 ** e for e in range(lo_e, hi_e + 1) for m in range(2, 10)
              if axis.contains(m * 10.0 ** e)]
-    if len(major) < 2:
+    if len(major) < 3:
         major = sorted(major + [v for v in minor if _mantissa(v) in (2, 5)])
         minor = [v for v in minor if v not in major]
     if len(major) < 2:
@@ -308,7 +309,8 @@ def _step_post(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], l
 
 
 def _extent(items: Sequence[Item]) -> tuple[list[float], list[float]]:
-    """Every x and y value the axes must show (vertical lines do not widen them)."""
+    """Every x and y value the axes must show (a vertical line too: a deadline in the legend
+    is a deadline on the axes)."""
     xs: list[float] = []
     ys: list[float] = []
     for it in items:
@@ -321,6 +323,8 @@ def _extent(items: Sequence[Item]) -> tuple[list[float], list[float]]:
         elif isinstance(it, ErrorBar):
             xs += [it.x_low, it.x_high]
             ys += [it.y_low, it.y_high]
+        elif isinstance(it, VLine):
+            xs.append(it.x)
     return xs, ys
 
 
@@ -351,6 +355,48 @@ def legend_entries(items: Sequence[Item]) -> tuple[_Entry, ...]:
     return tuple(seen.values())
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Where the parts go, in drawing pixels (output pixels × :data:`SUPERSAMPLE`)."""
+
+    width: int
+    height: int
+    left: int  # the axes' left edge
+    top: int  # the axes' top edge
+    axes_w: int
+    axes_h: int
+    pad: int
+    tick_len: int
+    tick_h: int
+    legend_w: int
+    legend_h: int
+    row_h: int
+
+
+def _layout(chart: Chart, fonts: dict, entries: Sequence[_Entry],
+            y_major: Sequence[float]) -> _Layout:
+    """Margins sized to the text they hold: the y tick labels and the rotated y label on the
+    left, the title on top, tick labels and the x label below, the legend on the right."""
+    s = SUPERSAMPLE
+    pad, tick_len = 8 * s, 4 * s
+    y_tick_w = max((_text_size(tick_text(v), fonts["tick"])[0] for v in y_major), default=0)
+    tick_h = _text_size("0123456789", fonts["tick"])[1]
+    label_h = _text_size("Ag", fonts["label"])[1]
+    aw, ah = chart.axes_width_px * s, chart.axes_height_px * s
+    left = pad + label_h + pad + y_tick_w + tick_len + 3 * s
+    top = pad + _text_size("Ag", fonts["title"])[1] + pad
+    row_h = round(_text_size("Ag", fonts["legend"])[1] * 1.55)
+    legend_w = (_SWATCH_PX * s + 3 * pad + max(_text_size(e.label, fonts["legend"])[0]
+                                               for e in entries)) if entries else 0
+    legend_h = len(entries) * row_h + pad
+    width = max(left + aw + (pad + legend_w if entries else 0) + pad,
+                left + _text_size(chart.title, fonts["title"])[0] + pad)
+    height = max(top + ah + tick_len + 3 * s + tick_h + pad + label_h + pad,
+                 top + legend_h + pad)
+    return _Layout(width, height, left, top, aw, ah, pad, tick_len, tick_h, legend_w,
+                   legend_h, row_h)
+
+
 def render_png(chart: Chart) -> bytes:
     """The chart as PNG bytes: title, axes with log ticks and grid, the items, the legend."""
     from PIL import Image, ImageDraw
@@ -363,29 +409,8 @@ def render_png(chart: Chart) -> bytes:
     x_major, x_minor = log_ticks(xa)
     y_major, y_minor = log_ticks(ya)
     entries = legend_entries(chart.items) if chart.legend else ()
-
-    pad = 8 * s
-    tick_len = 4 * s
-    y_tick_w = max((_text_size(tick_text(v), fonts["tick"])[0] for v in y_major), default=0)
-    tick_h = _text_size("0123456789", fonts["tick"])[1]
-    label_h = _text_size("Ag", fonts["label"])[1]
-    title_h = _text_size("Ag", fonts["title"])[1]
-    aw, ah = chart.axes_width_px * s, chart.axes_height_px * s
-    left = pad + label_h + pad + y_tick_w + tick_len + 3 * s
-    top = pad + title_h + pad
-    row_h = round(_text_size("Ag", fonts["legend"])[1] * 1.55)
-    swatch_w = 26 * s
-    legend_w = (swatch_w + 3 * pad + max(_text_size(e.label, fonts["legend"])[0]
-                                         for e in entries)) if entries else 0
-    legend_h = len(entries) * row_h + pad
-    width = left + aw + (pad + legend_w if entries else 0) + pad
-    height = max(top + ah + tick_len + 3 * s + tick_h + pad + label_h + pad,
-                 top + legend_h + pad)
-    width = max(width, left + _text_size(chart.title, fonts["title"])[0] + pad)
-
-    img = Image.new("RGB", (width, height), "white")
-    axes = Image.new("RGB", (aw, ah), "white")
-    d = ImageDraw.Draw(axes, "RGBA")
+    lay = _layout(chart, fonts, entries, y_major)
+    aw, ah = lay.axes_w, lay.axes_h
 
     def px(x: float) -> float:
         return xa.fraction(x) * (aw - 1)
@@ -393,19 +418,22 @@ def render_png(chart: Chart) -> bytes:
     def py(y: float) -> float:
         return (1.0 - ya.fraction(y)) * (ah - 1)
 
-    for v in x_minor:
-        d.line([(px(v), 0), (px(v), ah)], fill=_GRID_MINOR, width=s)
-    for v in y_minor:
-        d.line([(0, py(v)), (aw, py(v))], fill=_GRID_MINOR, width=s)
-    for v in x_major:
-        d.line([(px(v), 0), (px(v), ah)], fill=_GRID, width=s)
-    for v in y_major:
-        d.line([(0, py(v)), (aw, py(v))], fill=_GRID, width=s)
+    # The data go on an image of the axes' size: whatever falls outside is clipped.
+    axes = Image.new("RGB", (aw, ah), "white")
+    d = ImageDraw.Draw(axes, "RGBA")
+    for values, color in ((x_minor, _GRID_MINOR), (x_major, _GRID)):
+        for v in values:
+            d.line([(px(v), 0), (px(v), ah)], fill=color, width=s)
+    for values, color in ((y_minor, _GRID_MINOR), (y_major, _GRID)):
+        for v in values:
+            d.line([(0, py(v)), (aw, py(v))], fill=color, width=s)
     for it in chart.items:
-        _draw_item(d, it, px, py, xa, s)
-    img.paste(axes, (left, top))
+        _draw_item(d, it, px, py, xa, s, ah)
 
+    img = Image.new("RGB", (lay.width, lay.height), "white")
+    img.paste(axes, (lay.left, lay.top))
     d = ImageDraw.Draw(img)
+    left, top, tick_len = lay.left, lay.top, lay.tick_len
     d.rectangle((left - s, top - s, left + aw, top + ah), outline=_FRAME, width=s)
     for v in x_major:
         x = left + px(v)
@@ -417,20 +445,20 @@ def render_png(chart: Chart) -> bytes:
         d.line([(left - tick_len, y), (left, y)], fill=_FRAME, width=s)
         _draw_text(d, left - tick_len - 3 * s, y, tick_text(v), fonts["tick"], _TEXT,
                    "right", "middle")
-    _draw_text(d, left, pad, chart.title, fonts["title"], _TEXT)
-    _draw_text(d, left + aw / 2, top + ah + tick_len + 3 * s + tick_h + pad, chart.x_label,
-               fonts["label"], _TEXT, "center", "top")
-    _paste_vertical(img, chart.y_label, fonts["label"], pad, top + ah / 2)
+    _draw_text(d, left, lay.pad, chart.title, fonts["title"], _TEXT)
+    _draw_text(d, left + aw / 2, top + ah + tick_len + 3 * s + lay.tick_h + lay.pad,
+               chart.x_label, fonts["label"], _TEXT, "center", "top")
+    _paste_vertical(img, chart.y_label, fonts["label"], lay.pad, top + ah / 2)
     if entries:
-        _draw_legend(ImageDraw.Draw(img, "RGBA"), entries, left + aw + pad, top, legend_w,
-                     legend_h, row_h, swatch_w, fonts["legend"], s)
+        _draw_legend(ImageDraw.Draw(img, "RGBA"), entries, left + aw + lay.pad, top,
+                     lay.legend_w, lay.legend_h, lay.row_h, fonts["legend"])
 
     out = io.BytesIO()
     img.reduce(s).save(out, format="PNG")
     return out.getvalue()
 
 
-def _draw_item(d, it: Item, px, py, xa: LogAxis, s: int) -> None:
+def _draw_item(d, it: Item, px, py, xa: LogAxis, s: int, height: int) -> None:
     if isinstance(it, Band):
         top = [(px(x), py(h)) for x, h in zip(it.xs, it.high, strict=True)]
         bottom = [(px(x), py(lo)) for x, lo in zip(it.xs, it.low, strict=True)]
@@ -452,7 +480,7 @@ def _draw_item(d, it: Item, px, py, xa: LogAxis, s: int) -> None:
     elif isinstance(it, VLine):
         if xa.contains(it.x):
             x = px(it.x)
-            _dashed(d, [(x, 0), (x, 10 ** 6)], [v * s for v in DASHES[it.dash]], it.color,
+            _dashed(d, [(x, 0), (x, height)], [v * s for v in DASHES[it.dash]], it.color,
                     max(1, round(it.width_px * s)))
     elif isinstance(it, ErrorBar):
         cap = 3 * s
@@ -476,12 +504,13 @@ def _paste_vertical(img, text: str, font, x: float, cy: float) -> None:
 
 
 def _draw_legend(d, entries: Sequence[_Entry], x: float, y: float, w: float, h: float,
-                 row_h: float, swatch_w: float, font, s: int) -> None:
+                 row_h: float, font) -> None:
+    s = SUPERSAMPLE
     d.rectangle((x, y, x + w, y + h), fill=(255, 255, 255, 235), outline=_GRID, width=s)
     pad = 8 * s
     for i, e in enumerate(entries):
         cy = y + pad / 2 + row_h * (i + 0.5)
-        x0, x1 = x + pad, x + pad + swatch_w
+        x0, x1 = x + pad, x + pad + _SWATCH_PX * s
         if e.dash is not None:
             _dashed(d, [(x0, cy), (x1, cy)], [v * s for v in DASHES[e.dash]], e.color,
                     max(1, round(1.5 * s)))

@@ -57,8 +57,9 @@ def test_log_ticks_label_decades_and_fall_back_to_readable_steps():
     major, minor = log_ticks(LogAxis(0.8, 250))
     assert major == (1, 10, 100)
     assert {2, 9, 20, 90, 200} <= set(minor) and not set(minor) & set(major)
-    # under two decades: the 2x and 5x values are labelled too
+    # under three decades: the 2x and 5x values are labelled too
     assert log_ticks(LogAxis(0.08, 0.6))[0] == pytest.approx((0.1, 0.2, 0.5))
+    assert log_ticks(LogAxis(7, 150))[0] == pytest.approx((10, 20, 50, 100))
     # inside one decade with a single 2x/5x value: evenly stepped ticks (step 0.05 here)
     assert log_ticks(LogAxis(0.15, 0.35))[0] == pytest.approx((0.15, 0.2, 0.25, 0.3, 0.35))
     assert log_ticks(LogAxis(0.9, 17, base=2)) == ((1, 2, 4, 8, 16), ())
@@ -95,7 +96,7 @@ def test_every_item_kind_renders_and_a_zero_lower_error_is_kept_on_the_axes():
              Line((1, 2, 4), (6, 11, 20), GREEN, dash="--", marker="s", label="line"),
              Line((1, 2, 4), (20, 12, 7), BLUE, steps_post=True, label="steps"),
              Points((2,), (10,), None, marker="D", edge=(0, 0, 0), label="hollow"),
-             VLine(3, RED, label="deadline"), VLine(1e6, RED),  # off the axes: not drawn
+             VLine(3, RED, label="deadline"),
              ErrorBar(2, 10, 1.5, 3, 0.0, 12),
              Points((2,), (10,), (255, 215, 0), marker="*", radius_px=9, edge=(0, 0, 0)))
     for marker in ("o", "^", "v", "P", "X"):
@@ -104,6 +105,17 @@ def test_every_item_kind_renders_and_a_zero_lower_error_is_kept_on_the_axes():
     _centroid(img, (255, 215, 0), tol=10)  # the star
     _centroid(img, RED, tol=10)  # the deadline (and its legend swatch)
     assert [e.label for e in legend_entries(items)] == ["line", "steps", "hollow", "deadline"]
+
+
+def test_a_vertical_line_beyond_the_data_widens_the_axis_to_show_it():
+    """A deadline past every plan still appears where the legend says it is."""
+    chart = Chart("t", "x", "y", (Points((1.0, 2.0), (1.0, 2.0), BLUE),
+                                  VLine(40.0, RED, dash="-", width_px=2, label="deadline")),
+                  legend=False)
+    img = _image(render_png(chart))
+    rx, _, n = _centroid(img, RED, tol=10)
+    bx, _, _ = _centroid(img, BLUE, tol=60)
+    assert n > 100 and rx > bx + 200  # a long red line, far right of the points
 
 
 def test_unknown_marker_is_refused():
