@@ -6,8 +6,9 @@ The paper counts, per layer and 16-bit activations with 1-byte dropout masks (Se
 ``s·b·h·(34 + 5·a·s/h)`` bytes (s sequence, b micro-batch, h hidden, a heads). Written per
 tensor in elements of ``e`` bytes and masks of ``d`` bytes, that is, in units of ``s·b·h``:
 
-- attention block: LayerNorm input ``e``, QKV-projection input ``e``, Q, K and V ``3e``, the
-  output projection's input ``e``, the dropout mask after it ``d``; and for the scores
+- attention block: LayerNorm input ``e``, QKV-projection input ``e``, Q, K and V ``3e`` (with
+  grouped-query attention, below, ``(1 + 2·g)·e``), the output projection's input ``e``, the
+  dropout mask after it ``d``; and for the scores
   (``a·s²·b`` elements each) the softmax output ``e``, and with attention dropout its mask
   ``d`` and its output ``e`` (the paper's ``5·a·s/h`` at e = 2, d = 1);
 - MLP: LayerNorm input ``e``, first linear's input ``e``, its output (the activation's input)
@@ -18,6 +19,21 @@ tensor in elements of ``e`` bytes and masks of ``d`` bytes, that is, in units of
 
 The paper leaves out LayerNorm's saved mean and 1/σ (fp32, 8 bytes per token per norm); they
 are counted here, as PyTorch keeps them.
+
+Grouped-query attention (Ainslie et al. 2023; Llama 2 70B, Llama 3, Mistral, Qwen) projects K
+and V to ``k`` key/value heads of ``h/a`` each, ``k`` dividing ``a``: K and V hold
+``g·h`` elements per token, ``g = k/a`` (multi-head attention is ``k = a``, ``g = 1``), and
+their projection weights ``g·h²`` each. The kernels that take K and V at ``k`` heads —
+PyTorch's SDPA with ``enable_gqa=True``, FlashAttention-2, Transformer Engine — save them at
+that size: Q, K, V ``(1 + 2·g)·e``. Eager attention expands K and V to all ``a`` heads before
+the score products (``repeat_kv`` in Hugging Face transformers, ``repeat_interleave`` in
+Megatron's unfused attention), and those products save the expanded copies: ``3e`` as for
+multi-head attention. Model code that expands K and V before calling SDPA (torchtitan's
+Llama 3 ``repeat_kv``) makes SDPA save the expanded copies too; that is not modelled (``sdpa``
+means the kernel's own GQA). Megatron's selective recomputation checkpoints the core
+attention, the expansion included, so it keeps K and V at ``k`` heads whatever the kernel. The
+scores and the log-sum-exp are per query head (``a``) either way; with tensor parallelism
+``t`` is taken to divide ``k`` (Megatron requires it).
 
 FlashAttention (PyTorch's SDPA flash / memory-efficient kernels, which SDPA picks by default)
 never stores the ``a·s²`` scores: it keeps Q, K, V, its output (which is the output
@@ -116,6 +132,16 @@ class TransformerDims:
     ffn_hidden_size: float
     gated_mlp: bool = False
     vocab_size: float | None = None
+    #: key/value heads of grouped-query attention; None: ``num_heads`` (multi-head attention)
+    num_kv_heads: int | None = None
+
+    @property
+    def kv_share(self) -> float:
+        """K's (and V's) width as a share of the hidden size: key/value heads / query heads
+        (1.0 for multi-head attention; at most 1)."""
+        if not self.num_kv_heads or not self.num_heads:
+            return 1.0
+        return min(1.0, float(self.num_kv_heads) / float(self.num_heads))
 
 
 @dataclass(frozen=True)
@@ -134,11 +160,12 @@ class ActivationBytes:
 def matmul_outputs_per_token(dims: TransformerDims) -> tuple[float, ...]:
     """Elements per token of each projection's output in one layer, in the order the forward
     computes them: Q, K, V, attention output, then the MLP (gate, up, down for SwiGLU as
-    torchtitan's ``w2(silu(w1(x)) * w3(x))`` runs them; fc1, fc2 otherwise). K and V are taken
-    at the full hidden size (grouped-query attention's smaller K/V are not modelled)."""
+    torchtitan's ``w2(silu(w1(x)) * w3(x))`` runs them; fc1, fc2 otherwise). K and V are
+    ``h·k/a`` wide with ``k`` key/value heads (grouped-query attention; ``h`` without)."""
     h, ffn = float(dims.hidden_size), float(dims.ffn_hidden_size)
+    kv = h * dims.kv_share
     mlp = (ffn, ffn, h) if dims.gated_mlp else (ffn, h)
-    return (h, h, h, h) + mlp
+    return (h, kv, kv, h) + mlp
 
 
 def selective_op_bytes_per_token(dims: TransformerDims, element_bytes: float,
@@ -157,8 +184,10 @@ def selective_op_recompute_flops_per_token(dims: TransformerDims) -> float:
     checkpointing: the projections whose outputs were not saved (2nd, 4th...), 2 FLOPs per
     weight; SDPA's output is saved, so attention is not rerun."""
     h, ffn = float(dims.hidden_size), float(dims.ffn_hidden_size)
-    # weights of each projection, in forward order: 4 attention ones h x h, MLP ones h x ffn
-    weights = (h * h,) * 4 + (h * ffn,) * (3 if dims.gated_mlp else 2)
+    # weights of each projection, in forward order: Q and the output h x h, K and V h x h·k/a
+    # (grouped-query attention), MLP ones h x ffn
+    kv = h * h * dims.kv_share
+    weights = (h * h, kv, kv, h * h) + (h * ffn,) * (3 if dims.gated_mlp else 2)
     return sum(2.0 * w for i, w in enumerate(weights) if i % 2 == 1)
 
 
@@ -169,7 +198,11 @@ def layer_bytes_per_token(dims: TransformerDims, element_bytes: float, mask_byte
     e, d, h, t = float(element_bytes), float(mask_bytes), float(dims.hidden_size), max(1, tp)
     f = dims.ffn_hidden_size / h
     mlp = (4.0 * f if dims.gated_mlp else 2.0 * f) * e
-    shardable = (3.0 * e + e + mlp) * h  # Q, K, V, projection input, MLP inner tensors
+    # Q, K and V in units of h: K and V at k/a of h where they are kept at k heads (SDPA's
+    # own GQA, or checkpointed eager attention); eager attention saves them expanded
+    kv = dims.kv_share if attention == "flash" or recompute == "selective" else 1.0
+    qkv = 1.0 + 2.0 * kv
+    shardable = (qkv * e + e + mlp) * h  # Q, K, V, projection input, MLP inner tensors
     replicated = (4.0 * e + 2.0 * d) * h + 2.0 * NORM_STATS_BYTES  # norms' inputs, masks
     per_token = shardable / t + (replicated / t if sequence_parallel else replicated)
     a, s = float(dims.num_heads), float(dims.seq_len)

@@ -121,7 +121,9 @@ def transformer_dims(workload: Workload) -> TransformerDims | None:
                            seq_len=float(workload.tokens_per_sample),
                            num_heads=int(workload.num_heads or max(1, round(h / 128))),
                            ffn_hidden_size=float(ffn), gated_mlp=gated,
-                           vocab_size=float(workload.vocab_size) if workload.vocab_size else None)
+                           vocab_size=float(workload.vocab_size) if workload.vocab_size else None,
+                           num_kv_heads=int(workload.num_kv_heads) if workload.num_kv_heads
+                           else None)
 
 
 def recompute_factor(workload: Workload, recompute: str) -> float:

@@ -39,6 +39,9 @@ class Workload:
     #: ``hidden_size`` and ``tokens_per_sample`` (the sequence length) it replaces the
     #: FLOPs-based activation estimate when no measured figure is given.
     num_heads: int | None = None
+    #: key/value heads (grouped-query attention: fewer than ``num_heads``, dividing it);
+    #: None: ``num_heads`` (multi-head attention)
+    num_kv_heads: int | None = None
     vocab_size: int | None = None
     ffn_hidden_size: int | None = None  # None: 4 × hidden (GELU MLP), 8/3 × hidden (SwiGLU)
     mlp: str | None = None  # "gelu" (two matrices) or "swiglu" (gated, three)
