@@ -30,7 +30,8 @@ OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_s
 REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
 
 _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_layers",
-             "largest_layer_params", "hidden_size", "num_heads", "vocab_size", "ffn_hidden_size"}
+             "largest_layer_params", "hidden_size", "num_heads", "num_kv_heads", "vocab_size",
+             "ffn_hidden_size"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout"}
@@ -38,7 +39,8 @@ _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", 
              "fp8_recipe"}
 #: Other spellings of workload keys.
 _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_sample",
-                "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size"}
+                "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size",
+                "num_key_value_heads": "num_kv_heads"}
 _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
 
@@ -149,6 +151,7 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
     except PerfModelError as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     _check_words(kwargs, where)
+    _check_kv_heads(kwargs, where)
     if kwargs.get("micro_batch") == 0:
         kwargs.pop("micro_batch")
     if "grad_accum" in kwargs:
@@ -177,6 +180,23 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
     if kwargs.get("dropout") is not None and kwargs["dropout"] >= 1:
         raise WorkloadFileError(f"{where}: 'dropout' is a probability below 1, got "
                                 f"{kwargs['dropout']!r}")
+
+
+def _check_kv_heads(kwargs: dict[str, Any], where: str) -> None:
+    """Grouped-query attention's key/value heads: at least 1, and dividing the query heads
+    (each key/value head serves an equal group of them)."""
+    kv = kwargs.get("num_kv_heads")
+    if kv is None:
+        return
+    heads = kwargs.get("num_heads")
+    if kv < 1:
+        raise WorkloadFileError(f"{where}: 'num_kv_heads' must be >= 1, got {kv!r}")
+    if not heads:
+        raise WorkloadFileError(f"{where}: 'num_kv_heads' needs 'num_heads' (the query heads "
+                                "it groups)")
+    if heads % kv:
+        raise WorkloadFileError(f"{where}: 'num_kv_heads' must divide 'num_heads' ({heads}), "
+                                f"got {kv!r}")
 
 
 def _strategy(text: str) -> str:

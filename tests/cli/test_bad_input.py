@@ -85,6 +85,9 @@ FILES = {
     "w_flops_1e300.json": _profile(flops_per_sample=1e300),
     "w_micro_batch_1e12.json": _profile(micro_batch=10**12),
     "w_tokens_1e300.json": _profile(tokens_per_sample=1e300),
+    # Hugging Face config.json's name: 64 query heads cannot be grouped by 7 key/value heads
+    "w_kv_heads_7.json": _profile(num_attention_heads=64, num_key_value_heads=7),
+    "w_kv_heads_0.json": _profile(num_heads=64, num_kv_heads=0),
     "o_thr_1e300.csv": (OBS_HEADER + "NVIDIA A100-SXM4-80GB,1,1,256,1e300,single,fp16\n").encode(),
     "o_thr_1e-300.csv": (OBS_HEADER
                          + "NVIDIA A100-SXM4-80GB,1,1,256,1e-300,single,fp16\n").encode(),
@@ -196,6 +199,10 @@ CASES = [
                                            "{f}w_micro_batch_1e12.json"], "micro_batch"),
     ("predict-workload-tokens-1e300", [*PREDICT, "--workload", "{f}w_tokens_1e300.json"],
      "tokens_per_sample"),
+    ("predict-workload-kv-heads-7", [*PREDICT, "--workload", "{f}w_kv_heads_7.json"],
+     "'num_kv_heads' must divide 'num_heads' (64)"),
+    ("predict-workload-kv-heads-0", [*PREDICT, "--workload", "{f}w_kv_heads_0.json"],
+     "'num_kv_heads' must be >= 1"),
     ("predict-observations-throughput-1e300",
      [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_thr_1e300.csv"],
      "throughput_samples_per_s"),
