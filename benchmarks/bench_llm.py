@@ -18,9 +18,10 @@ Llama 3.1 405B rows (H100 95 GB).
 
 Each row becomes the workload file a user would write for the model: FLOPs per token
 ``6·N + 12·L·h·s`` (PaLM's model FLOPs, attention included, as torchtitan counts them) and
-the published architecture (layers, hidden, heads, FFN width, SwiGLU, vocabulary 128,256,
-no dropout for Llama 3: ``ARCHITECTURES``), SDPA attention and the recomputation the source
-states, so ``perfmodel.activations`` decides the memory (no activation figure is given).
+the published architecture (layers, hidden, heads, 8 key/value heads, FFN width, SwiGLU,
+vocabulary 128,256, no dropout for Llama 3: ``ARCHITECTURES``), SDPA attention and the
+recomputation the source states, so ``perfmodel.activations`` decides the memory (no
+activation figure is given).
 torchtitan's "selective" is its per-op policy (``selective_ac_option = 'op'``, saving every
 other matmul output: recompute ``selective-op``); its "selective-layer" (checkpoint every
 n-th block) is not modelled and kept as Megatron's selective. DRAM traffic: 6 × the same
@@ -102,12 +103,13 @@ GPUS = {
 }
 #: Architecture of the models in the report set, from their published configurations
 #: (Llama 3: torchtitan ``torchtitan/models/llama/__init__.py`` llama3_configs and Meta's model
-#: card: dim, n_layers, n_heads, FFN width from ffn_dim_multiplier/multiple_of; vocabulary
-#: 128,256). Keyed by (layers, hidden): (heads, ffn hidden, vocabulary, mlp, dropout).
+#: card: dim, n_layers, n_heads, n_kv_heads (grouped-query attention, 8 in all three), FFN
+#: width from ffn_dim_multiplier/multiple_of; vocabulary 128,256). Keyed by (layers, hidden):
+#: (heads, ffn hidden, vocabulary, mlp, dropout, key/value heads).
 ARCHITECTURES = {
-    (32, 4096): (32, 14336, 128256, "swiglu", 0.0),   # Llama 3 / 3.1 8B
-    (80, 8192): (64, 28672, 128256, "swiglu", 0.0),   # Llama 3 / 3.1 70B
-    (126, 16384): (128, 53248, 128256, "swiglu", 0.0),  # Llama 3.1 405B
+    (32, 4096): (32, 14336, 128256, "swiglu", 0.0, 8),   # Llama 3 / 3.1 8B
+    (80, 8192): (64, 28672, 128256, "swiglu", 0.0, 8),   # Llama 3 / 3.1 70B
+    (126, 16384): (128, 53248, 128256, "swiglu", 0.0, 8),  # Llama 3.1 405B
 }
 
 
@@ -165,15 +167,16 @@ class Row:
     vp: int = 1  # virtual pipeline stages per rank (interleaved schedules)
 
     @property
-    def architecture(self) -> tuple[int, int, int | None, str, float | None]:
-        """(heads, ffn hidden, vocabulary, mlp, dropout) as the model's configuration states
-        it; a model not in ``ARCHITECTURES`` (derivation set only) gets heads from the notes
-        or hidden / 128 and a GELU MLP of 4 × hidden, dropout unknown."""
+    def architecture(self) -> tuple[int, int, int | None, str, float | None, int | None]:
+        """(heads, ffn hidden, vocabulary, mlp, dropout, key/value heads) as the model's
+        configuration states it; a model not in ``ARCHITECTURES`` (derivation set only) gets
+        heads from the notes or hidden / 128, multi-head attention and a GELU MLP of
+        4 × hidden, dropout unknown."""
         if self.model.lower().startswith("llama3") and (self.layers, self.hidden) in \
                 ARCHITECTURES:
             return ARCHITECTURES[(self.layers, self.hidden)]
         heads = int(_note(self.variant_notes, "heads") or max(1, self.hidden // 128))
-        return heads, 4 * self.hidden, self.vocab, "gelu", None
+        return heads, 4 * self.hidden, self.vocab, "gelu", None, None
 
     @property
     def family(self) -> str:
@@ -283,20 +286,21 @@ def load_rows() -> tuple[list[Row], int]:
 
 def transformer(row: Row, recompute: str = "none") -> TransformerDims:
     """The model's architecture as the activation formula takes it."""
-    heads, ffn, vocab, mlp, _ = row.architecture
+    heads, ffn, vocab, mlp, _, kv_heads = row.architecture
     return TransformerDims(num_layers=row.layers, hidden_size=row.hidden, seq_len=row.seq,
                            num_heads=heads, ffn_hidden_size=ffn, gated_mlp=mlp == "swiglu",
-                           vocab_size=vocab)
+                           vocab_size=vocab, num_kv_heads=kv_heads)
 
 
 def workload(row: Row) -> Workload:
     """The workload file a user would write for this model: its published architecture
-    (layers, hidden, heads, FFN width, MLP kind, vocabulary, dropout), SDPA attention and the
-    recomputation the source states, so :mod:`perfmodel.activations` decides the memory.
+    (layers, hidden, heads, key/value heads, FFN width, MLP kind, vocabulary, dropout), SDPA
+    attention and the recomputation the source states, so :mod:`perfmodel.activations`
+    decides the memory.
     DRAM traffic per sample: 6 × the activations the same formula gives without recomputation
     (written in forward, read in backward, gradients written and read, normalisation passes:
     ``compute.TRAFFIC_PER_ACTIVATION_BYTE``)."""
-    heads, ffn, vocab, mlp, dropout = row.architecture
+    heads, ffn, vocab, mlp, dropout, kv_heads = row.architecture
     dims = transformer(row)
     act = activation_bytes(dims, 1, 2.0, DROPOUT_MASK_BYTES_CUDA if dropout is None or dropout
                            else 0.0, attention="sdpa", recompute="none").stored_bytes
@@ -304,7 +308,8 @@ def workload(row: Row) -> Workload:
                     precision="bf16", name=row.model, micro_batch=row.micro_batch,
                     optimizer="adamw", memory_traffic_bytes_per_sample=6.0 * act,
                     tokens_per_sample=row.seq, num_layers=row.layers, hidden_size=row.hidden,
-                    num_heads=heads, ffn_hidden_size=ffn, vocab_size=vocab, mlp=mlp,
+                    num_heads=heads, num_kv_heads=kv_heads, ffn_hidden_size=ffn,
+                    vocab_size=vocab, mlp=mlp,
                     attention="sdpa", dropout=dropout, recompute=row.recompute,
                     trainable_params=int(row.params), fp8_recipe=row.fp8_recipe)
 
