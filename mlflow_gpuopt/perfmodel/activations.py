@@ -55,8 +55,9 @@ reduce-scatters), and recomputes everything else (torchtitan
 "Saves output of all compute ops, except every second mm"). A layer then keeps its input
 (``e·h``, saved by the checkpoint), the outputs of the 1st, 3rd, 5th... projection in the
 order the forward runs them (Q, K, V, output projection, then fc1 [gate, up] and fc2), and
-SDPA's output (``e·h``) with its log-sum-exp. For a SwiGLU MLP with f = 3.5 and multi-head
-attention that is about 15·h bytes per token instead of ~45. In the backward the layer's other
+SDPA's output (``e·h``) with its log-sum-exp. For a SwiGLU MLP with f = 3.5 in bf16 that is
+about 17·h bytes per token instead of ~44 (15.5·h and ~41 with Llama 3 8B's 8 key/value heads
+of 32). In the backward the layer's other
 tensors are rebuilt one layer at a time, as under full recomputation.
 
 Outside the layers (Sec. 4.3): the first pipeline stage keeps the embedding's dropout mask
