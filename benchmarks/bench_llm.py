@@ -18,8 +18,9 @@ Llama 3.1 405B rows (H100 95 GB).
 
 Each row becomes the workload file a user would write for the model: FLOPs per token
 ``6·N + 12·L·h·s`` (PaLM's model FLOPs, attention included, as torchtitan counts them) and
-the published architecture (layers, hidden, heads, 8 key/value heads, FFN width, SwiGLU,
-vocabulary 128,256, no dropout for Llama 3: ``ARCHITECTURES``), SDPA attention and the
+the published architecture (layers, hidden, heads, FFN width, SwiGLU, vocabulary 128,256, no
+dropout for Llama 3: ``ARCHITECTURES``; its 8 key/value heads where the attention kernel takes
+them as they are: Megatron / NeMo, not torchtitan, which expands them), SDPA attention and the
 recomputation the source states, so ``perfmodel.activations`` decides the memory (no
 activation figure is given).
 torchtitan's "selective" is its per-op policy (``selective_ac_option = 'op'``, saving every
@@ -174,7 +175,13 @@ class Row:
         4 × hidden, dropout unknown."""
         if self.model.lower().startswith("llama3") and (self.layers, self.hidden) in \
                 ARCHITECTURES:
-            return ARCHITECTURES[(self.layers, self.hidden)]
+            heads, ffn, vocab, mlp, dropout, kv_heads = ARCHITECTURES[(self.layers, self.hidden)]
+            if self.family == "torchtitan":
+                # torchtitan's Attention expands K and V to every query head (repeat_kv) before
+                # SDPA, which then saves the expanded copies: what is held is multi-head width.
+                # Megatron / NeMo (Transformer Engine) attend over the 8 K/V heads directly.
+                kv_heads = None
+            return heads, ffn, vocab, mlp, dropout, kv_heads
         heads = int(_note(self.variant_notes, "heads") or max(1, self.hidden // 128))
         return heads, 4 * self.hidden, self.vocab, "gelu", None, None
 
