@@ -210,7 +210,8 @@ class StepClock:
     def _note_input_wait(self) -> None:
         """The first forward of a step: the host time since the previous step ended (the
         optimizer step post-hook or ``mark()``) is the wait for the next batch (the loader,
-        collation, host-to-device copies, ``zero_grad``). On CUDA the GPU may still be running
+        collation, host-to-device copies, ``zero_grad``); an evaluation forward in between
+        restarts it (see :meth:`on_forward`). On CUDA the GPU may still be running
         the previous step meanwhile, so it is an upper bound of the GPU's idle time."""
         if self.steps >= self.input_wait_from_step:
             wait = self._perf() - self._last_mark_s
@@ -224,7 +225,15 @@ class StepClock:
         self._stop_profiling("workload profiler", exc)
 
     def on_forward(self, module: Any, args: tuple, output: Any) -> None:
-        """Model forward hook: closes the profiler's activation window."""
+        """Model forward hook: closes the profiler's activation window; restarts the input
+        wait after an evaluation forward between steps."""
+        if self._last_mark_s is not None and not self._grad_enabled():
+            # A forward of the tracked model with gradients off between a step's end and the
+            # next step's first forward is an evaluation (nanoGPT's estimate_loss every
+            # eval_interval iterations, a validation pass between epochs): model time, not
+            # waiting for the next batch, so the wait starts again when it ends. Counted, it
+            # reads as a starved input pipeline and the advice blames the DataLoader.
+            self._last_mark_s = self._perf()
         if self.profile_step == self.steps and not self.broken and self.profiler.active:
             try:
                 self.profiler.end_forward(output)
