@@ -83,7 +83,35 @@ class RankGatherer:
             logger.warning("gpuopt: gathering metrics from other ranks stopped: %s", exc)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
-        """Finish: a last round carries everything; returns False if peers did not answer."""
+        """Finish: a last round carries everything, then the private group is destroyed;
+        returns False if peers did not answer."""
         self._stop.set()
         self._thread.join(timeout_s)
-        return not self._thread.is_alive() and not self._failed
+        if self._thread.is_alive():  # still inside a collective: its group must stay
+            return False
+        self._destroy_group()
+        return not self._failed
+
+    def _destroy_group(self) -> None:
+        """Destroy the private group now, on the caller's thread, while Python runs.
+
+        Each round's tensors are Python tensors. The group's gloo worker thread drops its
+        references to them when it discards the finished collective, and that takes the GIL.
+        A group left alive until interpreter exit (``destroy_process_group()`` only forgets
+        it while this object holds it) can have a worker reach that point after
+        finalization began: Python then ends the thread inside a C++ destructor, which is
+        ``std::terminate`` ("terminate called without an active exception", SIGABRT).
+        Dropping the last reference runs the group's destructor, which joins its workers
+        (torch releases the GIL there, so a worker waiting for it finishes first).
+        """
+        import torch.distributed as dist
+
+        group, self._group = self._group, None
+        if group is None:
+            return
+        try:
+            if dist.is_initialized():  # else the job's groups were destroyed already
+                dist.destroy_process_group(group)
+        except Exception as exc:  # already destroyed with the job's groups
+            logger.debug("gpuopt: gatherer group already destroyed: %s", exc)
+        del group  # the last reference: the destructor joins the worker threads
