@@ -28,7 +28,10 @@ PARAM_MICRO_BATCH = "gpuopt.micro_batch"
 PARAM_GRAD_ACCUM = "gpuopt.grad_accum"
 PARAM_PARAMS = "gpuopt.params"
 PARAM_TRAINABLE_PARAMS = "gpuopt.trainable_params"
+#: Model FLOPs (forward + backward, recomputation left out) and, apart, the FLOPs of the
+#: forward operators activation checkpointing replayed: hardware FLOPs are the two summed.
 PARAM_FLOPS_PER_SAMPLE = "gpuopt.flops_per_sample"
+PARAM_RECOMPUTE_FLOPS_PER_SAMPLE = "gpuopt.recompute_flops_per_sample"
 PARAM_OPTIMIZER = "gpuopt.optimizer"
 PARAM_TOKENS_PER_SAMPLE = "gpuopt.tokens_per_sample"
 PARAM_KERNELS_PER_MICRO_STEP = "gpuopt.kernels_per_micro_step"
@@ -54,6 +57,7 @@ WORKLOAD_PARAMS = {
     "tokens_per_sample": PARAM_TOKENS_PER_SAMPLE, "trainable_params": PARAM_TRAINABLE_PARAMS,
     "kernels_per_micro_step": PARAM_KERNELS_PER_MICRO_STEP,
     "attention": PARAM_ATTENTION, "recompute": PARAM_RECOMPUTE, "fp8_recipe": PARAM_FP8_RECIPE,
+    "recompute_flops_per_sample": PARAM_RECOMPUTE_FLOPS_PER_SAMPLE,
 }
 
 

@@ -58,6 +58,18 @@ SDPA_MATH_OPS = frozenset({"_safe_softmax"})
 FP8_DTYPE_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
+def replaying_forward() -> bool:
+    """Whether the operator being dispatched now is a forward operator replayed by activation
+    checkpointing: it runs inside an autograd graph task (the backward pass) with gradients
+    enabled (``torch.utils.checkpoint`` recomputes under ``enable_grad``; the backward's own
+    operators run with gradients off unless ``create_graph``). Call it from a dispatch mode,
+    on the thread that runs the operator."""
+    import torch
+
+    task_id = getattr(torch._C, "_current_graph_task_id", None)
+    return task_id is not None and torch.is_grad_enabled() and task_id() != -1
+
+
 def _op_name(func: Any) -> str:
     return func._schema.name.split("::", 1)[-1]
 
@@ -95,8 +107,7 @@ class OpsSeen:
         name = _op_name(func)
         if not self.forward:
             self.after_forward_ops += 1
-            task_id = getattr(torch._C, "_current_graph_task_id", None)
-            if task_id is not None and torch.is_grad_enabled() and task_id() != -1:
+            if replaying_forward():
                 self._replayed(name)
             return
         if name in SDPA_OPS or name in SDPA_MATH_OPS:

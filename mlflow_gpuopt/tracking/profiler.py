@@ -26,6 +26,16 @@ else the training loop dispatches in that window is: the loss, gradient clipping
 GradScaler's unscale, host-to-device copies of the next micro-batch, metrics computed on
 tensors. That is deliberate: they cost launches on every step too.
 
+Model FLOPs, not hardware FLOPs: ``flops_per_sample`` follows the convention of PaLM's
+model FLOPs utilisation and Megatron's FLOPs formula (6·N·T + 12·L·T²·h for a decoder): the
+work the model's mathematics needs, whatever the kernels redo. So (1) forward operators
+replayed by activation checkpointing (dispatched inside the backward pass with gradients on,
+:func:`.ops_seen.replaying_forward`) are counted aside, as ``recompute_flops_per_sample``
+(hardware FLOPs = the two summed); the performance model adds recomputation itself, from the
+run's ``recompute`` mode. (2) A fused attention backward is charged 2 × its forward, the four
+gradient products, without the recomputation of QKᵀ that torch's formula counts (see
+:func:`attention_backward_model_flops`); eager attention's backward is 2 × its forward anyway.
+
 What ran: the kernel counter also shows each operator to an :class:`~.ops_seen.OpsSeen`,
 which reads the attention kernel, activation recomputation and the precision of the products
 (FP8 included) from them (see :mod:`.ops_seen`); the profile's ``precision`` is that, not the
@@ -59,7 +69,8 @@ class WorkloadProfile:
     name: str
     params: int
     trainable_params: int
-    flops_per_sample: float | None  # forward + backward, FLOPs (2 per multiply-add)
+    #: model FLOPs of forward + backward (2 per multiply-add), recomputation left out
+    flops_per_sample: float | None
     precision: str  # fp32 | tf32 | fp16 | bf16 | fp8 (what the step's matmuls ran in)
     micro_batch: int | None  # samples per forward
     grad_accum: int  # forwards per optimizer step
@@ -80,6 +91,9 @@ class WorkloadProfile:
     #: distinct (M, K, N) of the matrix multiplies of the profiled step's first forward
     #: (see :func:`gemm_mnk`)
     gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
+    #: FLOPs of the forward operators activation checkpointing replayed in the backward, per
+    #: sample (0.0: none replayed); hardware FLOPs = flops_per_sample + this
+    recompute_flops_per_sample: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -89,26 +103,91 @@ class WorkloadProfile:
         return doc
 
 
-def _cpu_attention_flops() -> dict:
-    """FLOP formulas for the CPU flash-attention kernels, which ``FlopCounterMode`` lacks
-    (it counts the CUDA ones); same formulas as its CUDA entries."""
+#: Fused attention backward kernels that torch's FLOP registry counts (aten names).
+SDPA_BACKWARD_OPS = (
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_backward", "_efficient_attention_backward",
+)
+
+
+def attention_backward_model_flops(counted: int, qk_head_dim: int, v_head_dim: int) -> int:
+    """Model FLOPs of a fused attention backward, from torch's count of it.
+
+    torch's formula (``sdpa_backward_flop_count``) charges five products of s_q·s_k·(head
+    dim) per head: QKᵀ recomputed (d_qk), dP = dO·Vᵀ and dV = Pᵀ·dO (d_v each), dQ = dS·K and
+    dK = dSᵀ·Q (d_qk each): 2·s_q·s_k·(3·d_qk + 2·d_v). The model-FLOPs convention (PaLM,
+    Megatron: 12·L·T²·h per decoder) charges the four gradient products, 2 × the forward's
+    QKᵀ and PV: 2·s_q·s_k·(2·d_qk + 2·d_v). The ratio depends on the head dims alone, so
+    scaling torch's count is exact for padded, nested and variable-length batches alike.
+    """
+    return counted * 2 * (qk_head_dim + v_head_dim) // (3 * qk_head_dim + 2 * v_head_dim)
+
+
+class ReplayedFlops:
+    """FLOPs of forward operators replayed by activation checkpointing, kept out of the
+    ``FlopCounterMode`` total (see :func:`model_flop_formulas`)."""
+
+    def __init__(self) -> None:
+        self.flops = 0
+
+
+def _raw(fn: Any) -> Any:
+    fn._get_raw = True  # FlopCounterMode passes the operator's own arguments, not shapes
+    return fn
+
+
+def model_flop_formulas(replayed: ReplayedFlops) -> dict:
+    """``custom_mapping`` for ``FlopCounterMode`` that makes it count model FLOPs.
+
+    Every formula of torch's registry, plus the CPU flash-attention kernels it lacks, with
+    fused attention backwards at the model convention
+    (:func:`attention_backward_model_flops`); each formula gives 0 for an operator replayed
+    by activation checkpointing (:func:`.ops_seen.replaying_forward`) and adds its FLOPs to
+    ``replayed`` instead.
+    """
     import torch
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-    def fwd(q, k, v, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-        return sdpa_flop_count(q, k, v)
-
-    def bwd(grad_out, q, k, v, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-        return sdpa_backward_flop_count(grad_out, q, k, v)
+    from mlflow_gpuopt.tracking.ops_seen import replaying_forward
 
     aten = torch.ops.aten
-    mapping = {}
-    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", fwd),
-                     ("_scaled_dot_product_flash_attention_for_cpu_backward", bwd)):
+    formulas = dict(flop_registry)  # each takes the operator's arguments and out_val=
+
+    def cpu_forward(q, k, v, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        return sdpa_flop_count(q.shape, k.shape, v.shape)
+
+    def cpu_backward(grad_out, q, k, v, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        return sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
+
+    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", cpu_forward),
+                     ("_scaled_dot_product_flash_attention_for_cpu_backward", cpu_backward)):
         op = getattr(aten, name, None)
         if op is not None:
-            mapping[op] = fn
-    return mapping
+            formulas[op] = fn
+
+    def model_backward(torch_formula: Any) -> Any:
+        def count(grad_out, q, k, v, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            counted = torch_formula(grad_out, q, k, v, *args, out_val=out_val, **kwargs)
+            return attention_backward_model_flops(counted, q.shape[-1], v.shape[-1])
+        return count
+
+    for name in (*SDPA_BACKWARD_OPS, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        op = getattr(aten, name, None)
+        if op in formulas:
+            formulas[op] = model_backward(formulas[op])
+
+    def split(formula: Any) -> Any:
+        def count(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            flops = formula(*args, out_val=out_val, **kwargs)
+            if replaying_forward():
+                replayed.flops += flops
+                return 0
+            return flops
+        return _raw(count)
+
+    return {op: split(fn) for op, fn in formulas.items()}
 
 
 #: Operators that launch no kernel although their schema does not mark them as views:
@@ -368,7 +447,9 @@ class WorkloadProfiler:
         self.ops: Any = None  # OpsSeen of the profiled step
         self._device_type = "cpu"
         self.tokens_per_sample: int | None = None
-        self.flops: float | None = None
+        self.flops: float | None = None  # model FLOPs of the profiled step
+        self._replayed: ReplayedFlops | None = None
+        self.recompute_flops: float | None = None  # replayed forward operators' FLOPs
         self.active = False
         self.done = False
 
@@ -395,11 +476,12 @@ class WorkloadProfiler:
             torch.cuda.reset_peak_memory_stats(batch.device)
             self._cuda_base = float(torch.cuda.memory_allocated(batch.device))
         try:
-            extra = _cpu_attention_flops()
-        except Exception as exc:  # an older torch without these kernels
-            logger.debug("gpuopt: no CPU attention FLOP formulas: %s", exc)
-            extra = {}
-        self._flop_mode = FlopCounterMode(display=False, custom_mapping=extra)
+            self._replayed = ReplayedFlops()
+            formulas = model_flop_formulas(self._replayed)
+        except Exception as exc:  # a torch whose FLOP registry differs: its own formulas
+            logger.debug("gpuopt: FLOPs counted as torch counts them: %s", exc)
+            self._replayed, formulas = None, {}
+        self._flop_mode = FlopCounterMode(display=False, custom_mapping=formulas)
         self._flop_mode.__enter__()
         from mlflow_gpuopt.tracking.ops_seen import OpsSeen
 
@@ -477,6 +559,8 @@ class WorkloadProfiler:
             mode, self._flop_mode = self._flop_mode, None
             mode.__exit__(None, None, None)
             self.flops = float(mode.get_total_flops())
+            if self._replayed is not None:
+                self.recompute_flops = float(self._replayed.flops)
         self.active = False
         self.done = True
         self._seen_storages.clear()
@@ -507,6 +591,8 @@ class WorkloadProfiler:
         grad_accum = o.get("grad_accum") or step_forwards or 1
         samples = step_samples or ((micro or 0) * grad_accum) or None
         flops_ps = self.flops / samples if (self.flops and samples) else None
+        recompute_ps = (self.recompute_flops / samples
+                        if flops_ps is not None and self.recompute_flops is not None else None)
         saved_ps = self._saved_bytes / self._forward_batch if self._forward_batch else None
         forwards = step_forwards or grad_accum
         kernels = (self.kernels_before_optimizer / forwards
@@ -534,6 +620,7 @@ class WorkloadProfiler:
             recompute=self.ops.recompute if self.ops is not None else None,
             fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
             gemm_shapes=self.gemm_shapes or None,
+            recompute_flops_per_sample=recompute_ps,
         )
 
     def ran_precision(self) -> tuple[str | None, str | None]:

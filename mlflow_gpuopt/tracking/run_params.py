@@ -71,6 +71,9 @@ def workload_params(profile: WorkloadProfile | None, config: TrackConfig,
         params[contract.PARAM_TRAINABLE_PARAMS] = p.trainable_params
         if p.flops_per_sample is not None:
             params[contract.PARAM_FLOPS_PER_SAMPLE] = f"{p.flops_per_sample:.6g}"
+        if p.recompute_flops_per_sample:  # 0: nothing replayed (profile.json says 0.0)
+            params[contract.PARAM_RECOMPUTE_FLOPS_PER_SAMPLE] = (
+                f"{p.recompute_flops_per_sample:.6g}")
         if p.optimizer:
             params[contract.PARAM_OPTIMIZER] = p.optimizer
         if p.tokens_per_sample:
