@@ -253,3 +253,25 @@ def test_track_logs_model_and_recompute_flops(tracking_uri, ckpt):
                                                                           rel=1e-5)
     else:
         assert "gpuopt.recompute_flops_per_sample" not in p
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION",
+                                     "CUDNN_ATTENTION"])
+def test_cuda_fused_attention_backward_is_twice_its_forward(backend):
+    """Each CUDA kernel that SDPA dispatches: its backward counted at 2 × its forward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 2, 4, 128, 64
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    out = []
+    try:
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            forward = _counted(lambda: out.append(F.scaled_dot_product_attention(q, k, v)))
+            backward = _counted(lambda: out[0].sum().backward())
+    except RuntimeError as exc:  # the kernel does not take these inputs on this GPU
+        pytest.skip(f"{backend}: {exc}")
+    assert sum(forward.values()) == 2 * 2 * b * h * s * s * d
+    assert sum(backward.values()) == 2 * sum(forward.values())
