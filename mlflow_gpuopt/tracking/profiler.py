@@ -138,6 +138,25 @@ def _raw(fn: Any) -> Any:
     return fn
 
 
+class _TotalOnly:
+    """Stands in for ``FlopCounterMode``'s module tracker: every FLOP is counted under
+    "Global", the total this profile needs.
+
+    The tracker puts a multi-grad hook on every module's inputs, and ``torch.autograd.grad``
+    with a leaf among its ``inputs`` (a gradient penalty: WGAN-GP, R1, Jacobian
+    regularisation) then raises "A leaf node was passed to _will_engine_execute_node" inside
+    the user's own call: the profiled step would crash training.
+    """
+
+    parents = ("Global",)
+
+    def __enter__(self) -> _TotalOnly:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def model_flop_formulas(replayed: ReplayedFlops) -> dict:
     """``custom_mapping`` for ``FlopCounterMode`` that makes it count model FLOPs.
 
@@ -482,6 +501,8 @@ class WorkloadProfiler:
             logger.debug("gpuopt: FLOPs counted as torch counts them: %s", exc)
             self._replayed, formulas = None, {}
         self._flop_mode = FlopCounterMode(display=False, custom_mapping=formulas)
+        if hasattr(self._flop_mode, "mod_tracker"):
+            self._flop_mode.mod_tracker = _TotalOnly()
         self._flop_mode.__enter__()
         from mlflow_gpuopt.tracking.ops_seen import OpsSeen
 

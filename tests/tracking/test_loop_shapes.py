@@ -314,3 +314,38 @@ def test_two_forwards_before_one_backward_are_one_micro_batch(tracking_uri):
     # either) per pair
     assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
         2 * mlp_flops_per_sample(16, 32, 8), rel=0.01)
+
+
+def test_gradient_penalty_on_a_leaf_input_trains_under_tracking(tracking_uri):
+    """WGAN-GP: ``torch.autograd.grad(critic(x), x, create_graph=True)`` with ``x`` a leaf
+    (``requires_grad_()`` on the interpolated batch), in the profiled step too. Autograd
+    refuses that call when a multi-grad hook sits on a module's input, so tracking must not
+    put one there; the training runs exactly as it would untracked."""
+
+    def train(critic, opt, steps):
+        torch.manual_seed(1)
+        for _ in range(steps):
+            real, fake = torch.randn(16, 8), torch.randn(16, 8)
+            eps = torch.rand(16, 1)
+            x = (eps * real + (1 - eps) * fake).requires_grad_(True)
+            (g,) = torch.autograd.grad(critic(x).sum(), x, create_graph=True)
+            penalty = ((g.norm(2, dim=1) - 1) ** 2).mean()
+            loss = critic(fake).mean() - critic(real).mean() + 10 * penalty
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def fresh():
+        torch.manual_seed(0)
+        critic = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+        return critic, torch.optim.Adam(critic.parameters(), 1e-3)
+
+    untracked, opt = fresh()
+    train(untracked, opt, steps=6)
+    tracked, opt = fresh()
+    with gpuopt.track(model=tracked, optimizer=opt, **OPTS) as t:
+        train(tracked, opt, steps=6)
+    assert t.summary is not None and t.summary.total_steps == 6
+    for a, b in zip(untracked.parameters(), tracked.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert t.profile is not None and t.profile.flops_per_sample > 0
