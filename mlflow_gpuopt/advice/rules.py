@@ -165,8 +165,10 @@ def gemm_shapes(f: RunFacts, target_precision: str = "bf16") -> list[Finding | N
         flops = 2.0 * m * k * n
         total += flops
         # M is the batch × sequence dimension of a linear layer: the data, not the model;
-        # K and N are the layer's own sizes
-        odd = [d for d in (k, n) if d % align]
+        # K and N are the layer's own sizes. One below the alignment (a critic's or a
+        # regression's scalar head, a 3-class classifier) is left alone: padding it would
+        # multiply that product's work, and a product that thin is bound by memory anyway.
+        odd = [d for d in (k, n) if d % align and d > align]
         if odd:
             bad += flops
             for d in odd:

@@ -41,6 +41,11 @@ def test_gemm_rule_reads_the_layer_dims_not_the_batch():
     assert f.params["unaligned_flops_share"] == pytest.approx(50257 / (50257 + 768))
     assert "50257 -> 50304" in f.fix  # nanoGPT's padded GPT-2 vocabulary
     assert rules.pad_to(1001, 8) == 1008 and rules.pad_to(1024, 64) == 1024
+    # a scalar head (a GAN critic's, a regression's) is thinner than a tile: padding 1 -> 64
+    # would multiply its work, so it is no finding even where it is a large share
+    assert rules.gemm_shapes(facts(gemm_shapes=((16, 8, 32), (16, 32, 1)))) == []
+    (f,) = rules.gemm_shapes(facts(gemm_shapes=((16, 8, 36), (16, 36, 1))))
+    assert f.params["unaligned_flops_share"] == pytest.approx(1.0) and "1 ->" not in f.fix
 
 
 def test_precision_rules_follow_the_gpu():
