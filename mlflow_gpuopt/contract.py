@@ -48,6 +48,22 @@ PARAM_FP8_RECIPE = "gpuopt.fp8_recipe"  # te | tensorwise | rowwise
 #: "FullyShardedDataParallel", "compiled" (a torch.compile'd module) or "none".
 PARAM_MODEL_WRAPPER = "gpuopt.model_wrapper"
 
+#: The tracked model's architecture, as its ``config`` declares it (Hugging Face, nanoGPT,
+#: litgpt; :mod:`mlflow_gpuopt.tracking.architecture`): not logged when not declared.
+PARAM_NUM_LAYERS = "gpuopt.num_layers"
+PARAM_HIDDEN_SIZE = "gpuopt.hidden_size"
+PARAM_NUM_HEADS = "gpuopt.num_heads"
+PARAM_NUM_KV_HEADS = "gpuopt.num_kv_heads"
+PARAM_FFN_HIDDEN_SIZE = "gpuopt.ffn_hidden_size"
+PARAM_MLP = "gpuopt.mlp"  # gelu | swiglu | geglu
+PARAM_VOCAB_SIZE = "gpuopt.vocab_size"
+#: Profile key -> param of the architecture fields.
+ARCHITECTURE_PARAMS = {
+    "num_layers": PARAM_NUM_LAYERS, "hidden_size": PARAM_HIDDEN_SIZE,
+    "num_heads": PARAM_NUM_HEADS, "num_kv_heads": PARAM_NUM_KV_HEADS,
+    "ffn_hidden_size": PARAM_FFN_HIDDEN_SIZE, "mlp": PARAM_MLP, "vocab_size": PARAM_VOCAB_SIZE,
+}
+
 #: Workload fields (the profile's keys) and the param that carries each when the profile
 #: artifact is missing.
 WORKLOAD_PARAMS = {
@@ -58,6 +74,7 @@ WORKLOAD_PARAMS = {
     "kernels_per_micro_step": PARAM_KERNELS_PER_MICRO_STEP,
     "attention": PARAM_ATTENTION, "recompute": PARAM_RECOMPUTE, "fp8_recipe": PARAM_FP8_RECIPE,
     "recompute_flops_per_sample": PARAM_RECOMPUTE_FLOPS_PER_SAMPLE,
+    **ARCHITECTURE_PARAMS,
 }
 
 

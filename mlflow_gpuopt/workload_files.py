@@ -37,10 +37,15 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe"}
+#: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
+#: the workload's; a workload file may use either, and the tracker reads a tracked model's
+#: ``config`` by these names (:mod:`mlflow_gpuopt.tracking.architecture`).
+HF_CONFIG_NAMES = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+                   "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
+                   "intermediate_size": "ffn_hidden_size", "vocab_size": "vocab_size"}
 #: Other spellings of workload keys.
 _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_sample",
-                "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size",
-                "num_key_value_heads": "num_kv_heads"}
+                **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
 _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
 

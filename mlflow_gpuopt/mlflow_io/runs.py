@@ -113,16 +113,32 @@ def _read_profile(client: Any, run: Any) -> dict | None:
         return doc
 
 
-def _workload(run_id: str, params: dict[str, str], profile: dict | None) -> Workload:
+def _workload(run_id: str, params: dict[str, str], profile: dict | None,
+              notes: list[str] | None = None) -> Workload:
+    """The run's workload: its profile, params filling what the profile lacks. The
+    architecture fields are optional: one the workload checks refuse (a damaged or
+    hand-edited run) is left out, said in ``notes``, and the rest of the run is used."""
     doc: dict[str, Any] = dict(profile or {})
     # Params fill what the profile lacks (the profile wins: it has the full-precision figures).
     for key, param in contract.WORKLOAD_PARAMS.items():
         if doc.get(key) in (None, "") and params.get(param) not in (None, "", "None"):
             doc[key] = params[param]
+    where = f"run {run_id}"
+    arch = {k: doc.pop(k) for k in contract.ARCHITECTURE_PARAMS if doc.get(k) not in (None, "")}
     try:
-        return workload_from_dict(doc, where=f"run {run_id}")
+        workload = workload_from_dict(doc, where=where)
     except WorkloadFileError as exc:
         raise RunInputError(f"{exc}; {HOW_TO_TRACK}") from None
+    kept: dict[str, Any] = {}
+    for key, value in arch.items():  # in contract order: num_heads before num_kv_heads
+        try:
+            workload = workload_from_dict({**doc, **kept, key: value}, where=where)
+        except WorkloadFileError as exc:
+            if notes is not None:
+                notes.append(f"{exc}; the architecture field {key} was left out")
+            continue
+        kept[key] = value
+    return workload
 
 
 #: Run params checked against :data:`mlflow_gpuopt.validation.BOUNDS` (name without prefix).
@@ -301,7 +317,7 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
         if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
             raise RunInputError(f"run {run_id} has no gpuopt data; {HOW_TO_TRACK}")
         profile = _read_profile(client, run)
-        this = _workload(run_id, params, profile)
+        this = _workload(run_id, params, profile, notes)
         if workload is None:
             workload, first = this, run_id
         else:

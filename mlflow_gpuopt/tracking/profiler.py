@@ -94,6 +94,15 @@ class WorkloadProfile:
     #: FLOPs of the forward operators activation checkpointing replayed in the backward, per
     #: sample (0.0: none replayed); hardware FLOPs = flops_per_sample + this
     recompute_flops_per_sample: float | None = None
+    #: the architecture the model's ``config`` declares (see :mod:`.architecture`); None:
+    #: not declared
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None  # grouped-query attention's key/value heads
+    ffn_hidden_size: int | None = None  # MLP inner width
+    mlp: str | None = None  # gelu (two matrices) | swiglu | geglu (gated, three)
+    vocab_size: int | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -621,6 +630,9 @@ class WorkloadProfiler:
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
+        from mlflow_gpuopt.tracking.architecture import architecture_of
+
+        arch = architecture_of(self.model)
         return WorkloadProfile(
             name=self.name,
             params=total,
@@ -642,6 +654,7 @@ class WorkloadProfiler:
             fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
             gemm_shapes=self.gemm_shapes or None,
             recompute_flops_per_sample=recompute_ps,
+            **(arch.as_dict() if arch is not None else {}),
         )
 
     def ran_precision(self) -> tuple[str | None, str | None]:
