@@ -43,6 +43,7 @@ from mlflow_gpuopt.perfmodel.activations import (
     TransformerDims,
     activation_bytes,
     normalize_attention,
+    normalize_recompute,
     recompute_time_factor,
 )
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
@@ -162,11 +163,44 @@ def _activations(workload: Workload, config: ParallelConfig, layout: Layout, pre
             attention=normalize_attention(workload.attention), attention_dropout=dropout,
             recompute=recompute, tp=layout.tp, pp=layout.pp,
             grad_accum=config.grad_accum, virtual_stages=layout.vp).peak_bytes
-    act_per_sample, _ = activation_bytes_per_sample(workload, precision)
+    act_per_sample, estimated = activation_bytes_per_sample(workload, precision)
     act = act_per_sample * micro_batch / layout.tp
-    if recompute == "full":
-        act /= checkpointing_factor(shape.num_layers)
+    # A measured figure holds what the run kept under its own recomputation; an estimate
+    # from FLOPs is what a step keeps without any.
+    held = "none" if estimated else normalize_recompute(workload.recompute)
+    if recompute != held:
+        act *= recompute_memory_ratio(workload, shape, precision, held, recompute)
     return act
+
+
+def recompute_memory_ratio(workload: Workload, shape: Shape, precision: str, measured: str,
+                           wanted: str) -> float:
+    """Activation bytes kept under ``wanted`` recomputation ÷ those kept under ``measured``.
+
+    With the architecture, the per-layer formula's ratio (one micro-batch sample, no model
+    parallelism: both figures are per sample of the same model). Without it, full
+    checkpointing keeps ÷ :func:`checkpointing_factor` of the rest, and the selective modes
+    are counted as keeping what no recomputation keeps (their saving depends on the
+    architecture).
+    """
+    dims = transformer_dims(workload)
+    if dims is not None:
+        dropout = workload.dropout is None or workload.dropout > 0
+
+        def kept(mode: str) -> float:
+            return activation_bytes(
+                dims, 1, ELEMENT_BYTES[precision], DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
+                attention=normalize_attention(workload.attention), attention_dropout=dropout,
+                recompute=mode).peak_bytes
+
+        base = kept(measured)
+        return kept(wanted) / base if base > 0 else 1.0
+    factor = checkpointing_factor(shape.num_layers)
+    if wanted == "full" and measured != "full":
+        return 1.0 / factor
+    if measured == "full" and wanted != "full":
+        return factor
+    return 1.0
 
 
 def memory_per_gpu(workload: Workload, config: ParallelConfig,
