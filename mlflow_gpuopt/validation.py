@@ -79,6 +79,8 @@ BOUNDS: dict[str, Bound] = {
     "activation_bytes_per_sample": Bound(0, 1e16, "34 x hidden x layers x tokens stays "
                                                   "below 1e15 bytes"),
     "memory_traffic_bytes_per_sample": Bound(0, 1e19, "at most ~10 bytes per FLOP"),
+    # A replay reruns at most the forward (a third of a step's model FLOPs): the same cap.
+    "recompute_flops_per_sample": Bound(0, 1e18, "a replay reruns at most the forward"),
     # An eager step of a large model dispatches ~1e4–1e5 operators.
     "kernels_per_micro_step": Bound(0, 1e8, "an eager step launches ~1e5 kernels"),
     "num_layers": Bound(0, 1e5, "the deepest trained networks have ~1e3-1e4 layers"),

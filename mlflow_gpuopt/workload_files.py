@@ -34,7 +34,8 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "ffn_hidden_size"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
-               "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout"}
+               "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
+               "recompute_flops_per_sample"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->

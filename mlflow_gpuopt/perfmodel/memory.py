@@ -128,8 +128,14 @@ def transformer_dims(workload: Workload) -> TransformerDims | None:
 
 
 def recompute_factor(workload: Workload, recompute: str) -> float:
-    """How much longer a micro-step runs with ``recompute`` (see
-    :func:`.activations.recompute_time_factor`)."""
+    """How much longer a micro-step runs with ``recompute``: for the run's own mode, its
+    measured replayed FLOPs over its model FLOPs (non-reentrant checkpointing stops replaying
+    once the backward has what it needs, so a full replay is often less than a forward);
+    otherwise :func:`.activations.recompute_time_factor`."""
+    mode = normalize_recompute(recompute)
+    if (mode != "none" and mode == normalize_recompute(workload.recompute)
+            and workload.recompute_flops_per_sample and workload.flops_per_sample > 0):
+        return 1.0 + workload.recompute_flops_per_sample / workload.flops_per_sample
     return recompute_time_factor(recompute, normalize_attention(workload.attention),
                                  workload.flops_per_sample, transformer_dims(workload))
 

@@ -32,6 +32,9 @@ class Workload:
     largest_layer_params: int | None = None
     hidden_size: int | None = None
     memory_traffic_bytes_per_sample: float | None = None  # DRAM bytes moved per sample (roofline)
+    #: FLOPs per sample of the forward operators the run's own recomputation (``recompute``)
+    #: replayed, measured; ``flops_per_sample`` leaves them out (model FLOPs)
+    recompute_flops_per_sample: float | None = None
     #: kernels launched by one forward+backward of a micro-batch (the profiler counts the
     #: operators dispatched in eager mode); bounds the batch-independent latency of a step
     kernels_per_micro_step: float | None = None

@@ -59,3 +59,20 @@ def test_with_the_architecture_the_formula_gives_the_ratio():
         MEASURED * MB * kept("selective-op") / kept("full"))
     # the formula's ratio (the logits and one layer rebuilt stay in full's peak), not sqrt(L)
     assert kept("none") / kept("full") != pytest.approx(CF, rel=0.1)
+
+
+def test_the_runs_own_recomputation_costs_what_it_replayed():
+    """The profile counts the forward operators a checkpointed run replayed; at that mode the
+    step's extra work is that share, not the assumed full forward (× 4/3)."""
+    from mlflow_gpuopt.perfmodel.memory import recompute_factor
+    from mlflow_gpuopt.workload_files import workload_from_dict
+
+    flops = PLAIN.flops_per_sample
+    replayed = dataclasses.replace(PLAIN, recompute="full",
+                                   recompute_flops_per_sample=0.2 * flops)
+    assert recompute_factor(replayed, "full") == pytest.approx(1.2)
+    assert recompute_factor(replayed, "none") == 1.0
+    assert recompute_factor(PLAIN, "full") == pytest.approx(4 / 3)  # not measured: assumed
+    doc = {"params": 1000, "flops_per_sample": 6000.0, "precision": "fp32",
+           "recompute": "full", "recompute_flops_per_sample": 1500.0}
+    assert recompute_factor(workload_from_dict(doc), "full") == pytest.approx(1.25)
