@@ -67,6 +67,11 @@ def check_loop(run, facts: dict, *, iters: int, batch: int, accum: int, block: i
     assert p["gpuopt.optimizer"] == "AdamW"
     cfg = nano.GPTConfig(block_size=block)
     assert int(p["gpuopt.params"]) == expected_params(cfg) == facts["params"]
+    # the architecture nanoGPT's GPTConfig declares (it names no MLP kind or width)
+    assert (int(p["gpuopt.num_layers"]), int(p["gpuopt.hidden_size"]),
+            int(p["gpuopt.num_heads"]), int(p["gpuopt.vocab_size"])) == (
+        cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size)
+    assert "gpuopt.mlp" not in p and "gpuopt.ffn_hidden_size" not in p
     # samples and tokens per optimizer step, from the steady-state summary (job: all ranks)
     per_step = (m["gpuopt/summary/throughput_samples_per_s"]
                 / m["gpuopt/summary/throughput_steps_per_s"])
