@@ -6,6 +6,7 @@ compared with counts the tests make themselves."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import mlflow
@@ -127,6 +128,49 @@ def test_transformers_trainer_joins_the_mlflow_run(tracking_uri, tmp_path, monke
         SEQ * metrics["gpuopt/summary/throughput_samples_per_s"], rel=1e-6)
     assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
         gpt_flops_per_sample(LAYERS, WIDTH, VOCAB, SEQ), rel=1e-5)
+    assert gpuopt_warnings(caplog) == []
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_transformers_trainer_with_gradient_checkpointing(tracking_uri, tmp_path, monkeypatch,
+                                                          caplog, reentrant):
+    """``gradient_checkpointing=True`` (HF's reentrant default and the non-reentrant kind):
+    the model FLOPs are the un-checkpointed model's, the replayed forward is counted apart,
+    the mode reads ``full``, and the GPT-2 config's architecture is logged."""
+    import transformers
+    from mlflow_gpuopt.integrations.transformers import GpuOptCallback
+
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "hf-ckpt")
+    micro, steps = 4, 5
+    # transformers 5 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs)
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    ckpt = ("activation_checkpointing" if "activation_checkpointing" in fields
+            else "gradient_checkpointing")
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=micro, max_steps=steps,
+        learning_rate=1e-3, report_to=["mlflow"], use_cpu=True, save_strategy="no",
+        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+        **{ckpt: True, f"{ckpt}_kwargs": {"use_reentrant": reentrant}})
+    trainer = transformers.Trainer(model=tiny_gpt(), args=args,
+                                   train_dataset=TokenDataset(micro * steps),
+                                   callbacks=[GpuOptCallback(**OPTS)])
+    trainer.train()
+    (run_id,) = mlflow.search_runs(experiment_names=["hf-ckpt"])["run_id"]
+    params, metrics = logged(run_id)
+    assert metrics["gpuopt/summary/steps"] == steps
+    assert params["gpuopt.recompute"] == "full"
+    model_flops = gpt_flops_per_sample(LAYERS, WIDTH, VOCAB, SEQ)
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(model_flops, rel=1e-5)
+    # the blocks' forward replayed in the backward: at most the blocks' forward (a third of
+    # their 6-per-weight work plus attention's forward), more than nothing
+    blocks_forward = SEQ * (2 * LAYERS * 12 * WIDTH * WIDTH + 4 * LAYERS * SEQ * WIDTH)
+    assert 0 < float(params["gpuopt.recompute_flops_per_sample"]) <= blocks_forward * 1.000001
+    assert (params["gpuopt.num_layers"], params["gpuopt.hidden_size"],
+            params["gpuopt.num_heads"], params["gpuopt.vocab_size"], params["gpuopt.mlp"],
+            params["gpuopt.ffn_hidden_size"]) == (
+        str(LAYERS), str(WIDTH), str(HEADS), str(VOCAB), "gelu", str(4 * WIDTH))
     assert gpuopt_warnings(caplog) == []
 
 
