@@ -17,7 +17,8 @@ follows it until the optimizer steps: the loss and the backward pass). Read at t
 - **recompute**: operators that run *inside* the backward pass (an autograd graph task)
   *with gradients enabled* are forward operators replayed by activation checkpointing
   (``torch.utils.checkpoint`` recomputes under ``enable_grad``; the backward's own operators
-  run with gradients off unless ``create_graph``). ``full`` when weight products
+  run with gradients off), except in a backward that builds a graph (``create_graph``: all
+  its operators run with gradients on, the first one included). ``full`` when weight products
   (``mm``/``addmm``) were replayed (whole layers recomputed); ``selective`` when the attention
   core was replayed but no weight product (Korthikanti et al.'s selective recomputation);
   ``selective-op`` when only element-wise operators were (torchtitan's per-op selective
@@ -58,16 +59,57 @@ SDPA_MATH_OPS = frozenset({"_safe_softmax"})
 FP8_DTYPE_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
+class _GraphTasks:
+    """Which autograd graph tasks (backward passes) build a graph of their own
+    (``create_graph=True``: a gradient penalty, higher-order gradients).
+
+    Such a task runs every backward operator with gradients on, from its first operator;
+    an ordinary backward runs its first operator (the loss's own backward) with gradients off
+    and turns them on only inside a checkpoint's replay. ``create_graph`` also keeps the graph
+    (``retain_graph`` defaults to it), which an ordinary ``loss.backward()`` does not, so both
+    are asked. A few hundred ids are remembered (one profiled step runs a handful).
+    """
+
+    _LIMIT = 256
+
+    def __init__(self) -> None:
+        self._creates_graph: dict[int, bool] = {}
+
+    def creates_graph(self, task_id: int, grad_enabled: bool) -> bool:
+        seen = self._creates_graph.get(task_id)
+        if seen is None:
+            import torch
+
+            keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+            seen = bool(grad_enabled and (keep is None or keep()))
+            self._creates_graph[task_id] = seen
+            if len(self._creates_graph) > self._LIMIT:
+                self._creates_graph.pop(next(iter(self._creates_graph)))
+        return seen
+
+
+_TASKS = _GraphTasks()
+
+
 def replaying_forward() -> bool:
     """Whether the operator being dispatched now is a forward operator replayed by activation
     checkpointing: it runs inside an autograd graph task (the backward pass) with gradients
     enabled (``torch.utils.checkpoint`` recomputes under ``enable_grad``; the backward's own
-    operators run with gradients off unless ``create_graph``). Call it from a dispatch mode,
-    on the thread that runs the operator."""
+    operators run with gradients off), and the task is not one that builds a graph itself
+    (:class:`_GraphTasks`: there every operator runs with gradients on, and it is model work).
+    Call it from a dispatch mode, for every operator of the backward, on the thread that runs
+    the operator."""
     import torch
 
     task_id = getattr(torch._C, "_current_graph_task_id", None)
-    return task_id is not None and torch.is_grad_enabled() and task_id() != -1
+    if task_id is None:
+        return False
+    tid = task_id()
+    if tid == -1:
+        return False
+    grad = torch.is_grad_enabled()
+    builds_graph = _TASKS.creates_graph(tid, grad)  # every operator: the first one decides
+    return grad and not builds_graph
 
 
 def _op_name(func: Any) -> str:

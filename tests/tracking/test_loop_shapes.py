@@ -349,3 +349,9 @@ def test_gradient_penalty_on_a_leaf_input_trains_under_tracking(tracking_uri):
     for a, b in zip(untracked.parameters(), tracked.parameters(), strict=True):
         assert torch.equal(a, b)
     assert t.profile is not None and t.profile.flops_per_sample > 0
+    # the penalty's backward builds a graph (every operator with gradients on): model work,
+    # not a checkpoint's replay (which would also advise removing checkpointing)
+    params, _ = logged(t.run_id)
+    assert params["gpuopt.recompute"] == "none"
+    assert "gpuopt.recompute_flops_per_sample" not in params
+    assert t.profile.recompute_flops_per_sample == 0

@@ -121,14 +121,14 @@ class Mlp(nn.Module):
         return checkpoint(self.body, x, use_reentrant=False) if self.ckpt else self.body(x)
 
 
-def profile_mlp(model: nn.Module, batch: int = 8):
+def profile_mlp(model: nn.Module, batch: int = 8, retain_graph: bool = False):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(batch, 64)
     prof = WorkloadProfiler(model, opt)
     prof.begin_step(x)
     out = model(x)
     prof.end_forward(out)
-    out.pow(2).mean().backward()
+    out.pow(2).mean().backward(retain_graph=retain_graph)
     opt.step()
     prof.end_step()
     return prof.result(batch, 1)
@@ -148,6 +148,15 @@ def test_checkpointed_mlp(early_stop, replayed):
     assert plain.recompute_flops_per_sample == 0
     assert ckpt.recompute_flops_per_sample == replayed
     assert plain.recompute == "none" and ckpt.recompute == "full"
+
+
+def test_a_replay_in_a_backward_that_keeps_its_graph_is_still_a_replay():
+    """``retain_graph=True`` keeps the graph as ``create_graph`` does, but the backward's first
+    operator runs with gradients off: the checkpoint's replay is told apart all the same."""
+    with set_checkpoint_early_stop(True):
+        kept = profile_mlp(Mlp(ckpt=True), retain_graph=True)
+    assert kept.recompute == "full" and kept.recompute_flops_per_sample == linear(64, 256)
+    assert kept.flops_per_sample == 2 * linear(64, 256) + 3 * linear(256, 64)
 
 
 def _counted(fn) -> dict:
