@@ -156,52 +156,53 @@ def activation_notes(workload: Workload, recompute: str) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _formula_bytes(workload: Workload, dims: TransformerDims, precision: str,
+                   micro_batch: float, recompute: str, tp: int = 1, pp: int = 1,
+                   grad_accum: int = 1, virtual_stages: int = 1) -> float:
+    """The per-layer formula's activation bytes at the peak of the backward, with the
+    workload's attention kernel and dropout."""
+    dropout = workload.dropout is None or workload.dropout > 0
+    return activation_bytes(
+        dims, micro_batch, ELEMENT_BYTES[precision], DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
+        attention=normalize_attention(workload.attention), attention_dropout=dropout,
+        recompute=recompute, tp=tp, pp=pp, grad_accum=grad_accum,
+        virtual_stages=virtual_stages).peak_bytes
+
+
 def _activations(workload: Workload, config: ParallelConfig, layout: Layout, precision: str,
                  micro_batch: float, shape: Shape) -> float:
     """Activation bytes on the busiest GPU for one micro-step of ``micro_batch`` samples."""
     recompute = config.recompute_mode(workload.recompute)
     dims = None if workload.activation_bytes_per_sample else transformer_dims(workload)
     if dims is not None:
-        dropout = workload.dropout is None or workload.dropout > 0
-        return activation_bytes(
-            dims, micro_batch, ELEMENT_BYTES[precision],
-            DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
-            attention=normalize_attention(workload.attention), attention_dropout=dropout,
-            recompute=recompute, tp=layout.tp, pp=layout.pp,
-            grad_accum=config.grad_accum, virtual_stages=layout.vp).peak_bytes
+        return _formula_bytes(workload, dims, precision, micro_batch, recompute, layout.tp,
+                              layout.pp, config.grad_accum, layout.vp)
     act_per_sample, estimated = activation_bytes_per_sample(workload, precision)
     act = act_per_sample * micro_batch / layout.tp
     # A measured figure holds what the run kept under its own recomputation; an estimate
     # from FLOPs is what a step keeps without any.
     held = "none" if estimated else normalize_recompute(workload.recompute)
     if recompute != held:
-        act *= recompute_memory_ratio(workload, shape, precision, held, recompute)
+        act *= recompute_memory_ratio(workload, shape.num_layers, precision, held, recompute)
     return act
 
 
-def recompute_memory_ratio(workload: Workload, shape: Shape, precision: str, measured: str,
+@functools.lru_cache(maxsize=64)  # pure; asked for every plan of a search
+def recompute_memory_ratio(workload: Workload, num_layers: int, precision: str, measured: str,
                            wanted: str) -> float:
     """Activation bytes kept under ``wanted`` recomputation ÷ those kept under ``measured``.
 
     With the architecture, the per-layer formula's ratio (one micro-batch sample, no model
     parallelism: both figures are per sample of the same model). Without it, full
-    checkpointing keeps ÷ :func:`checkpointing_factor` of the rest, and the selective modes
-    are counted as keeping what no recomputation keeps (their saving depends on the
-    architecture).
+    checkpointing keeps ÷ :func:`checkpointing_factor` of the rest (``num_layers``: the
+    model's, or its shape estimate), and the selective modes are counted as keeping what no
+    recomputation keeps (their saving depends on the architecture).
     """
     dims = transformer_dims(workload)
     if dims is not None:
-        dropout = workload.dropout is None or workload.dropout > 0
-
-        def kept(mode: str) -> float:
-            return activation_bytes(
-                dims, 1, ELEMENT_BYTES[precision], DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
-                attention=normalize_attention(workload.attention), attention_dropout=dropout,
-                recompute=mode).peak_bytes
-
-        base = kept(measured)
-        return kept(wanted) / base if base > 0 else 1.0
-    factor = checkpointing_factor(shape.num_layers)
+        base = _formula_bytes(workload, dims, precision, 1, measured)
+        return _formula_bytes(workload, dims, precision, 1, wanted) / base if base > 0 else 1.0
+    factor = checkpointing_factor(num_layers)
     if wanted == "full" and measured != "full":
         return 1.0 / factor
     if measured == "full" and wanted != "full":
