@@ -34,6 +34,7 @@ Hugging Face configs, submodule names.
 from __future__ import annotations
 
 import logging
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -128,10 +129,8 @@ def _count(value: Any) -> int | None:
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, int) and value > 0:
+    if isinstance(value, numbers.Integral) and value > 0:  # numpy integers included
         return int(value)
-    if type(value).__name__ in ("int64", "int32"):  # a numpy integer
-        return _count(int(value))
     return None
 
 
