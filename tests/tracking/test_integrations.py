@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
+from tracking_helpers import gpuopt_warnings, logged, samples_per_step
 
 import mlflow_gpuopt as gpuopt
 
@@ -37,21 +38,6 @@ def tiny_gpt():
                                   attn_pdrop=0.0)
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(cfg)
-
-
-def logged(run_id: str) -> tuple[dict, dict]:
-    run = mlflow.get_run(run_id)
-    return run.data.params, run.data.metrics
-
-
-def samples_per_step(metrics: dict) -> float:
-    return (metrics["gpuopt/summary/throughput_samples_per_s"]
-            / metrics["gpuopt/summary/throughput_steps_per_s"])
-
-
-def gpuopt_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno >= logging.WARNING and r.getMessage().startswith("gpuopt:")]
 
 
 def test_accelerate_prepared_objects(tracking_uri):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 
-import mlflow
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
+from tracking_helpers import gpuopt_warnings, logged, samples_per_step
 
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.tracking.optimizers import unwrap_optimizer
@@ -37,21 +37,6 @@ def mlp_flops_per_sample(n_in: int, hidden: int, n_out: int) -> int:
 
 def mlp(n_in=16, hidden=32, n_out=4) -> nn.Module:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
-
-
-def logged(run_id: str) -> tuple[dict, dict]:
-    run = mlflow.get_run(run_id)
-    return run.data.params, run.data.metrics
-
-
-def samples_per_step(metrics: dict) -> float:
-    return (metrics["gpuopt/summary/throughput_samples_per_s"]
-            / metrics["gpuopt/summary/throughput_steps_per_s"])
-
-
-def gpuopt_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno >= logging.WARNING and r.getMessage().startswith("gpuopt:")]
 
 
 def test_unwrap_follows_optimizer_chains():

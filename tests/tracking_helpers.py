@@ -1,0 +1,25 @@
+"""What tracking tests read back from a tracked run (shared by tests/tracking/)."""
+
+from __future__ import annotations
+
+import logging
+
+import mlflow
+
+
+def logged(run_id: str) -> tuple[dict, dict]:
+    """The run's (params, metrics)."""
+    run = mlflow.get_run(run_id)
+    return run.data.params, run.data.metrics
+
+
+def samples_per_step(metrics: dict) -> float:
+    """Samples per optimizer step, from the steady-state summary."""
+    return (metrics["gpuopt/summary/throughput_samples_per_s"]
+            / metrics["gpuopt/summary/throughput_steps_per_s"])
+
+
+def gpuopt_warnings(caplog) -> list[str]:
+    """The ``gpuopt:`` warnings the test captured."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and r.getMessage().startswith("gpuopt:")]
