@@ -14,12 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlflow_gpuopt import contract
-from mlflow_gpuopt.mlflow_io.runs import _float, _int
+from mlflow_gpuopt.mlflow_io.runs import _float, _int, experiment_runs
 
 logger = logging.getLogger(__name__)
-
-_MAX_RUNS = 1000
-
 
 class MeasuredRunError(ValueError):
     """An experiment or run that cannot be read as a measured gpuopt run."""
@@ -89,18 +86,9 @@ def measured_runs_in_experiment(name: str, client=None, *,
     With ``require_profile`` False, every tracked run, with or without a FLOPs figure.
     """
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
-    client = client or MlflowClient()
-    try:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise MeasuredRunError(f"no MLflow experiment named {name!r}")
-        runs = client.search_runs([exp.experiment_id], max_results=_MAX_RUNS,
-                                  order_by=["attributes.start_time DESC"])
-    except MlflowException as exc:  # e.g. the tracking server is unreachable: one line
-        raise MeasuredRunError(f"cannot read experiment {name!r}: "
-                               f"{str(exc).splitlines()[0]}") from None
+    runs = experiment_runs(client or MlflowClient(), name, oldest_first=False,
+                           error=MeasuredRunError)
     out = [_measured(r) for r in runs if _is_measured(r, require_profile)]
     if not out:
         raise MeasuredRunError(

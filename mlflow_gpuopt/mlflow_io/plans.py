@@ -23,9 +23,6 @@ from mlflow_gpuopt.launch.plan_ids import parse_plan_id
 
 logger = logging.getLogger(__name__)
 
-_MAX_RUNS = 1000
-
-
 class PlanError(ValueError):
     """A plan id that names no readable plan (message: one line)."""
 
@@ -188,18 +185,10 @@ def planned_runs(runs: Sequence[Any]) -> list[PlannedRun]:
 def planned_runs_in_experiment(name: str, client: Any = None) -> list[PlannedRun]:
     """Runs of experiment ``name`` launched as a plan, oldest first; :class:`PlanError` if
     there is no such experiment or it cannot be read."""
-    from mlflow.exceptions import MlflowException
+    from mlflow_gpuopt.mlflow_io.runs import experiment_runs
 
-    client = _client(client)
-    try:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise PlanError(f"no MLflow experiment named {name!r}")
-        runs = client.search_runs([exp.experiment_id], max_results=_MAX_RUNS,
-                                  order_by=["attributes.start_time ASC"])
-    except MlflowException as exc:
-        raise PlanError(f"cannot read experiment {name!r}: {_one_line(exc)}") from None
-    return planned_runs(runs)
+    return planned_runs(experiment_runs(_client(client), name, oldest_first=True,
+                                        error=PlanError))
 
 
 def plans_for(runs: Sequence[PlannedRun], client: Any = None) -> dict[str, PlanPrediction | str]:

@@ -286,6 +286,30 @@ def get_run(client: Any, run_id: str) -> Any:
             from None
 
 
+#: Runs read from one experiment at most (``compare``, ``accuracy``).
+MAX_EXPERIMENT_RUNS = 1000
+
+
+def experiment_runs(client: Any, name: str, *, oldest_first: bool,
+                    error: type[Exception] = RunInputError) -> list[Any]:
+    """The runs of experiment ``name`` by start time (at most
+    :data:`MAX_EXPERIMENT_RUNS`); ``error`` (one line) when there is no such experiment or the
+    store cannot be read (a tracking server down, say)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise error(f"no MLflow experiment named {name!r}")
+        return client.search_runs(
+            [exp.experiment_id], max_results=MAX_EXPERIMENT_RUNS,
+            order_by=[f"attributes.start_time {'ASC' if oldest_first else 'DESC'}"])
+    except MlflowException as exc:
+        lines = str(exc).strip().splitlines()
+        raise error(f"cannot read experiment {name!r}: "
+                    f"{lines[0] if lines else type(exc).__name__}") from None
+
+
 def load_run_inputs(run_ids: Sequence[str], client: Any = None,
                     resolve_gpu: Callable[[str], str] | None = None) -> RunInputs:
     """Workload and observations from ``run_ids`` (the first run's profile is the workload).
