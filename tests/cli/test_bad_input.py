@@ -289,6 +289,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(store, args, message):
     assert store.run_count() == before
 
 
+@pytest.mark.parametrize("args", [
+    ["compare", "--experiment", "any"], ["accuracy", "--experiment", "any"],
+    [*RECOMMEND, "--run-id", "0123456789abcdef"], [*RECOMMEND, "--experiment", "any"]],
+    ids=["compare", "accuracy", "recommend-run", "recommend-experiment"])
+def test_a_store_that_cannot_be_read_is_one_line_without_its_credentials(args, monkeypatch):
+    """MLflow's error text quotes the tracking URI, credentials and all; the one line the
+    user sees has them masked (nothing listens on the port: the request fails at once)."""
+    import socket
+
+    with socket.socket() as s:  # a free port, closed again: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = "pl4nted-t0ken-7f3a"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    result = CliRunner().invoke(gpuopt, args, env={
+        "MLFLOW_TRACKING_URI": f"http://alice:{secret}@127.0.0.1:{port}"})
+    assert result.exit_code == 2, result.output[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.stderr
+    assert "127.0.0.1" in lines[0]  # it says which store
+    assert secret not in result.output
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["recommend-profile-binary", "recommend-confidence-nan",
                                   "predict-workload-100k-deep"])
