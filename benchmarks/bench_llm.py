@@ -69,21 +69,16 @@ Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only).
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mlflow_gpuopt.catalog import load_gpus
-from mlflow_gpuopt.hardware import hardware_for_gpu
-from mlflow_gpuopt.perfmodel import Observation, ParallelConfig, PerfModelError, Workload, fit
-from mlflow_gpuopt.perfmodel.activations import (
-    DROPOUT_MASK_BYTES_CUDA,
-    TransformerDims,
-    activation_bytes,
-)
+from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "llm_training_throughput.tsv"
@@ -112,14 +107,6 @@ ARCHITECTURES = {
     (80, 8192): (64, 28672, 128256, "swiglu", 0.0, 8),   # Llama 3 / 3.1 70B
     (126, 16384): (128, 53248, 128256, "swiglu", 0.0, 8),  # Llama 3.1 405B
 }
-
-
-def power_capped_clock(limit_w: float | None, tdp_w: float) -> float:
-    """Clock (so FLOP/s) share left under a power limit: dynamic power ∝ f·V² with V ∝ f in
-    the DVFS range, so f ∝ P^(1/3) (a first-order physical estimate, not a fit)."""
-    if not limit_w or limit_w >= tdp_w:
-        return 1.0
-    return (limit_w / tdp_w) ** (1.0 / 3.0)
 
 
 GOALS = "goal with a measurement: median <= 10%, p90 <= 25%, coverage >= 80%; none: median <= 25%"
@@ -291,81 +278,87 @@ def load_rows() -> tuple[list[Row], int]:
     return out, skipped
 
 
-def transformer(row: Row, recompute: str = "none") -> TransformerDims:
-    """The model's architecture as the activation formula takes it."""
-    heads, ffn, vocab, mlp, _, kv_heads = row.architecture
-    return TransformerDims(num_layers=row.layers, hidden_size=row.hidden, seq_len=row.seq,
-                           num_heads=heads, ffn_hidden_size=ffn, gated_mlp=mlp == "swiglu",
-                           vocab_size=vocab, num_kv_heads=kv_heads)
-
-
-def workload(row: Row) -> Workload:
-    """The workload file a user would write for this model: its published architecture
-    (layers, hidden, heads, key/value heads, FFN width, MLP kind, vocabulary, dropout), SDPA
-    attention and the recomputation the source states, so :mod:`perfmodel.activations`
-    decides the memory.
-    DRAM traffic per sample: 6 × the activations the same formula gives without recomputation
-    (written in forward, read in backward, gradients written and read, normalisation passes:
-    ``compute.TRAFFIC_PER_ACTIVATION_BYTE``)."""
+def workload_doc(row: Row) -> dict:
+    """The workload file a user writes for this model from its card / ``config.json`` and how
+    the job runs: only keys docs/metrics.md lists as user-supplied
+    (``tests/test_benchmark_workloads.py`` checks it). The published architecture (layers,
+    hidden, heads, key/value heads, FFN width, MLP kind, vocabulary, dropout), SDPA attention,
+    the recomputation the source states and the FP8 recipe; everything derived (DRAM traffic,
+    kernels per micro-step, largest layer, activations) is the model's own default."""
     heads, ffn, vocab, mlp, dropout, kv_heads = row.architecture
-    dims = transformer(row)
-    act = activation_bytes(dims, 1, 2.0, DROPOUT_MASK_BYTES_CUDA if dropout is None or dropout
-                           else 0.0, attention="sdpa", recompute="none").stored_bytes
-    return Workload(params=int(row.params), flops_per_sample=row.flops_per_token * row.seq,
-                    precision="bf16", name=row.model, micro_batch=row.micro_batch,
-                    optimizer="adamw", memory_traffic_bytes_per_sample=6.0 * act,
-                    tokens_per_sample=row.seq, num_layers=row.layers, hidden_size=row.hidden,
-                    num_heads=heads, num_kv_heads=kv_heads, ffn_hidden_size=ffn,
-                    vocab_size=vocab, mlp=mlp,
-                    attention="sdpa", dropout=dropout, recompute=row.recompute,
-                    trainable_params=int(row.params), fp8_recipe=row.fp8_recipe)
+    doc = {"name": row.model, "params": int(row.params),
+           "flops_per_sample": row.flops_per_token * row.seq, "precision": "bf16",
+           "optimizer": "AdamW", "micro_batch": row.micro_batch, "tokens_per_sample": row.seq,
+           "num_layers": row.layers, "hidden_size": row.hidden, "num_heads": heads,
+           "num_kv_heads": kv_heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "mlp": mlp,
+           "attention": "sdpa", "dropout": dropout, "recompute": row.recompute,
+           "fp8_recipe": row.fp8_recipe}
+    return {k: v for k, v in doc.items() if v is not None}
 
 
-def hardware(row: Row):
-    spec_name, mem_gb, net, limit_w, bandwidth_tb = GPUS[row.gpu]
-    spec = load_gpus()[spec_name]
-    hw = hardware_for_gpu(spec, gpus_per_node=8, inter_node_gbps=net)
-    clock = power_capped_clock(limit_w, spec.tdp_w)
-    return replace(hw, memory_bytes=mem_gb * 1e9,
-                   memory_bandwidth_bytes_per_s=(bandwidth_tb * 1e12 if bandwidth_tb
-                                                 else hw.memory_bandwidth_bytes_per_s),
-                   peak_flops_per_s={p: v * clock for p, v in hw.peak_flops_per_s.items()})
+def catalog_gpu(row: Row) -> str:
+    """The catalog GPU a user names for the row's GPU: the Grand Teton H100 (HBM2e, 500 W)
+    is not in the catalog, so it is predicted as the H100 SXM it is a variant of."""
+    return GPUS[row.gpu][0]
 
 
-def config(row: Row) -> ParallelConfig:
-    per_node = min(8, row.gpus)
-    accum = row.grad_accum or 1
-    if row.grad_accum is None and row.global_batch:
-        accum = max(1, round(row.global_batch / (row.dp * row.micro_batch)))
-    return ParallelConfig(gpus_per_node=per_node, nodes=max(1, row.gpus // per_node),
-                          strategy=row.dp_strategy if row.gpus > 1 else "single",
-                          micro_batch=row.micro_batch, grad_accum=accum,
-                          precision=row.precision, tp=row.tp, pp=row.pp,
-                          recompute=row.recompute, virtual_stages=row.vp)
+def strategy(row: Row) -> str:
+    """The ``--strategy`` layout string of the row (tp × pp × the data-parallel strategy)."""
+    if row.gpus == 1:
+        return "single"
+    parts = ([f"tp{row.tp}"] if row.tp > 1 else []) + ([f"pp{row.pp}"] if row.pp > 1 else [])
+    return "x".join(parts + [row.dp_strategy])
 
 
-def observation(row: Row) -> Observation:
-    c = config(row)
+def grad_accum(row: Row) -> int:
+    if row.grad_accum:
+        return row.grad_accum
+    if row.global_batch:
+        return max(1, round(row.global_batch / (row.dp * row.micro_batch)))
+    return 1
+
+
+def nodes(row: Row) -> int:
+    return max(1, row.gpus // min(8, row.gpus))
+
+
+def cli_args(row: Row) -> list[str]:
+    """``mlflow gpuopt predict`` flags for the row's configuration."""
+    args = ["--gpu", catalog_gpu(row), "--gpus", str(row.gpus), "--nodes", str(nodes(row)),
+            "--strategy", strategy(row), "--micro-batch", str(row.micro_batch),
+            "--grad-accum", str(grad_accum(row)), "--precision", row.precision,
+            "--recompute", row.recompute, "--inter-node-gbps", str(GPUS[row.gpu][2])]
+    if row.vp > 1:
+        args += ["--virtual-stages", str(row.vp)]
+    limit = GPUS[row.gpu][3]
+    if limit:
+        args += ["--power-limit-w", str(limit)]
+    return args
+
+
+def observation_line(row: Row) -> list:
+    """One observations-CSV row (docs/metrics.md#the-observations-csv) of a published row."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
-    kw = dict(gpu=hardware(row).gpu, gpu_count=row.gpus, throughput_samples_per_s=samples,
-              nodes=c.nodes, micro_batch=row.micro_batch, strategy=c.strategy,
-              precision=row.precision, grad_accum=c.grad_accum, recompute=row.recompute)
-    if {"tp", "pp"} <= {f.name for f in fields(Observation)}:
-        kw.update(tp=row.tp, pp=row.pp)
-    return Observation(**kw)
+    return [catalog_gpu(row), row.gpus, nodes(row), row.micro_batch, samples, strategy(row),
+            row.precision, grad_accum(row), row.recompute]
 
 
-def predict(target: Row, refs: list[Row]):
-    """(predicted tokens/s/GPU, low, high, fits) for ``target`` from ``refs``."""
-    w = workload(target)
-    hw_t = hardware(target)
-    hws = {hardware(r).gpu: hardware(r) for r in refs}
-    # Several tsv GPU names map to one catalog spec (H100 80/96 GB): keep the target's.
-    if hw_t.gpu in hws:
-        hws[hw_t.gpu] = replace(hws[hw_t.gpu], memory_bytes=hw_t.memory_bytes)
-    pred = fit(w, [observation(r) for r in refs], hws).predict(config(target), hw_t)
+def predict(target: Row, refs: list[Row], tmp: Path):
+    """(predicted tokens/s/GPU, low, high, fits) for ``target`` from ``refs``, through
+    ``mlflow gpuopt predict`` with the workload file and observations CSV a user writes."""
+    wl = tmp / "workload.json"
+    wl.write_text(json.dumps(workload_doc(target)))
+    args = ["--workload", str(wl)]
+    if refs:
+        obs = tmp / "observations.csv"
+        with obs.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(OBSERVATION_COLUMNS)
+            writer.writerows(observation_line(r) for r in refs)
+        args += ["--observations", str(obs)]
+    out = run_predict(args + cli_args(target))
     k = target.seq / target.gpus
-    return (pred.throughput_samples_per_s * k, pred.low * k, pred.high * k, pred.fits)
+    return (out["throughput_samples_per_s"] * k, out["low"] * k, out["high"] * k, out["fits"])
 
 
 def same_shape(a: Row, b: Row) -> bool:
@@ -458,19 +451,18 @@ def derive_fp8_recipe_efficiency() -> dict[str, float]:
               seq=8192, gpu="H100-SXM-80GB", gpus=8, tp=1, pp=1, dp=8, micro_batch=1,
               global_batch=8, precision="bf16", recompute="selective-op",
               tokens_per_s_per_gpu=0.0, variant="FSDP", cp=1, variant_notes="fsdp=8")
-    hw = hardware(row)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_fp8_"))
 
     def speedup(recipe: str, factor: float) -> float:
         table = dict(compute.FP8_RECIPE_EFFICIENCY)
         compute.FP8_RECIPE_EFFICIENCY[recipe] = factor
         try:
-            pred = fit(replace(workload(row), fp8_recipe=recipe), [], {})
-            fp8 = pred.predict(replace(config(row), precision="fp8"), hw)
-            bf16 = pred.predict(config(row), hw)
+            fp8 = predict(replace(row, precision="fp8", fp8_recipe=recipe), [], tmp)[0]
+            bf16 = predict(row, [], tmp)[0]
         finally:
             compute.FP8_RECIPE_EFFICIENCY.clear()
             compute.FP8_RECIPE_EFFICIENCY.update(table)
-        return fp8.throughput_samples_per_s / bf16.throughput_samples_per_s
+        return fp8 / bf16
 
     out = {}
     for recipe in ("tensorwise", "rowwise"):
@@ -495,13 +487,14 @@ def main() -> None:
           f"{len(rows) - len(report)} derivation set, never scored); {skipped} skipped "
           "(context parallel > 1, tp/pp unknown)")
     lines = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_"))
     for name, pairs in tasks(rows).items():
         res = []
         print(f"\n== Task {name}")
         for target, refs in pairs:
             try:
-                got, low, high, _ = predict(target, refs)
-            except PerfModelError as exc:
+                got, low, high, _ = predict(target, refs, tmp)
+            except PredictError as exc:
                 print(f"  {target.model} {target.gpus}x{target.gpu}: not predicted ({exc})")
                 continue
             err = 100.0 * abs(got - target.tokens_per_s_per_gpu) / target.tokens_per_s_per_gpu
@@ -515,8 +508,8 @@ def main() -> None:
     infeasible = []
     for r in report:
         try:
-            _, _, _, fits = predict(r, [])
-        except PerfModelError:
+            _, _, _, fits = predict(r, [], tmp)
+        except PredictError:
             continue
         if not fits:
             infeasible.append(r)

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.perfmodel import uncertainty as unc
-from mlflow_gpuopt.perfmodel.compute import architecture
+from mlflow_gpuopt.perfmodel.compute import architecture, tensor_efficiency
+from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
@@ -67,7 +68,14 @@ class Predictor:
             notes.append("optimizer unknown: Adam's 8 bytes/param of state assumed")
         prior = "FLOPs / peak at a prior efficiency" + (
             " plus the counted kernels' dispatch" if workload.kernels_per_micro_step else "")
-        if result.cpu_only:
+        self._defaults = workload_defaults(workload, self._shape, opt_assumed)
+        # Speed defaults in words (memory and shape ones have their own notes below).
+        notes += [d.describe() for d in self._defaults if d.kind in ("traffic", "kernels")]
+        # Each speed default's quantity moved by its own spread, for its effect on a
+        # prediction (built once: the workloads key the models' caches).
+        self._perturbed = {d.kind: perturbed(workload, d, math.exp(d.log_spread))
+                           for d in self._defaults if d.kind in SPEED_KINDS}
+        if result.cpu_only and result.n_observations:
             notes.append(f"only CPU measurements: GPU speed from {prior} (wide interval)")
         elif not result.log_compute_scale:
             notes.append(f"no measurements: GPU speed from {prior}")
@@ -218,6 +226,16 @@ class Predictor:
             unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
             else 0.0,
         )
+        if key not in res.log_compute_scale and res.log_compute_scale:
+            # FLOPs-only fallbacks (architecture unknown) widen a prediction carried from
+            # another GPU or precision: each default's spread times how far it moves this
+            # prediction. (A prior-only one has SIGMA_PRIOR_ONLY, the spread measured over
+            # such workloads, fallbacks included.)
+            widen = [abs(d_log) for d, d_log in self._speed_effects(
+                hardware, precision, layout, m, config.grad_accum, calib, rfactor,
+                recompute == "full", throughput) if d.fallback]
+            if widen:
+                sigma = unc.combine(sigma, *widen)
         low, high = unc.interval(throughput, sigma)
 
         # Memory is linear in the micro-batch: two evaluations give it at m and the max m.
@@ -253,6 +271,62 @@ class Predictor:
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"))
+
+    @property
+    def defaults(self) -> tuple[Default, ...]:
+        """The defaults this workload's predictions take (:mod:`.defaults`)."""
+        return self._defaults
+
+    def _speed_effects(self, hardware: Hardware, precision: str, layout: Layout, m: int,
+                       grad_accum: int, calib: Calibration, rfactor: float,
+                       full_recompute: bool, throughput: float
+                       ) -> list[tuple[Default, float]]:
+        """(default, change of log throughput when its quantity moves by its own spread) for
+        each speed default (:data:`.defaults.SPEED_KINDS`)."""
+        out = []
+        base = math.log(throughput)
+        for d in self._defaults:
+            if d.kind not in SPEED_KINDS:
+                continue
+            w = self._perturbed[d.kind]
+            opt = self._opt_bytes / math.exp(d.log_spread) if d.kind == "optimizer" \
+                else self._opt_bytes
+            t = step_terms(w, hardware, precision, layout, m, grad_accum, self._shape, opt,
+                           calib, rfactor, full_recompute)
+            out.append((d, math.log(t.samples_per_step / t.step_s) - base))
+        return out
+
+    def default_effects(self, config: ParallelConfig, hardware: Hardware
+                        ) -> list[tuple[Default, float]]:
+        """(default, relative change of ``config``'s predicted throughput when the default
+        moves by its own spread), largest effect first: which default decides the answer.
+        Without a measurement on this GPU and precision the GPU's efficiency is one of them
+        (its spread: ``uncertainty.TRANSFORMER_MFU_SPREAD``, else ``SIGMA_PRIOR_ONLY``)."""
+        layout, precision, m = self._resolve(config, hardware)
+        key = (hardware.gpu, precision)
+        calib, _, _, _ = self._calibration(key)
+        recompute = config.recompute_mode(self.workload.recompute)
+        rfactor = recompute_factor(self.workload, recompute)
+        full = recompute == "full"
+        terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
+                           self._shape, self._opt_bytes, calib, rfactor, full)
+        throughput = terms.samples_per_step / terms.step_s
+        effects = self._speed_effects(hardware, precision, layout, m, config.grad_accum,
+                                      calib, rfactor, full, throughput)
+        if not self.result.log_compute_scale:
+            group = (architecture(hardware.gpu), "bf16" if precision == "fp16" else precision)
+            spread = (unc.TRANSFORMER_MFU_SPREAD.get(group) if self._transformer else None) \
+                or unc.SIGMA_PRIOR_ONLY
+            eff = Default("efficiency", "tensor-core efficiency",
+                          tensor_efficiency(hardware.gpu, precision), "of dense peak",
+                          "compute.GENERATION_MFU of the GPU's generation (no measurement)",
+                          spread)
+            slower = replace(calib, compute_scale=calib.compute_scale * math.exp(spread))
+            t = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
+                           self._shape, self._opt_bytes, slower, rfactor, full)
+            effects.append((eff, math.log(t.samples_per_step / t.step_s / throughput)))
+        effects = [(d, math.expm1(v)) for d, v in effects]
+        return sorted(effects, key=lambda e: -abs(e[1]))
 
     def _joint_fit_sigma(self, key: Key, hardware: Hardware, layout: Layout, precision: str,
                          m: int,

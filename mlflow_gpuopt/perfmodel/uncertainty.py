@@ -45,6 +45,28 @@ SIGMA_OTHER_GPU = 0.25
 TRANSFORMER_MFU_SPREAD = {("ampere", "bf16"): 0.077, ("hopper", "bf16"): 0.063,
                           ("hopper", "fp8"): 0.126, ("blackwell", "bf16"): 0.063,
                           ("blackwell", "fp8"): 0.126}
+#: Spreads (standard deviation of log value) of the defaults the models take where a workload
+#: does not give a quantity (:mod:`.defaults`), each argued from the range the quantity
+#: physically takes, not fitted:
+#: - DRAM traffic from the architecture's activations × 6 passes: fused kernels (a compiled
+#:   norm, FlashAttention) make it ~4 passes, unfused fp32 norm intermediates and casts ~9:
+#:   ×/÷1.5, log 0.4;
+#: - DRAM traffic from FLOPs / 30 (no architecture): training steps range from ~10 FLOPs per
+#:   byte (embedding-heavy recommenders) to over 1,000 (billion-parameter transformers):
+#:   ×/÷3.3, log 1.2;
+#: - kernels per micro-step from the architecture (100 per layer, eager): torch.compile fuses
+#:   them to about a third, FSDP's gathers and casts add: ×/÷1.65, log 0.5;
+#: - the flat host overhead (no count, no architecture) stands for ~100 operators; models
+#:   dispatch from 10² (an MLP) to 10⁵ (a recurrent decoder, Tacotron 2's 77,633): log 1.5;
+#: - shape estimated from the parameter count (GPT aspect ratio hidden ≈ 64-128 × layers):
+#:   log 0.3.
+#: A FLOPs-only fallback's spread, times how far it moves the prediction, is added to the
+#: interval where the GPU and precision were not measured themselves.
+SIGMA_TRAFFIC_ARCHITECTURE = 0.4
+SIGMA_TRAFFIC_FROM_FLOPS = 1.2
+SIGMA_KERNELS_ARCHITECTURE = 0.5
+SIGMA_KERNELS_FLAT = 1.5
+SIGMA_SHAPE_ESTIMATE = 0.3
 #: Calibrated on the same GPU at another precision (tensor-core efficiency differs).
 SIGMA_OTHER_PRECISION = 0.2
 #: More data-parallel replicas than any observation had: per doubling beyond the largest.
