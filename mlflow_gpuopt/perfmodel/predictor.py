@@ -57,9 +57,11 @@ class Predictor:
     """
 
     def __init__(self, workload: Workload, result: FitResult,
-                 fit_to_observed: ObservedFit | None = None) -> None:
+                 fit_to_observed: ObservedFit | None = None,
+                 hardware: Mapping[str, Hardware] | None = None) -> None:
         self.workload = workload
         self.result = result
+        self._hardware = dict(hardware or {})  # the measured GPUs, for carried defaults
         self._shape = model_shape(workload)
         self._observed = fit_to_observed or ObservedFit()
         self._opt_bytes, opt_assumed = optimizer_state_bytes_per_param(workload)
@@ -88,6 +90,7 @@ class Predictor:
         self._transformer = bool(transformer_dims(workload) is not None and workload.num_heads
                                  and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
+        self._carried_cache: dict[tuple, list[float]] = {}
 
     @property
     def assumptions(self) -> tuple[str, ...]:
@@ -231,9 +234,7 @@ class Predictor:
             # another GPU or precision: each default's spread times how far it moves this
             # prediction. (A prior-only one has SIGMA_PRIOR_ONLY, the spread measured over
             # such workloads, fallbacks included.)
-            widen = [abs(d_log) for d, d_log in self._speed_effects(
-                hardware, precision, layout, m, config.grad_accum, calib, rfactor,
-                recompute == "full", throughput) if d.fallback]
+            widen = self._carried_fallback_spread(key, hardware, m)
             if widen:
                 sigma = unc.combine(sigma, *widen)
         low, high = unc.interval(throughput, sigma)
@@ -271,6 +272,40 @@ class Predictor:
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"))
+
+    def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int) -> list[float]:
+        """Per FLOPs-only fallback default, how far its own spread moves a calibration carried
+        from the measured GPUs (``_pool(key)``) to ``key``: the change of log throughput of one
+        GPU's micro-step at ``m`` on the target minus that on the source (the fit absorbs
+        what both share), at the priors."""
+        fallbacks = [d for d in self._defaults if d.fallback and d.kind in SPEED_KINDS]
+        sources = [k for k in self._pool(key) if k[0] in self._hardware]
+        if not fallbacks or not sources:
+            return []
+        cache = self._carried_cache
+        cached = cache.get((key, m))
+        if cached is not None:
+            return cached
+        single = resolve_layout(ParallelConfig(gpus_per_node=1, strategy="single",
+                                               micro_batch=m))
+        prior = Calibration()
+
+        def effect(d: Default, hw: Hardware, precision: str) -> float:
+            opt = self._opt_bytes / math.exp(d.log_spread) if d.kind == "optimizer" \
+                else self._opt_bytes
+            base = step_terms(self.workload, hw, precision, single, m, 1, self._shape,
+                              self._opt_bytes, prior).step_s
+            moved = step_terms(self._perturbed[d.kind], hw, precision, single, m, 1,
+                               self._shape, opt, prior).step_s
+            return math.log(base / moved)
+
+        out = []
+        for d in fallbacks:
+            here = effect(d, hardware, key[1])
+            there = sum(effect(d, self._hardware[k[0]], k[1]) for k in sources) / len(sources)
+            out.append(abs(here - there))
+        cache[(key, m)] = out
+        return out
 
     @property
     def defaults(self) -> tuple[Default, ...]:
@@ -453,4 +488,4 @@ def fit(workload: Workload, observations: Sequence[Observation],
     """
     validate_workload(workload)
     return Predictor(workload, fit_calibration(workload, observations, hardware),
-                     observed_fit(workload, observations, hardware))
+                     observed_fit(workload, observations, hardware), hardware)
