@@ -63,7 +63,9 @@ Derivation set vs report set, for every constant the model takes from published 
 rows above; ``compute.FP8_RECIPE_EFFICIENCY`` from torchao's README (not in this table); nothing
 is set from a report row.
 
-Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only).
+Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--derive-fp8`` and
+``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and
+``uncertainty.SIGMA_PRIOR_TRANSFORMER``.
 """
 
 from __future__ import annotations
@@ -475,7 +477,26 @@ def derive_fp8_recipe_efficiency() -> dict[str, float]:
     return out
 
 
+def derive_prior_width(rows: list[Row]) -> None:
+    """``uncertainty.SIGMA_PRIOR_TRANSFORMER``: the root-mean-square of log(published /
+    predicted) over the derivation rows, each from its workload file alone (the CLI path)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_width_"))
+    logs: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.derivation:
+            logs[r.source].append(math.log(r.tokens_per_s_per_gpu / predict(r, [], tmp)[0]))
+    every = [x for v in logs.values() for x in v]
+    for source, v in logs.items():
+        print(f"  {source:28s} {len(v):3d} rows  mean {statistics.fmean(v):+.3f}  "
+              f"rms {math.sqrt(statistics.fmean(x * x for x in v)):.3f}")
+    print(f"SIGMA_PRIOR_TRANSFORMER = {math.sqrt(statistics.fmean(x * x for x in every)):.3f} "
+          f"(rms over {len(every)} derivation rows)")
+
+
 def main() -> None:
+    if "--derive-prior-width" in sys.argv[1:]:
+        derive_prior_width(load_rows()[0])
+        return
     if "--derive-fp8" in sys.argv[1:]:
         for recipe, factor in derive_fp8_recipe_efficiency().items():
             print(f"FP8_RECIPE_EFFICIENCY[{recipe!r}] = {factor:.3f} (torchao README speed-up "

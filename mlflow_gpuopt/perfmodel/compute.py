@@ -253,6 +253,13 @@ def architecture(gpu: str) -> str:
     return "unknown"
 
 
+def transformer_mfu_group(group: tuple[str, str]) -> tuple[str, str]:
+    """The ``GENERATION_MFU`` key an (architecture, precision) pair takes its figure from
+    (Blackwell takes Hopper's)."""
+    arch, precision = group
+    return _SAME_AS.get(arch, arch), precision
+
+
 def tensor_efficiency(gpu: str, precision: str) -> float:
     """Share of the tensor-core dense peak a large GEMM-bound job reaches on ``gpu`` at
     ``precision``: ``COMPUTE_EFFICIENCY_TENSOR`` (Ampere's) × the generation's published MFU

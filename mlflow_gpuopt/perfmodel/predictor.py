@@ -8,7 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.perfmodel import uncertainty as unc
-from mlflow_gpuopt.perfmodel.compute import architecture, tensor_efficiency
+from mlflow_gpuopt.perfmodel.compute import (
+    GENERATION_MFU,
+    architecture,
+    tensor_efficiency,
+    transformer_mfu_group,
+)
 from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
@@ -168,7 +173,7 @@ class Predictor:
             return (res.log_compute_scale[key], res.log_compute_sd[key], 0.0,
                     res.log_fixed_scale.get(key, 0.0), False)
         if not res.log_compute_scale:
-            return 0.0, unc.SIGMA_PRIOR_ONLY, 0.0, 0.0, True
+            return 0.0, self._prior_sigma(key), 0.0, 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
         extra = unc.SIGMA_OTHER_PRECISION if same_gpu else unc.SIGMA_OTHER_GPU
         if self._transformer:
@@ -180,6 +185,15 @@ class Predictor:
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
         return logk, sd, extra, 0.0, not same_gpu
+
+    def _prior_sigma(self, key: Key) -> float:
+        """Width of a prediction with no GPU measurement: ``SIGMA_PRIOR_TRANSFORMER`` for a
+        transformer described by its architecture on a generation and precision
+        ``GENERATION_MFU`` has a figure for, else ``SIGMA_PRIOR_ONLY``."""
+        group = (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1])
+        if self._transformer and transformer_mfu_group(group) in GENERATION_MFU:
+            return unc.SIGMA_PRIOR_TRANSFORMER
+        return unc.SIGMA_PRIOR_ONLY
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:

@@ -27,6 +27,18 @@ SIGMA_FLOOR = 0.03
 #: it covers 85.5% of the rows. The point stays at the prior: the error is not centred, and a
 #: shifted point would move every prior-basis plan the recommender prices.
 SIGMA_PRIOR_ONLY = 0.75
+#: No GPU measurement, but a transformer described by its architecture (layers, hidden size,
+#: sequence, heads, vocabulary) on a GPU generation and precision ``compute.GENERATION_MFU``
+#: has a figure for: every term is derived from the architecture (docs/models.md#defaults), and
+#: what is left is how far the whole prior strays on published pre-training. The
+#: root-mean-square of log(published / predicted) over the derivation set of
+#: ``shared/data/llm_training_throughput.tsv`` (the rows ``GENERATION_MFU`` came from, never
+#: scored by ``benchmarks/bench_llm.py``), each predicted from its workload file alone through
+#: ``mlflow gpuopt predict``: Megatron-LM 2024 H100 0.39 (9 rows), NeMo 24.07 FP8 0.36 (10),
+#: torchtitan A100 Llama 2 0.19 (5); 0.346 over the 24, rounded to 0.35
+#: (``bench_llm.py --derive-prior-width`` prints it). Other workloads and generations keep
+#: ``SIGMA_PRIOR_ONLY``.
+SIGMA_PRIOR_TRANSFORMER = 0.35
 #: Calibrated on another GPU type (roofline transfer, Habitat-style).
 SIGMA_OTHER_GPU = 0.25
 #: Spread (standard deviation of log MFU) of large transformer pre-training within one GPU
