@@ -1,11 +1,15 @@
 """Accuracy of the scaling models against NVIDIA's published training throughput.
 
 Data: ``benchmarks/data/nvidia_dle_benchmarks.csv`` (a copy of the DeepLearningExamples README
-tables, each row citing its README). Workload profiles: ``benchmarks/workloads/*.json``,
-written from each model's published size and FLOPs (their ``bench.notes`` say how).
+tables, each row citing its README). Workload files: ``benchmarks/workloads/*.json``,
+written from each model's published size, FLOPs and shape (their ``bench.notes`` say how),
+holding only keys docs/metrics.md marks user-supplied (``tests/test_benchmark_workloads.py``).
+Every prediction is ``mlflow gpuopt predict`` on that file, invoked in-process
+(``cli_path.run_predict``), with an observations CSV of the given rows; a DGX-2's 16 GPUs per
+node are two nodes of 8 on the command line (no catalog machine holds 16).
 
 Tasks (each prints median and p90 absolute % error per model and overall, interval coverage,
-and a naive baseline):
+a naive baseline, and in the summary the median interval width, high / low):
   1a. scaling within a GPU type: given the 1-GPU row, predict 4, 8 and 16 GPUs;
   1b. the same given the 1- and 2-GPU rows (where a table has 2 GPUs);
   1c. multi-node: given 8 GPUs (one node), predict 16-256 (BERT/Transformer-XL tables);

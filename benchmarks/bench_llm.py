@@ -16,34 +16,38 @@ Everything else is the report set: Megatron-Bridge (H100 and B200, FP8), torchti
 and 2025-06 (H100 96 GB, bf16 and FP8), torchtitan 2024-08's Llama 3 rows (A100) and its
 Llama 3.1 405B rows (H100 95 GB).
 
-Each row becomes the workload file a user would write for the model: FLOPs per token
-``6·N + 12·L·h·s`` (PaLM's model FLOPs, attention included, as torchtitan counts them) and
-the published architecture (layers, hidden, heads, FFN width, SwiGLU, vocabulary 128,256, no
-dropout for Llama 3: ``ARCHITECTURES``; its 8 key/value heads where the attention kernel takes
-them as they are: Megatron / NeMo, not torchtitan, which expands them), SDPA attention and the
-recomputation the source states, so ``perfmodel.activations`` decides the memory (no
-activation figure is given).
+Each row becomes the workload file a user would write for the model (``workload_doc``: only
+keys docs/metrics.md marks user-supplied; ``tests/test_benchmark_workloads.py`` checks it),
+and every prediction is ``mlflow gpuopt predict`` on it, invoked in-process
+(``cli_path.run_predict``), with an observations CSV of the reference rows where a task has
+them. The file: FLOPs per token ``6·N + 12·L·h·s`` (PaLM's model FLOPs, attention included, as
+torchtitan counts them) and the published architecture (layers, hidden, heads, FFN width,
+SwiGLU, vocabulary 128,256, no dropout for Llama 3: ``ARCHITECTURES``; its 8 key/value heads
+where the attention kernel takes them as they are: Megatron / NeMo, not torchtitan, which
+expands them), SDPA attention, the recomputation the source states and the FP8 recipe; DRAM
+traffic, kernels per micro-step, largest layer and activations are the model's defaults from
+that architecture (docs/models.md#defaults).
 torchtitan's "selective" is its per-op policy (``selective_ac_option = 'op'``, saving every
 other matmul output: recompute ``selective-op``); its "selective-layer" (checkpoint every
-n-th block) is not modelled and kept as Megatron's selective. DRAM traffic: 6 × the same
-formula's activations without recomputation. FP8: Transformer Engine for NVIDIA's rows (recipe
-``te``), torchao tensor-wise for torchtitan's "fp8-linear"/"fp8-tensorwise" and row-wise for
-"fp8-rowwise" (``compute.FP8_RECIPE_EFFICIENCY``, derived from torchao's README, not from
-these rows: ``--derive-fp8`` prints the solution). AdamW. Layouts: tp × pp × dp as the source
-gives them; FSDP for torchtitan and Megatron-FSDP rows, ZeRO-1 (Megatron's distributed
-optimizer) for the rest; Megatron's interleaved ``vp`` from the notes. torchtitan's pipeline
-splits the local batch into pp × (stages per rank) micro-batches (1 stage per rank for 1F1B,
-2 for interleaved: torchtitan ``pipeline_llama.py`` defaults, 2024-12), so 405B's local
-batch 32 runs as 8 micro-batches of 4 (1F1B) or 16 of 2 (interleaved). Context parallelism
-is not modelled: rows with cp > 1 are skipped (counted). Networks: 8 × 400 Gbit/s per node
-(DGX H100/B200 InfiniBand, Grand Teton RDMA), 8 × 200 Gbit/s for the A100 cluster (not stated
-in the source: DGX A100's HCAs). The Grand Teton H100 (96 GB HBM2e, and the 95 GB "lower
-TDP" part of the 2024-08 page, the same platform) is modelled as the H100 SXM spec with its
-memory, its stated 2.4 TB/s bandwidth and the 500 W default power limit the torchtitan pages
-state, FLOP/s scaled by the clock the cap leaves, ``(500/700)^(1/3)`` (dynamic power ∝ f·V²,
-V ∝ f; a first-order physical estimate, not a fit). A TFLOP/s row whose tokens/s row is in
-the table (the same configuration) is dropped, as it would be a duplicate in another FLOPs
-convention.
+n-th block) is not modelled and kept as Megatron's selective. FP8: Transformer Engine for
+NVIDIA's rows (recipe ``te``), torchao tensor-wise for torchtitan's "fp8-linear"/
+"fp8-tensorwise" and row-wise for "fp8-rowwise" (``compute.FP8_RECIPE_EFFICIENCY``, derived
+from torchao's README, not from these rows: ``--derive-fp8`` prints the solution). AdamW.
+Layouts (``--strategy``): tp × pp × the data-parallel strategy as the source gives them;
+FSDP for torchtitan and Megatron-FSDP rows, ZeRO-1 (Megatron's distributed optimizer) for
+the rest; Megatron's interleaved ``vp`` from the notes (``--virtual-stages``). torchtitan's
+pipeline splits the local batch into pp × (stages per rank) micro-batches (1 stage per rank
+for 1F1B, 2 for interleaved: torchtitan ``pipeline_llama.py`` defaults, 2024-12), so 405B's
+local batch 32 runs as 8 micro-batches of 4 (1F1B) or 16 of 2 (interleaved). Context
+parallelism is not modelled: rows with cp > 1 are skipped (counted). Networks
+(``--inter-node-gbps``): 8 × 400 Gbit/s per node (DGX H100/B200 InfiniBand, Grand Teton
+RDMA), 8 × 200 Gbit/s for the A100 cluster (not stated in the source: DGX A100's HCAs). The
+Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, and the 95 GB "lower TDP" part of the 2024-08
+page, the same platform) is not in the catalog: it is predicted as the catalog's H100 SXM
+with ``--power-limit-w 500``, the default limit the torchtitan pages state (the command has
+no flag for its memory and bandwidth, and an observations CSV row cannot say its run was
+power-limited). A TFLOP/s row whose tokens/s row is in the table (the same configuration) is
+dropped, as it would be a duplicate in another FLOPs convention.
 
 Tasks (median and p90 absolute % error of tokens/s per GPU, and coverage of the 90%
 interval):
