@@ -290,18 +290,23 @@ def attention_flops_share(workload: Workload) -> float:
     return min(0.5, 12.0 * layers * h * s * s / workload.flops_per_sample)
 
 
-def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
-    """Seconds for ``flops`` of matmuls: on the tensor cores at the vendor's attainable share
-    of peak (:func:`.vendor.attainable_fraction`, AMD) or the generation's
-    (:func:`tensor_efficiency`, NVIDIA); off them at ``COMPUTE_EFFICIENCY_SIMT``."""
-    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
+def matmul_efficiency(hardware: Hardware, precision: str) -> tuple[float, str]:
+    """(share of the dense peak the matmuls reach, where the figure comes from): on the tensor
+    cores the vendor's attainable share (:func:`.vendor.attainable_fraction`, AMD) or the
+    generation's (:func:`tensor_efficiency`, NVIDIA); off them ``COMPUTE_EFFICIENCY_SIMT``."""
     if uses_tensor_cores(hardware.peak_flops_per_s, precision):
         eff = vendor.attainable_fraction(hardware.gpu)
-        if eff is None:
-            eff = tensor_efficiency(hardware.gpu, precision)
-    else:
-        eff = COMPUTE_EFFICIENCY_SIMT
-    return flops / (peak * eff)
+        if eff is not None:
+            return eff, "the vendor's attainable share of peak (perfmodel.vendor)"
+        return (tensor_efficiency(hardware.gpu, precision),
+                "compute.GENERATION_MFU of the GPU's generation")
+    return COMPUTE_EFFICIENCY_SIMT, "compute.COMPUTE_EFFICIENCY_SIMT (no tensor cores)"
+
+
+def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
+    """Seconds for ``flops`` of matmuls at :func:`matmul_efficiency` of the dense peak."""
+    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
+    return flops / (peak * matmul_efficiency(hardware, precision)[0])
 
 
 def memory_efficiency(hardware: Hardware) -> float:

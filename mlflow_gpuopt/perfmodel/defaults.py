@@ -41,7 +41,7 @@ class Default:
         """The default in words: quantity, value, where from."""
         if not self.value and not self.unit:
             return f"default {self.quantity}: {self.source}"
-        return f"default {self.quantity}: {_fmt(self.value, self.unit)} ({self.source})"
+        return f"default {self.quantity}: {_fmt(self.value, self.unit)}, from {self.source}"
 
     def as_dict(self) -> dict:
         """The JSON form (``predict --json``'s ``defaults``)."""

@@ -11,7 +11,7 @@ from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
     GENERATION_MFU,
     architecture,
-    tensor_efficiency,
+    matmul_efficiency,
     transformer_mfu_group,
 )
 from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
@@ -96,6 +96,7 @@ class Predictor:
                                  and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
         self._carried_cache: dict[tuple, list[float]] = {}
+        self._efficiency_notes: dict[Key, str] = {}
 
     @property
     def assumptions(self) -> tuple[str, ...]:
@@ -186,6 +187,25 @@ class Predictor:
         sd = max(res.log_compute_sd[k] for k in pool)
         return logk, sd, extra, 0.0, not same_gpu
 
+    def _efficiency_note(self, key: Key, hardware: Hardware) -> str:
+        """The efficiency default of a prediction without a GPU measurement, in words."""
+        note = self._efficiency_notes.get(key)
+        if note is None:
+            d = self._efficiency_default(key, hardware)
+            note = self._efficiency_notes[key] = (
+                f"default {d.quantity}: {d.value:.3g} of the dense {key[1]} peak of "
+                f"{hardware.gpu}, from {d.source}")
+        return note
+
+    def _efficiency_default(self, key: Key, hardware: Hardware) -> Default:
+        """The GPU's efficiency as a :class:`.defaults.Default` (no GPU measurement)."""
+        group = (architecture(hardware.gpu), "bf16" if key[1] == "fp16" else key[1])
+        spread = (unc.TRANSFORMER_MFU_SPREAD.get(group) if self._transformer else None) \
+            or unc.SIGMA_PRIOR_ONLY
+        eff, source = matmul_efficiency(hardware, key[1])
+        return Default("efficiency", "matmul efficiency", eff, "of dense peak",
+                       f"{source}, no GPU measurement", spread)
+
     def _prior_sigma(self, key: Key) -> float:
         """Width of a prediction with no GPU measurement: ``SIGMA_PRIOR_TRANSFORMER`` for a
         transformer described by its architecture on a generation and precision
@@ -269,6 +289,8 @@ class Predictor:
         observed_m = self._observed.micro_batches.get(
             _observed_key(hardware.gpu, config, layout, precision, recompute), 0)
         notes = self._notes + activation_notes(self.workload, recompute)
+        if not res.log_compute_scale:
+            notes += (self._efficiency_note(key, hardware),)
         if observed_m >= m and not fits:
             # A run proved this configuration fits; the estimate is what is wrong.
             fits, max_m = True, max(max_m, observed_m)
@@ -363,14 +385,8 @@ class Predictor:
         effects = self._speed_effects(hardware, precision, layout, m, config.grad_accum,
                                       calib, rfactor, full, throughput)
         if not self.result.log_compute_scale:
-            group = (architecture(hardware.gpu), "bf16" if precision == "fp16" else precision)
-            spread = (unc.TRANSFORMER_MFU_SPREAD.get(group) if self._transformer else None) \
-                or unc.SIGMA_PRIOR_ONLY
-            eff = Default("efficiency", "tensor-core efficiency",
-                          tensor_efficiency(hardware.gpu, precision), "of dense peak",
-                          "compute.GENERATION_MFU of the GPU's generation (no measurement)",
-                          spread)
-            slower = replace(calib, compute_scale=calib.compute_scale * math.exp(spread))
+            eff = self._efficiency_default(key, hardware)
+            slower = replace(calib, compute_scale=calib.compute_scale * math.exp(eff.log_spread))
             t = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
                            self._shape, self._opt_bytes, slower, rfactor, full)
             effects.append((eff, math.log(t.samples_per_step / t.step_s / throughput)))
