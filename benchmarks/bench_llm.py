@@ -42,12 +42,13 @@ local batch 32 runs as 8 micro-batches of 4 (1F1B) or 16 of 2 (interleaved). Con
 parallelism is not modelled: rows with cp > 1 are skipped (counted). Networks
 (``--inter-node-gbps``): 8 × 400 Gbit/s per node (DGX H100/B200 InfiniBand, Grand Teton
 RDMA), 8 × 200 Gbit/s for the A100 cluster (not stated in the source: DGX A100's HCAs). The
-Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, and the 95 GB "lower TDP" part of the 2024-08
-page, the same platform) is not in the catalog: it is predicted as the catalog's H100 SXM
-with ``--power-limit-w 500``, the default limit the torchtitan pages state (the command has
-no flag for its memory and bandwidth, and an observations CSV row cannot say its run was
-power-limited). A TFLOP/s row whose tokens/s row is in the table (the same configuration) is
-dropped, as it would be a duplicate in another FLOPs convention.
+Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, 700 W TDP held at a 500 W default limit; the 95 GB
+"lower TDP" part of the 2024-08 page is the same platform) is named as a user would,
+``--gpu "NVIDIA H100 96GB"`` (the catalog's ``H100-SXM5-96GB``, pricing/README.md), predicted
+with ``--power-limit-w 500``, and its measured rows say ``power_limit_w = 500`` in the
+observations CSV; the runs on the target's GPU type ran on the network the target is given.
+A TFLOP/s row whose tokens/s row is in the table (the same configuration) is dropped, as it
+would be a duplicate in another FLOPs convention.
 
 Tasks (median and p90 absolute % error of tokens/s per GPU, and coverage of the 90%
 interval):
@@ -90,18 +91,19 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "llm_training_throughput.tsv"
 
 DERIVATION_SOURCES = ("megatron_readme_2024_h100", "nemo_24.07_perf")
-#: tsv GPU -> (catalog spec, memory GB, node network Gbit/s, power limit W or None,
-#: memory bandwidth TB/s or None for the spec's)
+#: tsv GPU -> (the ``--gpu`` name a user gives, memory GB, node network Gbit/s, board power
+#: limit W or None for the TDP)
 GPUS = {
-    "H100-SXM-80GB": ("H100-SXM5-80GB", 80, 3200.0, None, None),
+    "H100-SXM-80GB": ("NVIDIA H100 80GB HBM3", 80, 3200.0, None),
     # torchtitan benchmarks/llama3_h100_202412_torchtitan.md (and the 2025-06 async-TP page):
-    # "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power limit".
-    "H100-SXM-96GB-HBM2e-500W": ("H100-SXM5-80GB", 96, 3200.0, 500.0, 2.4),
+    # "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power limit"
+    # (the catalog's H100-SXM5-96GB, pricing/README.md).
+    "H100-SXM-96GB-HBM2e-500W": ("NVIDIA H100 96GB", 96, 3200.0, 500.0),
     # torchtitan docs/performance.md @3faaa1a: "HBM2e-based SXM H100 with lower TDP", the same
     # Grand Teton part; its limit is taken as the later page's default 500 W.
-    "H100-HBM2e-95GB-lowTDP": ("H100-SXM5-80GB", 95, 3200.0, 500.0, 2.4),
-    "A100-80GB": ("A100-80GB-SXM4", 80, 1600.0, None, None),
-    "B200": ("B200-SXM-180GB", 180, 3200.0, None, None),
+    "H100-HBM2e-95GB-lowTDP": ("NVIDIA H100 96GB", 95, 3200.0, 500.0),
+    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 80, 1600.0, None),
+    "B200": ("NVIDIA B200", 180, 3200.0, None),
 }
 #: Architecture of the models in the report set, from their published configurations
 #: (Llama 3: torchtitan ``torchtitan/models/llama/__init__.py`` llama3_configs and Meta's model
@@ -303,8 +305,8 @@ def workload_doc(row: Row) -> dict:
 
 
 def catalog_gpu(row: Row) -> str:
-    """The catalog GPU a user names for the row's GPU: the Grand Teton H100 (HBM2e, 500 W)
-    is not in the catalog, so it is predicted as the H100 SXM it is a variant of."""
+    """The ``--gpu`` name a user gives for the row's GPU (as nvidia-smi or the source says
+    it; the command resolves it to the catalog's)."""
     return GPUS[row.gpu][0]
 
 
@@ -346,7 +348,7 @@ def observation_line(row: Row) -> list:
     """One observations-CSV row (docs/metrics.md#the-observations-csv) of a published row."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
     return [catalog_gpu(row), row.gpus, nodes(row), row.micro_batch, samples, strategy(row),
-            row.precision, grad_accum(row), row.recompute]
+            row.precision, grad_accum(row), row.recompute, GPUS[row.gpu][3] or ""]
 
 
 def predict(target: Row, refs: list[Row], tmp: Path):

@@ -26,7 +26,9 @@ from mlflow_gpuopt.validation import BOUNDS, OutOfRangeError, check, short_repr
 
 REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
 OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
-                       "strategy", "precision", "grad_accum", "recompute")
+                       "strategy", "precision", "grad_accum", "recompute", "power_limit_w")
+#: A board power limit above this is a typo (the largest boards, B200 / MI325X, are 1,000 W).
+MAX_POWER_LIMIT_W = 2000.0
 REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
 
 _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_layers",
@@ -273,6 +275,12 @@ def parse_observations_csv(text: str, where: str = "observations",
             recompute = normalize_recompute(row["recompute"]) if row.get("recompute") else None
         except (ValueError, PerfModelError) as exc:
             raise WorkloadFileError(f"{at}: {exc}") from None
+        power = None
+        if row.get("power_limit_w"):
+            power = _number(row["power_limit_w"], "power_limit_w", at, float)
+            if not 0 < power <= MAX_POWER_LIMIT_W:
+                raise WorkloadFileError(f"{at}: power_limit_w must be a board power limit in W, "
+                                        f"> 0 and <= {MAX_POWER_LIMIT_W:g}, got {power:g}")
         precision = None
         if row.get("precision"):
             try:
@@ -285,7 +293,7 @@ def parse_observations_csv(text: str, where: str = "observations",
             if row.get("micro_batch") else None,
             strategy=strategy, precision=precision, recompute=recompute,
             grad_accum=max(1, _number(row["grad_accum"], "grad_accum", at, int))
-            if row.get("grad_accum") else 1))
+            if row.get("grad_accum") else 1, power_limit_w=power))
     if not out:
         raise WorkloadFileError(f"{where}: no observations (only a header?)")
     return out
@@ -325,5 +333,6 @@ def observations_to_csv(observations: list[Observation]) -> str:
     for o in observations:
         writer.writerow([o.gpu, o.gpu_count, o.nodes, o.micro_batch or "",
                          repr(float(o.throughput_samples_per_s)), o.strategy, o.precision or "",
-                         o.grad_accum, o.recompute or ""])
+                         o.grad_accum, o.recompute or "",
+                         "" if o.power_limit_w is None else repr(float(o.power_limit_w))])
     return out.getvalue()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 
 import click
 
@@ -271,6 +272,8 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     network = _network(catalog, target, offer, inter_node_gbps)
     target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node, offer=offer,
                                  inter_node_gbps=network.inter_node_gbps)
+    if inter_node_gbps and target in hardware:  # the runs on the target's GPU type: its network
+        hardware[target] = replace(hardware[target], inter_node_bytes_per_s=inter_node_gbps / 8e-9)
     if power_limit_w:
         from mlflow_gpuopt.perfmodel.compute import power_capped
 

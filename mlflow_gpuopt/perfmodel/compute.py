@@ -376,13 +376,20 @@ def power_capped_clock(limit_w: float | None, tdp_w: float) -> float:
     return (limit_w / tdp_w) ** (1.0 / 3.0)
 
 
-def power_capped(hardware: Hardware, limit_w: float | None, tdp_w: float) -> Hardware:
-    """``hardware`` with its FLOP/s scaled by :func:`power_capped_clock`."""
-    clock = power_capped_clock(limit_w, tdp_w)
-    if clock == 1.0:
+def power_capped(hardware: Hardware, limit_w: float | None,
+                 tdp_w: float | None = None) -> Hardware:
+    """``hardware`` with its FLOP/s at the clock :func:`power_capped_clock` gives
+    ``limit_w`` on a board of ``tdp_w`` (default: ``hardware.tdp_w``). A ``hardware`` already
+    capped is rescaled from its own limit, so capping twice (``predict --power-limit-w`` and
+    an observation's ``power_limit_w``) gives the second limit, not the product."""
+    tdp = tdp_w or hardware.tdp_w
+    if not limit_w or not tdp:
         return hardware
-    return replace(hardware, peak_flops_per_s={p: v * clock
-                                               for p, v in hardware.peak_flops_per_s.items()})
+    clock = power_capped_clock(limit_w, tdp) / power_capped_clock(hardware.power_limit_w, tdp)
+    if clock == 1.0 and hardware.power_limit_w == limit_w:
+        return hardware
+    return replace(hardware, tdp_w=tdp, power_limit_w=float(limit_w),
+                   peak_flops_per_s={p: v * clock for p, v in hardware.peak_flops_per_s.items()})
 
 
 def weight_bytes_per_param(precision: str) -> int:

@@ -38,6 +38,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     fixed_time_prior_s,
     latency_rate_flops_per_s,
     per_sample_time_prior_s,
+    power_capped,
 )
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
@@ -127,6 +128,9 @@ def prepare(workload: Workload, observations: Sequence[Observation],
         hw = hardware.get(obs.gpu)
         if hw is None:
             raise PerfModelError(f"no hardware description given for GPU {obs.gpu!r}")
+        # A run under a board power limit ran at a lower clock: its efficiency is measured
+        # against the FLOP/s that clock gives (docs/models.md#power-limits).
+        hw = power_capped(hw, obs.power_limit_w)
         nodes = max(1, int(obs.nodes or 1))
         if obs.gpu_count < 1 or obs.gpu_count % nodes:
             raise PerfModelError(

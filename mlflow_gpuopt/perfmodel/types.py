@@ -73,6 +73,10 @@ class Hardware:
     intra_node_bytes_per_s: float  # GPU-to-GPU inside a node, per GPU, one direction
     inter_node_bytes_per_s: float  # node network per node, one direction
     gpus_per_node: int = 8
+    tdp_w: float | None = None  # the board's thermal design power (what a power limit scales from)
+    #: The power limit ``peak_flops_per_s`` is already scaled to (None: the TDP's clock);
+    #: set by ``compute.power_capped``, so a second cap rescales rather than compounds.
+    power_limit_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ class Observation:
     tp: int = 1  # tensor-parallel degree of the measured run
     pp: int = 1  # pipeline stages of the measured run
     recompute: str | None = None  # None: the workload's own
+    #: The measured run's board power limit, W (``nvidia-smi -q -d POWER``); None: the TDP.
+    power_limit_w: float | None = None
 
 
 @dataclass(frozen=True)
