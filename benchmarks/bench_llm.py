@@ -181,6 +181,20 @@ class Row:
         return heads, 4 * self.hidden, self.vocab, "gelu", None, None
 
     @property
+    def tp_comm_overlap(self) -> bool | None:
+        """Whether the source's runs overlap tensor-parallel communication with the GEMMs
+        (None without tensor parallelism): NVIDIA's stacks do (Megatron-LM's README: "overlap
+        of DP/TP/PP comm"; NeMo's launcher configs ``ub_tp_comm_overlap: True``, e.g.
+        NeMo-Framework-Launcher ``conf/training/gpt3/175b.yaml``; Megatron-Bridge's performance
+        recipes ``CommOverlapConfig(tp_comm_overlap=True)``); torchtitan's only in its
+        "AsyncTP" variants (vanilla TP waits on each collective)."""
+        if self.tp <= 1:
+            return None
+        if self.family == "nvidia":
+            return True
+        return "asynctp" in self.variant_notes.replace(" ", "").lower()
+
+    @property
     def family(self) -> str:
         """Software family: a user's runs on two GPU types use the same stack."""
         return "torchtitan" if self.source.startswith("torchtitan") else "nvidia"
@@ -300,7 +314,7 @@ def workload_doc(row: Row) -> dict:
            "num_layers": row.layers, "hidden_size": row.hidden, "num_heads": heads,
            "num_kv_heads": kv_heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "mlp": mlp,
            "attention": "sdpa", "dropout": dropout, "recompute": row.recompute,
-           "fp8_recipe": row.fp8_recipe}
+           "fp8_recipe": row.fp8_recipe, "tp_comm_overlap": row.tp_comm_overlap}
     return {k: v for k, v in doc.items() if v is not None}
 
 

@@ -40,6 +40,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "recompute_flops_per_sample"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe"}
+_BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
 #: ``config`` by these names (:mod:`mlflow_gpuopt.tracking.architecture`).
@@ -152,6 +153,11 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
             kwargs[key] = _number(value, key, where, float)
         elif key in _STR_KEYS:
             kwargs[key] = str(value)
+        elif key in _BOOL_KEYS:
+            if not isinstance(value, bool):
+                raise WorkloadFileError(f"{where}: {key!r} must be true or false, got "
+                                        f"{short_repr(value)}")
+            kwargs[key] = value
     if kwargs["params"] <= 0 or kwargs["flops_per_sample"] <= 0:
         raise WorkloadFileError(f"{where}: 'params' and 'flops_per_sample' must be positive")
     try:

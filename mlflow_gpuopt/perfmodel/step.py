@@ -116,7 +116,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
     t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
-    t_micro = t_grad + t_tp
+    t_micro = t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap)
     t_straggle = comm.sync_overhead_s(t_micro, dp)  # a prior share, not fitted
 
     bubble = 0.0

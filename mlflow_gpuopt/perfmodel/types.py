@@ -57,6 +57,10 @@ class Workload:
     #: per-tensor delayed/current scaling), "tensorwise" or "rowwise" (torchao float8's
     #: recipes); None: te. See ``compute.FP8_RECIPE_EFFICIENCY``.
     fp8_recipe: str | None = None
+    #: Whether the job overlaps its tensor-parallel collectives with the GEMMs around them
+    #: (Megatron / NeMo ``tp_comm_overlap`` with Transformer Engine userbuffers, torchtitan's
+    #: async TP); None / False: they sit on the critical path. See ``comm.tp_exposed_s``.
+    tp_comm_overlap: bool | None = None
 
 
 @dataclass(frozen=True)
