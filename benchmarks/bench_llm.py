@@ -24,7 +24,8 @@ them. The file: FLOPs per token ``6·N + 12·L·h·s`` (PaLM's model FLOPs, atte
 torchtitan counts them) and the published architecture (layers, hidden, heads, FFN width,
 SwiGLU, vocabulary 128,256, no dropout for Llama 3: ``ARCHITECTURES``; its 8 key/value heads
 where the attention kernel takes them as they are: Megatron / NeMo, not torchtitan, which
-expands them), SDPA attention, the recomputation the source states and the FP8 recipe; DRAM
+expands them), SDPA attention, the recomputation the source states, the FP8 recipe and, with
+tensor parallelism, whether its collectives overlap the GEMMs (``Row.tp_comm_overlap``); DRAM
 traffic, kernels per micro-step, largest layer and activations are the model's defaults from
 that architecture (docs/models.md#defaults).
 torchtitan's "selective" is its per-op policy (``selective_ac_option = 'op'``, saving every
@@ -305,7 +306,8 @@ def workload_doc(row: Row) -> dict:
     the job runs: only keys docs/metrics.md lists as user-supplied
     (``tests/test_benchmark_workloads.py`` checks it). The published architecture (layers,
     hidden, heads, key/value heads, FFN width, MLP kind, vocabulary, dropout), SDPA attention,
-    the recomputation the source states and the FP8 recipe; everything derived (DRAM traffic,
+    the recomputation the source states, the FP8 recipe and the tensor-parallel overlap the
+    source runs; everything derived (DRAM traffic,
     kernels per micro-step, largest layer, activations) is the model's own default."""
     heads, ffn, vocab, mlp, dropout, kv_heads = row.architecture
     doc = {"name": row.model, "params": int(row.params),
