@@ -76,11 +76,11 @@ def _network(catalog, gpu: str, offer, inter_node_gbps):
     return multi_node_network(catalog.offers, gpu)
 
 
-def _inputs(run_ids, workload_path, observations_path, catalog):
+def _inputs(run_ids, workload_path, observations_path, catalog, seq_len=None):
     from mlflow_gpuopt.workload_files import (
         WorkloadFileError,
         load_observations,
-        load_workload,
+        read_workload,
     )
 
     if run_ids and (workload_path or observations_path):
@@ -89,6 +89,8 @@ def _inputs(run_ids, workload_path, observations_path, catalog):
         raise UsageError("give --run-id ID, or --workload W.json [--observations O.csv]")
     if observations_path and not workload_path:
         raise UsageError("--observations needs --workload W.json")
+    if run_ids and seq_len is not None:
+        raise UsageError("--seq-len goes with --workload CONFIG.json, not --run-id")
     if run_ids:
         from mlflow_gpuopt.mlflow_io.runs import RunInputError, load_run_inputs
 
@@ -98,12 +100,12 @@ def _inputs(run_ids, workload_path, observations_path, catalog):
             raise UsageError(str(exc)) from None
         return inputs.workload, list(inputs.observations), list(inputs.notes)
     try:
-        workload = load_workload(workload_path)
+        read = read_workload(workload_path, seq_len=seq_len)
         observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
                         if observations_path else [])
     except WorkloadFileError as exc:
         raise UsageError(str(exc)) from None
-    return workload, observations, []
+    return read.workload, observations, list(read.notes)
 
 
 def _fmt_hours(h: float) -> str:
@@ -170,7 +172,10 @@ def _human(result: dict) -> str:
 @click.option("--run-id", "run_ids", multiple=True,
               help="Run tracked with gpuopt.track() (repeatable).")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="workload.json (params, flops_per_sample, precision, ...).")
+              help="workload.json (params, flops_per_sample, precision, ...) or a Hugging "
+                   "Face config.json (with --seq-len).")
+@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
+              help="With a Hugging Face config.json: the training sequence length (tokens).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
               help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
                    "precision.")
@@ -203,7 +208,7 @@ def _human(result: dict) -> str:
 def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
             grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
             instance_type, inter_node_gbps, samples, epochs, dataset_size, tokens, steps,
-            as_json) -> None:
+            as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
@@ -216,7 +221,7 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     target = resolve_gpu_or_fail(catalog, gpu)
     offer = _offer(catalog, instance_type, target) if instance_type else None
     workload, observations, input_notes = _inputs(run_ids, workload_path, observations_path,
-                                                  catalog)
+                                                  catalog, seq_len)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
