@@ -77,7 +77,10 @@ def _print_table(doc, out) -> None:
 @click.option("--experiment", metavar="NAME",
               help="Fit all measured runs of the newest run's workload in this experiment.")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="Plan before a run exists: workload.json (as predict takes); not logged.")
+              help="Plan before a run exists: workload.json or a Hugging Face config.json "
+                   "(as predict takes); not logged.")
+@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
+              help="With a Hugging Face config.json: the training sequence length (tokens).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
               help="With --workload: measured throughputs CSV (as predict takes).")
 @target_options
@@ -101,7 +104,8 @@ def _print_table(doc, out) -> None:
               help="How many ranked plans to show / return.")
 @click.option("--global-batch", "global_batch", type=click.IntRange(min=1), metavar="N",
               help="Samples per optimizer step every plan keeps (default: the measured "
-                   "run's micro-batch × accumulation × GPUs).")
+                   "run's micro-batch × accumulation × GPUs; for a language model's "
+                   "workload file, LLM pre-training practice: docs/metrics.md).")
 @click.option("--keep-micro-batch", is_flag=True,
               help="Keep the measured per-GPU batch on every GPU instead, so the global "
                    "batch grows with the GPU count.")
@@ -116,7 +120,8 @@ def _print_table(doc, out) -> None:
 def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
-              recompute, activation_checkpointing, emit, plan_rank, out_path, force, script):
+              recompute, activation_checkpointing, emit, plan_rank, out_path, force, script,
+              seq_len):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -142,6 +147,9 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
                          "--workload W.json, not both")
     if not workload_path:
         check_run_source(run_ids, experiment)
+        if seq_len is not None:
+            raise UsageError("--seq-len goes with --workload CONFIG.json (a Hugging Face "
+                             "config), not measured runs")
     if global_batch is not None and keep_micro_batch:
         raise UsageError("give --global-batch N or --keep-micro-batch, not both")
     try:
@@ -170,9 +178,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
 
     # 2. Read the runs (read-only).
     if workload_path:
-        workload, observations, run_ids = _load_files(workload_path, observations_path,
-                                                      catalog)
-        input_notes = []
+        workload, observations, run_ids, input_notes = _load_files(
+            workload_path, observations_path, catalog, seq_len)
     else:
         workload, observations, run_ids, input_notes = _load_inputs(run_ids, experiment)
     if recompute:
@@ -182,9 +189,14 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         workload = dataclasses.replace(workload, recompute=recompute)
     logged_row = launch_emit.check_logged_plan(emit_req, workload)
     measured_batch = _global_batch(workload, observations)
+    from mlflow_gpuopt.recommend.llm_batch import pretraining_global_batch
+
+    # A workload file states no global batch: a language model's pre-training gets one.
+    derived = (pretraining_global_batch(workload) if workload_path and not observations
+               and global_batch is None and not keep_micro_batch else None)
+    plan_batch = global_batch or (derived.samples if derived else measured_batch)
     total = training_target.total_samples(
-        tokens_per_sample=workload.tokens_per_sample,
-        samples_per_step=global_batch or measured_batch)
+        tokens_per_sample=workload.tokens_per_sample, samples_per_step=plan_batch)
 
     # 3. Fit and search (pure).
     from mlflow_gpuopt.recommend import Target, recommend as run_search, recommendation_dict
@@ -193,11 +205,23 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     target = Target(total_samples=total, deadline_hours=deadline_h, confidence=confidence,
                     per_rank_batch=(workload.micro_batch or 1) * (workload.grad_accum or 1),
                     description=training_target.description,
-                    global_batch=None if keep_micro_batch else global_batch or measured_batch,
-                    global_batch_asked=global_batch is not None)
+                    global_batch=None if keep_micro_batch else plan_batch,
+                    global_batch_asked=global_batch is not None,
+                    global_batch_why=derived.why if derived else "")
     rec = run_search(predictor, workload, catalog.offers, catalog.gpus, target,
                      hardware_for=_hardware_for, space=space)
     doc = recommendation_dict(rec, top=top)
+    if rec.winner is None and rec.candidates and deadline_h is not None:
+        from mlflow_gpuopt.recommend.shortfall import alternatives
+
+        alts = alternatives(
+            lambda t, s: run_search(predictor, workload, catalog.offers, catalog.gpus, t,
+                                    hardware_for=_hardware_for, space=s, with_scaling=False),
+            target, space, max_nodes=max((o.max_nodes for o in catalog.offers), default=1),
+            larger_batch=_larger_batch(workload, target.global_batch),
+            batch_may_change=training_target.steps is None)
+        doc["deadline_alternatives"] = [a.as_dict() for a in alts]
+        doc["notes"] = [*doc["notes"], *(a.line() for a in alts)]
     doc["source_run_ids"] = list(run_ids)
     if workload_path and not no_log:
         doc.setdefault("notes", []).append(
@@ -230,6 +254,17 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
                             f"above): {log_error}")
 
 
+def _larger_batch(workload, batch):
+    """The global batch to try when ``batch`` binds: LLM pre-training practice where it is
+    larger (:mod:`mlflow_gpuopt.recommend.llm_batch`), else 8 × ``batch``."""
+    from mlflow_gpuopt.recommend.llm_batch import pretraining_global_batch
+
+    usual = pretraining_global_batch(workload)
+    if usual is not None and usual.samples > (batch or 0):
+        return usual.samples
+    return 8 * (batch or 0)
+
+
 def _advice(run_id, rec, predictor, catalog):
     """The measured run's advice findings priced on this recommendation's plan (the
     report's advice section), or ``None`` when the run's measurements cannot be read."""
@@ -253,21 +288,21 @@ def _hardware_for(spec, offer):
     return hardware_for_gpu(spec, gpus_per_node=offer.gpu_count, offer=offer)
 
 
-def _load_files(workload_path, observations_path, catalog):
-    """(workload, observations, no run ids) from files, as ``predict`` reads them."""
+def _load_files(workload_path, observations_path, catalog, seq_len=None):
+    """(workload, observations, no run ids, notes) from files, as ``predict`` reads them."""
     from mlflow_gpuopt.workload_files import (
         WorkloadFileError,
         load_observations,
-        load_workload,
+        read_workload,
     )
 
     try:
-        workload = load_workload(workload_path)
+        read = read_workload(workload_path, seq_len=seq_len)
         observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
                         if observations_path else [])
     except WorkloadFileError as exc:
         raise UsageError(str(exc)) from None
-    return workload, list(observations), []
+    return read.workload, list(observations), [], list(read.notes)
 
 
 def _load_inputs(run_ids, experiment):
@@ -344,6 +379,8 @@ def _print_human(doc, out, logged) -> None:
                        f"launch: {c['launch']}", file=out)
     for note in doc["notes"]:
         click.echo(f"Note: {note}", file=out)
+    for assumed in doc.get("model_assumptions") or ():
+        click.echo(f"Assumed: {assumed}", file=out)
     if logged is not None:
         click.echo(f"Logged to MLflow run {logged.run_id} (experiment {logged.experiment_id}) "
                    f"with {len(logged.child_run_ids)} candidate runs; open it with "
