@@ -9,7 +9,7 @@ Models are Few-Shot Learners", Table 2.1: 0.5 M tokens for 125–760 M parameter
 1.3–2.7 B, 2 M for 6.7–13 B, 3.2 M for 175 B). Published recipes agree within about 2×:
 NVIDIA NeMo 24.07's Llama 3 8B/70B configurations train 128 × 8192 = 1 M tokens per step and
 its GPT-3 5B/175B 2048 × 2048 = 4 M; Megatron-LM's 2024 H100 table 192–1152 × 4096 =
-0.8–4.7 M for 1.7–177 B; torchtitan's Llama 3.1 8B/70B H100 runs 256–512 × 8192 = 2–4 M
+0.8–4.7 M for 1.7–177 B; torchtitan's Llama 3.1 8B/70B on 128–256 H100 256–512 × 8192 = 2–4 M
 (NeMo's ``docs/source/performance/performance_summary.md``, Megatron-LM's README and
 torchtitan's ``benchmarks/llama3_h100_202412_torchtitan.md``). docs/metrics.md says when a
 plan uses it.
