@@ -216,6 +216,11 @@ def _strategy(text: str) -> str:
     return cleaned
 
 
+#: A workload file or ``config.json`` is a few kB (a profile with its hardware block ~10 kB);
+#: reading stops past this, so a wrong path (a checkpoint, /dev/zero) is one line, not a hang.
+MAX_WORKLOAD_FILE_BYTES = 16 * 2**20
+
+
 @dataclass(frozen=True)
 class WorkloadInput:
     """A workload as read from a file, with what reading it derived or assumed, in words
@@ -236,11 +241,16 @@ def read_workload(path: str | Path, *, seq_len: int | None = None) -> WorkloadIn
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_WORKLOAD_FILE_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise WorkloadFileError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise WorkloadFileError(f"{p}: not UTF-8 text") from None
+    if len(raw) > MAX_WORKLOAD_FILE_BYTES:
+        raise WorkloadFileError(f"{p}: larger than {MAX_WORKLOAD_FILE_BYTES // 2**20} MiB; a "
+                                "workload file or config.json is a few kB")
     doc = parse_json_document(text, str(p))
     if not is_hf_config(doc):
         if seq_len is not None:

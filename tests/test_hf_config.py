@@ -177,6 +177,16 @@ def test_bad_configs_are_one_line(tmp_path):
     assert "sequence length" in _bad(tmp_path, llama, seq_len=10**9, where="--seq-len")
 
 
+def test_a_huge_file_is_refused_without_reading_it_all(tmp_path, monkeypatch):
+    import mlflow_gpuopt.workload_files as wf
+
+    monkeypatch.setattr(wf, "MAX_WORKLOAD_FILE_BYTES", 2**20)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**PUBLISHED["gpt2"][0], "pad": "x" * 2**20}))
+    with pytest.raises(WorkloadFileError, match="larger than 1 MiB"):
+        read_workload(path, seq_len=1024)
+
+
 def test_family_from_architectures_when_model_type_is_absent():
     doc = {k: v for k, v in PUBLISHED["falcon-7b"][0].items() if k != "model_type"}
     assert decoder_shape(doc).family == "falcon"
