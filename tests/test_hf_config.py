@@ -190,6 +190,11 @@ def test_a_huge_file_is_refused_without_reading_it_all(tmp_path, monkeypatch):
 def test_family_from_architectures_when_model_type_is_absent():
     doc = {k: v for k, v in PUBLISHED["falcon-7b"][0].items() if k != "model_type"}
     assert decoder_shape(doc).family == "falcon"
+    # Falcon-7B's first config.json: model_type RefinedWebModel, n_layer and n_head
+    old = {"architectures": ["RWForCausalLM"], "model_type": "RefinedWebModel",
+           "hidden_size": 4544, "n_head": 71, "n_layer": 32, "multi_query": True,
+           "parallel_attn": True, "bias": False, "vocab_size": 65024}
+    assert decoder_shape(old).params == decoder_shape(doc).params
     with pytest.raises(HfConfigError, match="not a family"):
         decoder_shape({"architectures": ["MambaForCausalLM"], "hidden_size": 8})
 

@@ -212,13 +212,14 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
                      hardware_for=_hardware_for, space=space)
     doc = recommendation_dict(rec, top=top)
     if rec.winner is None and rec.candidates and deadline_h is not None:
+        from mlflow_gpuopt.recommend.llm_batch import larger_global_batch
         from mlflow_gpuopt.recommend.shortfall import alternatives
 
         alts = alternatives(
             lambda t, s: run_search(predictor, workload, catalog.offers, catalog.gpus, t,
                                     hardware_for=_hardware_for, space=s, with_scaling=False),
             target, space, max_nodes=max((o.max_nodes for o in catalog.offers), default=1),
-            larger_batch=_larger_batch(workload, target.global_batch),
+            larger_batch=larger_global_batch(workload, target.global_batch),
             batch_may_change=training_target.steps is None)
         doc["deadline_alternatives"] = [a.as_dict() for a in alts]
         doc["notes"] = [*doc["notes"], *(a.line() for a in alts)]
@@ -252,17 +253,6 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     if log_error is not None:
         raise LoggingFailed(f"could not log the recommendation to MLflow (it is printed "
                             f"above): {log_error}")
-
-
-def _larger_batch(workload, batch):
-    """The global batch to try when ``batch`` binds: LLM pre-training practice where it is
-    larger (:mod:`mlflow_gpuopt.recommend.llm_batch`), else 8 × ``batch``."""
-    from mlflow_gpuopt.recommend.llm_batch import pretraining_global_batch
-
-    usual = pretraining_global_batch(workload)
-    if usual is not None and usual.samples > (batch or 0):
-        return usual.samples
-    return 8 * (batch or 0)
 
 
 def _advice(run_id, rec, predictor, catalog):

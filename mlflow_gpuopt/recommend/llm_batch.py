@@ -70,3 +70,12 @@ def pretraining_global_batch(workload: Workload) -> DerivedBatch | None:
              f"trained {tokens / 1e6:.2g} M tokens per step (Brown et al. 2020, Table 2.1), "
              "rounded to a power of two; the workload file gives no global batch "
              "(--global-batch N sets one, --keep-micro-batch keeps its micro-batch per GPU)"))
+
+
+def larger_global_batch(workload: Workload, batch: int | None) -> int | None:
+    """The global batch to try when ``batch`` binds (no plan meets the deadline): the
+    pre-training one where it is larger, else 8 × ``batch`` (None without a batch)."""
+    usual = pretraining_global_batch(workload)
+    if usual is not None and usual.samples > (batch or 0):
+        return usual.samples
+    return 8 * batch if batch else None

@@ -10,7 +10,11 @@ from recommend_helpers import GPUS, OFFERS, AnalyticPredictor, hardware_for
 
 from mlflow_gpuopt.perfmodel.types import Workload
 from mlflow_gpuopt.recommend import SearchSpace, Target, recommend
-from mlflow_gpuopt.recommend.llm_batch import pretraining_global_batch, tokens_per_step
+from mlflow_gpuopt.recommend.llm_batch import (
+    larger_global_batch,
+    pretraining_global_batch,
+    tokens_per_step,
+)
 from mlflow_gpuopt.recommend.shortfall import alternatives, binding_constraint
 
 LLAMA3_8B = Workload(params=8_030_261_248, flops_per_sample=4.74e14, precision="bf16",
@@ -40,6 +44,13 @@ def test_no_derived_batch_without_a_sequence_or_for_a_fine_tune():
     lora = replace(LLAMA3_8B, trainable_params=4_194_304)
     assert pretraining_global_batch(lora) is None
     assert pretraining_global_batch(replace(LLAMA3_8B, trainable_params=LLAMA3_8B.params))
+
+
+def test_the_larger_batch_tried_is_the_pretraining_one_else_eight_times():
+    assert larger_global_batch(LLAMA3_8B, 8) == 256
+    assert larger_global_batch(LLAMA3_8B, 256) == 2048
+    assert larger_global_batch(replace(LLAMA3_8B, tokens_per_sample=None), 6) == 48
+    assert larger_global_batch(LLAMA3_8B, None) == 256
 
 
 def _run(target, space=SearchSpace(), **kw):
