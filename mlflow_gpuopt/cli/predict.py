@@ -165,6 +165,11 @@ def _human(result: dict) -> str:
     lines.append(f"  based on     {basis}")
     for note in result["assumptions"]:
         lines.append(f"  assumption   {note}")
+    top = next((d for d in result.get("defaults", ()) if d["throughput_change"]), None)
+    if top is not None:
+        lines.append(f"  decided most by  {top['quantity']} ({top['source']}): moved by its "
+                     f"own spread (x{math.exp(top['log_spread']):.2f}) it changes throughput "
+                     f"{100 * top['throughput_change']:+.0f}%")
     return "\n".join(lines)
 
 
@@ -203,12 +208,15 @@ def _human(result: dict) -> str:
               help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Node network, Gbit/s per node (default: the catalog's multi-node offers).")
+@click.option("--power-limit-w", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The GPUs' power limit (nvidia-smi -pl), W, for the target and the runs "
+                   "on the same GPU type (default: the board's TDP).")
 @target_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
             grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
-            instance_type, inter_node_gbps, samples, epochs, dataset_size, tokens, steps,
-            as_json, seq_len) -> None:
+            instance_type, inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens,
+            steps, as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
@@ -268,6 +276,13 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     network = _network(catalog, target, offer, inter_node_gbps)
     target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node, offer=offer,
                                  inter_node_gbps=network.inter_node_gbps)
+    if power_limit_w:
+        from mlflow_gpuopt.perfmodel.compute import power_capped
+
+        tdp = catalog.gpus[target].tdp_w
+        target_hw = power_capped(target_hw, power_limit_w, tdp)
+        if target in hardware:
+            hardware[target] = power_capped(hardware[target], power_limit_w, tdp)
     config = ParallelConfig(
         gpus_per_node=per_node, nodes=nodes, strategy=dp_strategy,
         micro_batch=micro_batch or workload.micro_batch,
@@ -278,6 +293,7 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     try:
         predictor = fit(workload, observations, hardware)
         p = predictor.predict(config, target_hw)
+        effects = predictor.default_effects(config, target_hw)
     except PerfModelError as exc:
         raise UsageError(str(exc)) from None
 
@@ -301,6 +317,9 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         "observations_used": len(observations), "run_ids": list(run_ids),
         "assumptions": [*input_notes, *p.assumptions], "network": network.as_dict(),
         "instance_type": offer.instance_type if offer is not None else None,
+        "defaults": [{**d.as_dict(), "throughput_change": change} for d, change in effects]
+        + [d.as_dict() | {"throughput_change": 0.0} for d in predictor.defaults
+           if all(d is not e for e, _ in effects)],
     }
     if training_target is not None:
         from mlflow_gpuopt.perfmodel import time_to_train

@@ -41,8 +41,13 @@ training on each, relative to Ampere's (``GENERATION_MFU``). Those figures come 
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
+from mlflow_gpuopt.perfmodel.activations import DROPOUT_MASK_BYTES_CUDA, activation_bytes
 from mlflow_gpuopt.perfmodel.precision import (
     ACTIVATION_BYTES,
+    ELEMENT_BYTES,
     is_mixed,
     normalize_precision,
     peak_flops_per_s,
@@ -116,7 +121,7 @@ MEMORY_EFFICIENCY = 0.75
 #: solving this module's FP8 time split (linear layers at FP8, attention at bf16, traffic
 #: and the rest unchanged) for those speed-ups; ``benchmarks/bench_llm.py --derive-fp8``
 #: prints the solution.
-FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.765, "rowwise": 0.633}
+FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.773, "rowwise": 0.636}
 _FP8_RECIPE_ALIASES = {"te": "te", "transformer_engine": "te", "transformer-engine": "te",
                        "delayed": "te", "current": "te", "fp8-cs": "te",
                        "tensorwise": "tensorwise", "torchao": "tensorwise",
@@ -135,28 +140,91 @@ def activation_bytes_per_sample(workload: Workload, precision: str) -> tuple[flo
         own = normalize_precision(workload.precision)
         return (workload.activation_bytes_per_sample * ACTIVATION_BYTES[p]
                 / ACTIVATION_BYTES[own], False)
-    traffic = (workload.flops_per_sample / DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32
-               * ACTIVATION_BYTES[p] / 4.0)
-    return traffic / TRAFFIC_PER_ACTIVATION_BYTE, True
+    return memory_traffic_bytes_per_sample(workload, p) / TRAFFIC_PER_ACTIVATION_BYTE, True
+
+
+#: Where a sample's DRAM traffic comes from (:func:`traffic_source`): the profile's measured
+#: figure, the measured activations × ``TRAFFIC_PER_ACTIVATION_BYTE``, the transformer
+#: architecture's activation formula × the same, or FLOPs / ``DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32``.
+TRAFFIC_SOURCES = ("measured", "measured activations", "architecture", "flops")
+
+
+def traffic_source(workload: Workload) -> str:
+    """Which of ``TRAFFIC_SOURCES`` :func:`memory_traffic_bytes_per_sample` uses: the most
+    specific information the workload has."""
+    if workload.memory_traffic_bytes_per_sample:
+        return "measured"
+    if workload.activation_bytes_per_sample:
+        return "measured activations"
+    if formula_activation_bytes_per_sample(workload, "bf16") is not None:
+        return "architecture"
+    return "flops"
+
+
+@functools.lru_cache(maxsize=256)  # pure; asked for every plan of a search
+def formula_activation_bytes_per_sample(workload: Workload, precision: str) -> float | None:
+    """Activations one sample stores without recomputation at ``precision``, from the
+    transformer activation formula (:mod:`.activations`), or None where the workload does not
+    give the architecture (layers, hidden size, sequence length). FP8 is the bf16 figure ×
+    27/34 (only the linear layers' inputs are FP8: ``ACTIVATION_BYTES``)."""
+    # memory imports this module; the architecture record lives there
+    from mlflow_gpuopt.perfmodel.memory import transformer_dims
+
+    dims = transformer_dims(workload)
+    if dims is None:
+        return None
+    p = normalize_precision(precision)
+    dropout = workload.dropout is None or workload.dropout > 0
+    element = 2.0 if p == "fp8" else float(ELEMENT_BYTES[p])
+    stored = activation_bytes(
+        dims, 1, element, DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
+        attention=workload.attention, attention_dropout=dropout,
+        recompute="none").stored_bytes
+    return stored * (ACTIVATION_BYTES[p] / 2.0 if p == "fp8" else 1.0)
 
 
 def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float:
-    """DRAM bytes one sample moves in forward+backward at ``precision``."""
+    """DRAM bytes one sample moves in forward+backward at ``precision``: the measured figure;
+    else ``TRAFFIC_PER_ACTIVATION_BYTE`` × the stored activations, measured or, for a
+    transformer whose architecture is given, from the activation formula; only without either,
+    FLOPs / ``DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32`` (:func:`traffic_source` says which)."""
     p = normalize_precision(precision)
+    own = normalize_precision(workload.precision)
     if workload.memory_traffic_bytes_per_sample:
-        own = normalize_precision(workload.precision)
         return (workload.memory_traffic_bytes_per_sample * ACTIVATION_BYTES[p]
                 / ACTIVATION_BYTES[own])
-    act, _ = activation_bytes_per_sample(workload, p)
-    return act * TRAFFIC_PER_ACTIVATION_BYTE
+    if workload.activation_bytes_per_sample:
+        return (workload.activation_bytes_per_sample * ACTIVATION_BYTES[p]
+                / ACTIVATION_BYTES[own] * TRAFFIC_PER_ACTIVATION_BYTE)
+    formula = formula_activation_bytes_per_sample(workload, p)
+    if formula is not None:
+        return formula * TRAFFIC_PER_ACTIVATION_BYTE
+    return (workload.flops_per_sample / DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32
+            * ACTIVATION_BYTES[p] / 4.0)
 
 
-#: DRAM bytes moved per byte of stored activations in a training step: written in forward,
-#: read in backward, activation gradients written and read, plus normalisation passes.
+#: DRAM bytes moved per byte of stored activations in a training step, counted per pass over
+#: each saved tensor: written by its producer in the forward (1) and read by its consumer
+#: (1); read back in the backward for the gradients (1); its gradient written (1) and read by
+#: the backward of its producer twice, once for the input gradient and once for the weight
+#: gradient of a matmul (2). Fused kernels (FlashAttention's, a compiled norm) move less,
+#: unfused fp32 norm intermediates more; the spread of this count is
+#: ``uncertainty.SIGMA_TRAFFIC_ARCHITECTURE``.
 TRAFFIC_PER_ACTIVATION_BYTE = 6.0
-#: Arithmetic intensity assumed when the profile says nothing about memory (FLOPs per byte
-#: of DRAM traffic with fp32 activations; halves the bytes at 16-bit).
+#: Arithmetic intensity assumed when the profile says nothing about memory and the
+#: architecture is not known (FLOPs per byte of DRAM traffic with fp32 activations; halves the
+#: bytes at 16-bit). Its spread is ``uncertainty.SIGMA_TRAFFIC_FROM_FLOPS``.
 DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32 = 30.0
+#: Operators one forward + backward of a transformer decoder layer dispatches in eager
+#: PyTorch, counted from how the layer runs: forward ~36 (two RMS/LayerNorms of ~8 element-wise
+#: operators each with their casts, 7 projections, rotary embedding ~6, SDPA and its layout
+#: copies ~2, two residual adds, the MLP's activation and gate product), backward about twice
+#: that (two matmuls per projection, one or two operators per element-wise one): ~108, taken as
+#: ``KERNELS_PER_LAYER_STEP`` (100). Outside the layers (embedding, final norm, output
+#: projection, cross-entropy, forward and backward) ``KERNELS_OUTSIDE_LAYERS``. The profiler's
+#: own count of a BERT-large-shaped model on CPU (no autocast casts) is 1,661 for 24 layers,
+#: ~65 per layer (``benchmarks/workloads/measure_gemm_kernels.py``), the same order.
+KERNELS_OUTSIDE_LAYERS = 40
 #: Host-side cost of one micro-step (kernel launches, Python and framework overhead) when the
 #: profile did not count the kernels: a guess, of the order of 100 operators at
 #: ``KERNEL_DISPATCH_S``. With a count, count × ``KERNEL_DISPATCH_S`` replaces it
@@ -183,6 +251,13 @@ def architecture(gpu: str) -> str:
         if name.startswith(prefix.upper()):
             return arch
     return "unknown"
+
+
+def transformer_mfu_group(group: tuple[str, str]) -> tuple[str, str]:
+    """The ``GENERATION_MFU`` key an (architecture, precision) pair takes its figure from
+    (Blackwell takes Hopper's)."""
+    arch, precision = group
+    return _SAME_AS.get(arch, arch), precision
 
 
 def tensor_efficiency(gpu: str, precision: str) -> float:
@@ -215,18 +290,23 @@ def attention_flops_share(workload: Workload) -> float:
     return min(0.5, 12.0 * layers * h * s * s / workload.flops_per_sample)
 
 
-def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
-    """Seconds for ``flops`` of matmuls: on the tensor cores at the vendor's attainable share
-    of peak (:func:`.vendor.attainable_fraction`, AMD) or the generation's
-    (:func:`tensor_efficiency`, NVIDIA); off them at ``COMPUTE_EFFICIENCY_SIMT``."""
-    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
+def matmul_efficiency(hardware: Hardware, precision: str) -> tuple[float, str]:
+    """(share of the dense peak the matmuls reach, where the figure comes from): on the tensor
+    cores the vendor's attainable share (:func:`.vendor.attainable_fraction`, AMD) or the
+    generation's (:func:`tensor_efficiency`, NVIDIA); off them ``COMPUTE_EFFICIENCY_SIMT``."""
     if uses_tensor_cores(hardware.peak_flops_per_s, precision):
         eff = vendor.attainable_fraction(hardware.gpu)
-        if eff is None:
-            eff = tensor_efficiency(hardware.gpu, precision)
-    else:
-        eff = COMPUTE_EFFICIENCY_SIMT
-    return flops / (peak * eff)
+        if eff is not None:
+            return eff, "the vendor's attainable share of peak (perfmodel.vendor)"
+        return (tensor_efficiency(hardware.gpu, precision),
+                "compute.GENERATION_MFU of the GPU's generation")
+    return COMPUTE_EFFICIENCY_SIMT, "compute.COMPUTE_EFFICIENCY_SIMT (no tensor cores)"
+
+
+def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
+    """Seconds for ``flops`` of matmuls at :func:`matmul_efficiency` of the dense peak."""
+    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
+    return flops / (peak * matmul_efficiency(hardware, precision)[0])
 
 
 def memory_efficiency(hardware: Hardware) -> float:
@@ -287,9 +367,40 @@ def latency_time_s(fixed_flops: float, per_sample_flops: float, micro_batch: flo
     return (fixed_flops + per_sample_flops * micro_batch) / latency_rate_flops_per_s(hardware)
 
 
+def power_capped_clock(limit_w: float | None, tdp_w: float) -> float:
+    """Share of the clock (so of every FLOP/s figure) a power limit below the board's TDP
+    leaves: dynamic power ∝ f·V² with V ∝ f in the DVFS range, so f ∝ P^(1/3) (a first-order
+    physical estimate, not a fit; memory bandwidth is left as it is)."""
+    if not limit_w or not tdp_w or limit_w >= tdp_w:
+        return 1.0
+    return (limit_w / tdp_w) ** (1.0 / 3.0)
+
+
+def power_capped(hardware: Hardware, limit_w: float | None, tdp_w: float) -> Hardware:
+    """``hardware`` with its FLOP/s scaled by :func:`power_capped_clock`."""
+    clock = power_capped_clock(limit_w, tdp_w)
+    if clock == 1.0:
+        return hardware
+    return replace(hardware, peak_flops_per_s={p: v * clock
+                                               for p, v in hardware.peak_flops_per_s.items()})
+
+
 def weight_bytes_per_param(precision: str) -> int:
     """Bytes of the weights the forward/backward reads (16-bit copies in mixed precision)."""
     return 2 if is_mixed(precision) else 4
+
+
+def kernel_count(workload: Workload) -> tuple[float | None, str]:
+    """(operators one forward+backward of a micro-batch dispatches, where the number comes
+    from): the profile's count (``measured``); for a transformer whose architecture is given,
+    ``KERNELS_PER_LAYER_STEP`` × layers + ``KERNELS_OUTSIDE_LAYERS`` (``architecture``); else
+    (None, ``flat``): the flat ``MICRO_STEP_OVERHEAD_S`` applies."""
+    if workload.kernels_per_micro_step and workload.kernels_per_micro_step > 0:
+        return float(workload.kernels_per_micro_step), "measured"
+    if formula_activation_bytes_per_sample(workload, "bf16") is not None:
+        return (float(KERNELS_PER_LAYER_STEP * int(workload.num_layers)
+                      + KERNELS_OUTSIDE_LAYERS), "architecture")
+    return None, "flat"
 
 
 def micro_step_overhead_s(kernels_per_micro_step: float | None) -> float:

@@ -34,6 +34,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     KERNEL_DISPATCH_S,
     KERNELS_PER_LAYER_STEP,
     LATENCY_FIXED_SHARE,
+    kernel_count,
     fixed_time_prior_s,
     latency_rate_flops_per_s,
     per_sample_time_prior_s,
@@ -294,8 +295,7 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     micro-batch (two measured) or at the measured one (one measured) the result equals the fit
     on ``hardware``.
     """
-    a = fixed_time_prior_s(workload.params, hardware, precision,
-                           workload.kernels_per_micro_step)
+    a = fixed_time_prior_s(workload.params, hardware, precision, kernel_count(workload)[0])
     b = per_sample_time_prior_s(workload, hardware, precision)
     fitted_a, fitted_b = compute_scale * fixed_scale * a, compute_scale * b
     excess = fitted_a + fitted_b * micro_batch - (a + b * micro_batch)
@@ -323,7 +323,8 @@ def dispatch_bound_s(workload: Workload) -> float:
     bounded by the same per-kernel figure. Additive rather than max(dispatch, GPU): host
     dispatch and GPU-side latency are spent one after the other for kernels too small to
     overlap, and the additive form predicts ``benchmarks/bench_accuracy.py`` better."""
-    if workload.kernels_per_micro_step:
-        return workload.kernels_per_micro_step * KERNEL_DISPATCH_S
+    count, _ = kernel_count(workload)
+    if count:
+        return count * KERNEL_DISPATCH_S
     layers = model_shape(workload).num_layers
     return layers * KERNELS_PER_LAYER_STEP * KERNEL_DISPATCH_S

@@ -8,7 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.perfmodel import uncertainty as unc
-from mlflow_gpuopt.perfmodel.compute import architecture
+from mlflow_gpuopt.perfmodel.compute import (
+    GENERATION_MFU,
+    architecture,
+    matmul_efficiency,
+    transformer_mfu_group,
+)
+from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
@@ -56,9 +62,11 @@ class Predictor:
     """
 
     def __init__(self, workload: Workload, result: FitResult,
-                 fit_to_observed: ObservedFit | None = None) -> None:
+                 fit_to_observed: ObservedFit | None = None,
+                 hardware: Mapping[str, Hardware] | None = None) -> None:
         self.workload = workload
         self.result = result
+        self._hardware = dict(hardware or {})  # the measured GPUs, for carried defaults
         self._shape = model_shape(workload)
         self._observed = fit_to_observed or ObservedFit()
         self._opt_bytes, opt_assumed = optimizer_state_bytes_per_param(workload)
@@ -67,7 +75,14 @@ class Predictor:
             notes.append("optimizer unknown: Adam's 8 bytes/param of state assumed")
         prior = "FLOPs / peak at a prior efficiency" + (
             " plus the counted kernels' dispatch" if workload.kernels_per_micro_step else "")
-        if result.cpu_only:
+        self._defaults = workload_defaults(workload, self._shape, opt_assumed)
+        # Speed defaults in words (memory and shape ones have their own notes below).
+        notes += [d.describe() for d in self._defaults if d.kind in ("traffic", "kernels")]
+        # Each speed default's quantity moved by its own spread, for its effect on a
+        # prediction (built once: the workloads key the models' caches).
+        self._perturbed = {d.kind: perturbed(workload, d, math.exp(d.log_spread))
+                           for d in self._defaults if d.kind in SPEED_KINDS}
+        if result.cpu_only and result.n_observations:
             notes.append(f"only CPU measurements: GPU speed from {prior} (wide interval)")
         elif not result.log_compute_scale:
             notes.append(f"no measurements: GPU speed from {prior}")
@@ -80,6 +95,8 @@ class Predictor:
         self._transformer = bool(transformer_dims(workload) is not None and workload.num_heads
                                  and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
+        self._carried_cache: dict[tuple, list[float]] = {}
+        self._efficiency_notes: dict[Key, str] = {}
 
     @property
     def assumptions(self) -> tuple[str, ...]:
@@ -157,7 +174,7 @@ class Predictor:
             return (res.log_compute_scale[key], res.log_compute_sd[key], 0.0,
                     res.log_fixed_scale.get(key, 0.0), False)
         if not res.log_compute_scale:
-            return 0.0, unc.SIGMA_PRIOR_ONLY, 0.0, 0.0, True
+            return 0.0, self._prior_sigma(key), 0.0, 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
         extra = unc.SIGMA_OTHER_PRECISION if same_gpu else unc.SIGMA_OTHER_GPU
         if self._transformer:
@@ -169,6 +186,34 @@ class Predictor:
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
         return logk, sd, extra, 0.0, not same_gpu
+
+    def _efficiency_note(self, key: Key, hardware: Hardware) -> str:
+        """The efficiency default of a prediction without a GPU measurement, in words."""
+        note = self._efficiency_notes.get(key)
+        if note is None:
+            d = self._efficiency_default(key, hardware)
+            note = self._efficiency_notes[key] = (
+                f"default {d.quantity}: {d.value:.3g} of the dense {key[1]} peak of "
+                f"{hardware.gpu}, from {d.source}")
+        return note
+
+    def _efficiency_default(self, key: Key, hardware: Hardware) -> Default:
+        """The GPU's efficiency as a :class:`.defaults.Default` (no GPU measurement)."""
+        group = (architecture(hardware.gpu), "bf16" if key[1] == "fp16" else key[1])
+        spread = (unc.TRANSFORMER_MFU_SPREAD.get(group) if self._transformer else None) \
+            or unc.SIGMA_PRIOR_ONLY
+        eff, source = matmul_efficiency(hardware, key[1])
+        return Default("efficiency", "matmul efficiency", eff, "of dense peak",
+                       f"{source}, no GPU measurement", spread)
+
+    def _prior_sigma(self, key: Key) -> float:
+        """Width of a prediction with no GPU measurement: ``SIGMA_PRIOR_TRANSFORMER`` for a
+        transformer described by its architecture on a generation and precision
+        ``GENERATION_MFU`` has a figure for, else ``SIGMA_PRIOR_ONLY``."""
+        group = (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1])
+        if self._transformer and transformer_mfu_group(group) in GENERATION_MFU:
+            return unc.SIGMA_PRIOR_TRANSFORMER
+        return unc.SIGMA_PRIOR_ONLY
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:
@@ -218,6 +263,14 @@ class Predictor:
             unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
             else 0.0,
         )
+        if key not in res.log_compute_scale and res.log_compute_scale:
+            # FLOPs-only fallbacks (architecture unknown) widen a prediction carried from
+            # another GPU or precision: each default's spread times how far it moves this
+            # prediction. (A prior-only one has SIGMA_PRIOR_ONLY, the spread measured over
+            # such workloads, fallbacks included.)
+            widen = self._carried_fallback_spread(key, hardware, m)
+            if widen:
+                sigma = unc.combine(sigma, *widen)
         low, high = unc.interval(throughput, sigma)
 
         # Memory is linear in the micro-batch: two evaluations give it at m and the max m.
@@ -236,6 +289,8 @@ class Predictor:
         observed_m = self._observed.micro_batches.get(
             _observed_key(hardware.gpu, config, layout, precision, recompute), 0)
         notes = self._notes + activation_notes(self.workload, recompute)
+        if not res.log_compute_scale:
+            notes += (self._efficiency_note(key, hardware),)
         if observed_m >= m and not fits:
             # A run proved this configuration fits; the estimate is what is wrong.
             fits, max_m = True, max(max_m, observed_m)
@@ -253,6 +308,90 @@ class Predictor:
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"))
+
+    def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int) -> list[float]:
+        """Per FLOPs-only fallback default, how far its own spread moves a calibration carried
+        from the measured GPUs (``_pool(key)``) to ``key``: the change of log throughput of one
+        GPU's micro-step at ``m`` on the target minus that on the source (the fit absorbs
+        what both share), at the priors."""
+        fallbacks = [d for d in self._defaults if d.fallback and d.kind in SPEED_KINDS]
+        sources = [k for k in self._pool(key) if k[0] in self._hardware]
+        if not fallbacks or not sources:
+            return []
+        cache = self._carried_cache
+        cached = cache.get((key, m))
+        if cached is not None:
+            return cached
+        single = resolve_layout(ParallelConfig(gpus_per_node=1, strategy="single",
+                                               micro_batch=m))
+        prior = Calibration()
+
+        def effect(d: Default, hw: Hardware, precision: str) -> float:
+            opt = self._opt_bytes / math.exp(d.log_spread) if d.kind == "optimizer" \
+                else self._opt_bytes
+            base = step_terms(self.workload, hw, precision, single, m, 1, self._shape,
+                              self._opt_bytes, prior).step_s
+            moved = step_terms(self._perturbed[d.kind], hw, precision, single, m, 1,
+                               self._shape, opt, prior).step_s
+            return math.log(base / moved)
+
+        out = []
+        for d in fallbacks:
+            here = effect(d, hardware, key[1])
+            there = sum(effect(d, self._hardware[k[0]], k[1]) for k in sources) / len(sources)
+            out.append(abs(here - there))
+        cache[(key, m)] = out
+        return out
+
+    @property
+    def defaults(self) -> tuple[Default, ...]:
+        """The defaults this workload's predictions take (:mod:`.defaults`)."""
+        return self._defaults
+
+    def _speed_effects(self, hardware: Hardware, precision: str, layout: Layout, m: int,
+                       grad_accum: int, calib: Calibration, rfactor: float,
+                       full_recompute: bool, throughput: float
+                       ) -> list[tuple[Default, float]]:
+        """(default, change of log throughput when its quantity moves by its own spread) for
+        each speed default (:data:`.defaults.SPEED_KINDS`)."""
+        out = []
+        base = math.log(throughput)
+        for d in self._defaults:
+            if d.kind not in SPEED_KINDS:
+                continue
+            w = self._perturbed[d.kind]
+            opt = self._opt_bytes / math.exp(d.log_spread) if d.kind == "optimizer" \
+                else self._opt_bytes
+            t = step_terms(w, hardware, precision, layout, m, grad_accum, self._shape, opt,
+                           calib, rfactor, full_recompute)
+            out.append((d, math.log(t.samples_per_step / t.step_s) - base))
+        return out
+
+    def default_effects(self, config: ParallelConfig, hardware: Hardware
+                        ) -> list[tuple[Default, float]]:
+        """(default, relative change of ``config``'s predicted throughput when the default
+        moves by its own spread), largest effect first: which default decides the answer.
+        Without a measurement on this GPU and precision the GPU's efficiency is one of them
+        (its spread: ``uncertainty.TRANSFORMER_MFU_SPREAD``, else ``SIGMA_PRIOR_ONLY``)."""
+        layout, precision, m = self._resolve(config, hardware)
+        key = (hardware.gpu, precision)
+        calib, _, _, _ = self._calibration(key)
+        recompute = config.recompute_mode(self.workload.recompute)
+        rfactor = recompute_factor(self.workload, recompute)
+        full = recompute == "full"
+        terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
+                           self._shape, self._opt_bytes, calib, rfactor, full)
+        throughput = terms.samples_per_step / terms.step_s
+        effects = self._speed_effects(hardware, precision, layout, m, config.grad_accum,
+                                      calib, rfactor, full, throughput)
+        if not self.result.log_compute_scale:
+            eff = self._efficiency_default(key, hardware)
+            slower = replace(calib, compute_scale=calib.compute_scale * math.exp(eff.log_spread))
+            t = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
+                           self._shape, self._opt_bytes, slower, rfactor, full)
+            effects.append((eff, math.log(t.samples_per_step / t.step_s / throughput)))
+        effects = [(d, math.expm1(v)) for d, v in effects]
+        return sorted(effects, key=lambda e: -abs(e[1]))
 
     def _joint_fit_sigma(self, key: Key, hardware: Hardware, layout: Layout, precision: str,
                          m: int,
@@ -379,4 +518,4 @@ def fit(workload: Workload, observations: Sequence[Observation],
     """
     validate_workload(workload)
     return Predictor(workload, fit_calibration(workload, observations, hardware),
-                     observed_fit(workload, observations, hardware))
+                     observed_fit(workload, observations, hardware), hardware)
