@@ -246,6 +246,9 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
             "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
     doc["notes"] = [*input_notes, *doc["notes"]]
+    if proxy is not None:  # say where the speed came from, in the printed notes too
+        doc["notes"][:0] = [a for a in doc["model_assumptions"]
+                            if a.startswith("transferred from proxy")]
     if run_ids and rec.candidates and proxy is None:
         doc["advice"] = _advice(run_ids[0], rec, predictor, catalog)
     launch_emit.check_plan(emit_req, doc, logged_row)

@@ -167,11 +167,20 @@ def transfer(proxy: Predictor, target: Workload, *, source: str = "") -> Predict
     return Predictor(target, carried, ObservedFit(notes=tuple(notes)))
 
 
+def _count(n: float) -> str:
+    """``1.3B``, ``421k``: a parameter count in words."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
 def _headline(info: ProxyTransfer, res: FitResult) -> str:
     """The assumption line that says a prediction was transferred, and from which proxy."""
-    what = (f"transferred from proxy {info.proxy_name} ({info.proxy_params / 1e9:.3g}B "
-            f"params, {info.source}) to {info.target_name} ({info.target_params / 1e9:.3g}B, "
-            f"{info.size_ratio:.3g}x)")
+    ratio = info.size_ratio
+    what = (f"transferred from proxy {info.proxy_name} ({_count(info.proxy_params)} params, "
+            f"{info.source}) to {info.target_name} ({_count(info.target_params)}, "
+            + (f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.3g}x") + ")")
     if info.cpu_only or not res.log_compute_scale:
         return (what + ": the proxy ran on CPU only, so only its kernels per layer carry; GPU "
                 "speed from the prior")
