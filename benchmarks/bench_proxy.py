@@ -35,7 +35,14 @@ Nothing in the model was set from these pairs: the transfer's width comes from
 ``uncertainty.TRANSFORMER_MFU_SPREAD`` (bench_llm's derivation set), see
 ``perfmodel/transfer.py``.
 
-Run: ``python benchmarks/bench_proxy.py [-v]`` (a minute, CPU only; ``-v`` prints every pair).
+``--diagnose`` adds two what-ifs that say where the transfer misses (never the product's
+settings): the same pairs with the step model's tensor-parallel all-reduces and pipeline
+point-to-point sends taken as hidden (NVIDIA's stacks overlap them), and with each workload's
+DRAM traffic from its architecture (6 × the activation formula) instead of the FLOPs / 30
+default.
+
+Run: ``python benchmarks/bench_proxy.py [-v] [--diagnose]`` (seconds, CPU only; ``-v`` prints
+every pair).
 """
 
 from __future__ import annotations
@@ -300,11 +307,12 @@ def pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
     return out
 
 
-def predict_pair(proxy: Row, target: Row, tmp: Path) -> tuple[float, float, float, dict]:
+def predict_pair(proxy: Row, target: Row, tmp: Path, workload=workload_doc
+                 ) -> tuple[float, float, float, dict]:
     """(tokens/s per GPU, low, high, the JSON) of ``target`` transferred from ``proxy``."""
     big, small, obs = tmp / "big.json", tmp / "proxy.json", tmp / "proxy.csv"
-    big.write_text(json.dumps(workload_doc(target)))
-    small.write_text(json.dumps(workload_doc(proxy)))
+    big.write_text(json.dumps(workload(target)))
+    small.write_text(json.dumps(workload(proxy)))
     obs.write_text(observations_csv(proxy))
     doc = run_predict(["--workload", str(big), "--proxy-workload", str(small),
                        "--observations", str(obs), *cli_args(target)])
@@ -335,6 +343,48 @@ def summary(name: str, res: list[tuple[float, bool | None, float | None]]) -> st
 
 def err(pred: float, truth: float) -> float:
     return 100.0 * abs(pred - truth) / truth
+
+
+def score(todo: list[tuple[Row, Row]], workload=None) -> list[tuple[float, bool, float]]:
+    """The transfer's (error, covered, width) on ``todo``, quietly (for ``--diagnose``)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as d:
+        for proxy, target in todo:
+            truth = target.tokens_per_s_per_gpu
+            try:
+                got, low, high, _ = predict_pair(proxy, target, Path(d),
+                                                 workload or workload_doc)
+            except RuntimeError as exc:
+                print(f"  {proxy.model} -> {target.model}: not predicted ({exc})")
+                continue
+            out.append((err(got, truth), low <= truth <= high, high / low))
+    return out
+
+
+def diagnose(todo: list[tuple[Row, Row]]) -> None:
+    """What-ifs (module docstring): where the transfer's error comes from."""
+    from mlflow_gpuopt.perfmodel import comm
+    from mlflow_gpuopt.perfmodel.activations import TransformerDims, activation_bytes
+
+    print("\nDiagnosis (what-ifs, not the product's settings)")
+    tp, p2p = comm.tp_allreduce_s, comm.pp_p2p_s
+    comm.tp_allreduce_s = comm.pp_p2p_s = lambda *a, **k: 0.0
+    try:
+        print(summary("TP all-reduce + PP p2p hidden", score(todo)))
+    finally:
+        comm.tp_allreduce_s, comm.pp_p2p_s = tp, p2p
+
+    def with_traffic(row: Row) -> dict:
+        doc = workload_doc(row)
+        dims = TransformerDims(
+            num_layers=row.layers, hidden_size=row.hidden, seq_len=row.seq,
+            num_heads=doc["num_heads"], ffn_hidden_size=doc["ffn_hidden_size"],
+            gated_mlp=doc["mlp"] == "swiglu", vocab_size=doc.get("vocab_size"),
+            num_kv_heads=doc.get("num_kv_heads"))
+        act = activation_bytes(dims, 1, 2.0, 0.0, attention="sdpa", recompute="none")
+        return {**doc, "memory_traffic_bytes_per_sample": 6.0 * act.stored_bytes}
+
+    print(summary("DRAM traffic from the architecture", score(todo, with_traffic)))
 
 
 def main() -> None:
@@ -378,6 +428,8 @@ def main() -> None:
     print(summary("carry MFU (model FLOP/s per GPU)", mfu))
     print(summary("carry HFU (with recomputation)", hfu))
     print(summary("target's workload file alone", alone))
+    if "--diagnose" in sys.argv[1:]:
+        diagnose(todo)
 
 
 if __name__ == "__main__":
