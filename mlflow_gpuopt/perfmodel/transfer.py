@@ -71,7 +71,7 @@ DEFAULT_DECADES = 2.0
 
 @dataclass(frozen=True)
 class ProxyTransfer:
-    """What a transfer carried, for the prediction's assumptions and the CLI."""
+    """What a transfer carried, for the prediction's assumptions."""
 
     proxy_name: str
     proxy_params: int
@@ -79,7 +79,6 @@ class ProxyTransfer:
     target_params: int
     source: str  # how the proxy was given: "run(s) ID, ..." or a file name
     cpu_only: bool  # the proxy ran on CPUs only: nothing of its speed carries
-    kernels_per_micro_step: float | None  # the target's, as carried (None: not carried)
     sigma_by_key: tuple[tuple[tuple[str, str], float], ...]  # widening per (GPU, precision)
 
     @property
@@ -159,7 +158,6 @@ def transfer(proxy: Predictor, target: Workload, *, source: str = "") -> Predict
     info = ProxyTransfer(
         proxy_name=src.name, proxy_params=int(src.params), target_name=target.name,
         target_params=int(target.params), source=source or src.name, cpu_only=res.cpu_only,
-        kernels_per_micro_step=kernels if kernel_note else None,
         sigma_by_key=tuple(sorted(sigmas.items())))
     notes = [_headline(info, res)]
     if kernel_note:
