@@ -83,6 +83,21 @@ def test_recommend_plans_the_bigger_model_from_files(files):
     assert any(a.startswith("transferred from proxy") for a in doc["model_assumptions"])
 
 
+def test_the_target_may_be_a_hugging_face_config(files, tmp_path):
+    _, small, obs = files
+    config = tmp_path / "config.json"  # Meta-Llama-3-8B's shape keys on the Hugging Face Hub
+    config.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+        "tie_word_embeddings": False}))
+    got = _predict("--workload", str(config), "--seq-len", "2048", "--proxy-workload", small,
+                   "--observations", obs, "--gpu", "H100-SXM5-80GB", "--gpus", "8",
+                   "--strategy", "fsdp", "--micro-batch", "2", "--json")
+    assert any("Hugging Face config.json (llama)" in a for a in got["assumptions"])
+    assert any(a.startswith("transferred from proxy gpt-16x2048") for a in got["assumptions"])
+
+
 @pytest.mark.parametrize("cmd, extra, message", [
     ("predict", ["--proxy-workload", "{small}"], "--proxy-workload needs --observations"),
     ("predict", ["--run-id", "abc", "--proxy-workload", "{small}", "--observations", "{obs}"],
@@ -147,10 +162,12 @@ def test_cpu_proxy_run_plans_a_1b_gpt(cpu_proxy, tmp_path, monkeypatch):
     assert moved["step_time_s"] - alone["step_time_s"] == pytest.approx(dispatch_s - 1e-3,
                                                                        rel=1e-6)
     r = _invoke("recommend", "--run-id", run_id, "--workload", str(target), "--tokens", "20B",
-                "--deadline", "30d", "--global-batch", "256", "--top", "3", "--json")
+                "--deadline", "30d", "--top", "3", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["candidates"] and doc["source_run_ids"] == [run_id]
+    # the tiny proxy's 16 x 64-token batch is not the 1.3B's: its pre-training batch is derived
+    assert doc["batch_policy"]["mode"] == "derived"
     assert doc["notes"][0].startswith("transferred from proxy tiny-gpt")
     assert doc.get("mlflow_run_id")  # logged, nested under the proxy run
     assert "advice" not in doc  # the proxy script's findings are not priced on the 1B plan
