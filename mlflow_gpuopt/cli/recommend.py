@@ -83,6 +83,9 @@ def _print_table(doc, out) -> None:
               help="With a Hugging Face config.json: the training sequence length (tokens).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
               help="With --workload: measured throughputs CSV (as predict takes).")
+@click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
+              help="workload.json of the smaller model --observations measured (a proxy); "
+                   "--workload is the model to plan.")
 @target_options
 @click.option("--deadline", metavar="DURATION", help="Wall-clock deadline: 24h, 90m, 2d, 1d12h.")
 @click.option("--provider", "providers", multiple=True,
@@ -117,7 +120,7 @@ def _print_table(doc, out) -> None:
 @click.option("--activation-checkpointing", is_flag=True,
               help="Same as --recompute full.")
 @launch_emit.emit_options
-def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
+def recommend(run_ids, experiment, workload_path, observations_path, proxy_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
               recompute, activation_checkpointing, emit, plan_rank, out_path, force, script,
@@ -142,12 +145,15 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     if not (run_ids or experiment or workload_path):
         raise UsageError("give --run-id ID or --experiment NAME (or --workload W.json before "
                          "any run exists)")
-    if workload_path and (run_ids or experiment):
-        raise UsageError("give one of --run-id ID (one or more), --experiment NAME or "
-                         "--workload W.json, not both")
-    if not workload_path:
+    if proxy_path and (run_ids or experiment or not observations_path):
+        raise UsageError("--proxy-workload goes with --observations O.csv (the proxy's "
+                         "measurements) and --workload, not with --run-id / --experiment")
+    if (run_ids or experiment) and observations_path:
+        raise UsageError("give --run-id / --experiment or --observations, not both (with "
+                         "runs, --workload is the model to plan from those proxy runs)")
+    if run_ids or experiment or not workload_path:
         check_run_source(run_ids, experiment)
-        if seq_len is not None:
+        if seq_len is not None and not workload_path:
             raise UsageError("--seq-len goes with --workload CONFIG.json (a Hugging Face "
                              "config), not measured runs")
     if global_batch is not None and keep_micro_batch:
@@ -177,22 +183,32 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         raise UsageError(str(exc)) from None
 
     # 2. Read the runs (read-only).
-    if workload_path:
+    proxy = None
+    if run_ids or experiment:
+        workload, observations, run_ids, input_notes = _load_inputs(run_ids, experiment)
+        if workload_path:  # the runs are a proxy of the model to plan
+            proxy = workload
+            workload, _, _, file_notes = _load_files(workload_path, None, catalog, seq_len)
+            input_notes = [*input_notes, *file_notes]
+    else:
         workload, observations, run_ids, input_notes = _load_files(
             workload_path, observations_path, catalog, seq_len)
-    else:
-        workload, observations, run_ids, input_notes = _load_inputs(run_ids, experiment)
+        if proxy_path:
+            proxy = _load_files(proxy_path, None, catalog)[0]
     if recompute:
         # The runs ran as they were measured; only the plans change mode.
-        observations = [dataclasses.replace(o, recompute=o.recompute or workload.recompute
+        measured = proxy or workload
+        observations = [dataclasses.replace(o, recompute=o.recompute or measured.recompute
                                             or "none") for o in observations]
         workload = dataclasses.replace(workload, recompute=recompute)
     logged_row = launch_emit.check_logged_plan(emit_req, workload)
-    measured_batch = _global_batch(workload, observations)
+    measured_batch = _global_batch(proxy or workload, observations)
     from mlflow_gpuopt.recommend.llm_batch import pretraining_global_batch
 
-    # A workload file states no global batch: a language model's pre-training gets one.
-    derived = (pretraining_global_batch(workload) if workload_path and not observations
+    # A workload file states no global batch: a language model's pre-training gets one (a
+    # proxy's measured batch is the proxy's, not the bigger model's).
+    derived = (pretraining_global_batch(workload)
+               if workload_path and (not observations or proxy is not None)
                and global_batch is None and not keep_micro_batch else None)
     plan_batch = global_batch or (derived.samples if derived else measured_batch)
     total = training_target.total_samples(
@@ -201,7 +217,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     # 3. Fit and search (pure).
     from mlflow_gpuopt.recommend import Target, recommend as run_search, recommendation_dict
 
-    predictor = _fit(workload, observations, catalog)
+    predictor = _fit(workload, observations, catalog, proxy,
+                     ", ".join(run_ids) or str(proxy_path))
     target = Target(total_samples=total, deadline_hours=deadline_h, confidence=confidence,
                     per_rank_batch=(workload.micro_batch or 1) * (workload.grad_accum or 1),
                     description=training_target.description,
@@ -224,12 +241,15 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         doc["deadline_alternatives"] = [a.as_dict() for a in alts]
         doc["notes"] = [*doc["notes"], *(a.line() for a in alts)]
     doc["source_run_ids"] = list(run_ids)
-    if workload_path and not no_log:
+    if workload_path and not run_ids and not no_log:
         doc.setdefault("notes", []).append(
             "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
     doc["notes"] = [*input_notes, *doc["notes"]]
-    if run_ids and rec.candidates:
+    if proxy is not None:  # say where the speed came from, in the printed notes too
+        doc["notes"][:0] = [a for a in doc["model_assumptions"]
+                            if a.startswith("transferred from proxy")]
+    if run_ids and rec.candidates and proxy is None:
         doc["advice"] = _advice(run_ids[0], rec, predictor, catalog)
     launch_emit.check_plan(emit_req, doc, logged_row)
     found_rank = launch_emit.find_logged_plan(emit_req, rec, logged_row)
@@ -239,7 +259,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     logged = log_error = None
     if not no_log and rec.candidates and run_ids:
         try:
-            logged = _log(doc, rec, observations, run_ids, workload)
+            logged = _log(doc, rec, observations if proxy is None else [], run_ids,
+                          workload)
         except Exception as exc:  # a full disk, a read-only store, a refused write
             log_error = one_line_reason(exc)
         else:
@@ -317,13 +338,19 @@ def _load_inputs(run_ids, experiment):
             list(inputs.notes))
 
 
-def _fit(workload, observations, catalog):
+def _fit(workload, observations, catalog, proxy=None, source=""):
+    """The fitted predictor; with a ``proxy`` workload (the one ``observations`` measured),
+    fitted to it and carried to ``workload`` (:func:`mlflow_gpuopt.perfmodel.transfer`)."""
     from mlflow_gpuopt.catalog import UnknownGpuError
     from mlflow_gpuopt.hardware import measured_hardware
     from mlflow_gpuopt.perfmodel import PerfModelError, fit
+    from mlflow_gpuopt.perfmodel.transfer import fit_proxy
 
     try:
-        return fit(workload, observations, measured_hardware(observations, catalog))
+        hardware = measured_hardware(observations, catalog)
+        if proxy is not None:
+            return fit_proxy(proxy, observations, hardware, workload, source=source)
+        return fit(workload, observations, hardware)
     except (PerfModelError, UnknownGpuError) as exc:
         raise UsageError(f"cannot fit the scaling model to these runs: {exc}") from None
 
