@@ -1,4 +1,5 @@
-"""Reading a user's ``workload.json`` and observations CSV into the models' records.
+"""Reading a user's ``workload.json`` (or a Hugging Face ``config.json``:
+:mod:`mlflow_gpuopt.hf_config`) and observations CSV into the models' records.
 
 Every problem becomes a :class:`WorkloadFileError` (a ``ValueError``) whose message is one
 line naming the file, the row or key, and what was expected, so the CLI can print it as is.
@@ -11,11 +12,13 @@ import io
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from mlflow_gpuopt import contract
+from mlflow_gpuopt.hf_config import HfConfigError, is_hf_config
+from mlflow_gpuopt.hf_config import workload_doc as hf_workload_doc
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.compute import normalize_fp8_recipe
@@ -221,16 +224,70 @@ def _strategy(text: str) -> str:
     return cleaned
 
 
-def load_workload(path: str | Path) -> Workload:
-    """Read ``workload.json`` (see :func:`workload_from_dict`)."""
+#: A workload file or ``config.json`` is a few kB (a profile with its hardware block ~10 kB);
+#: reading stops past this, so a wrong path (a checkpoint, /dev/zero) is one line, not a hang.
+MAX_WORKLOAD_FILE_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class WorkloadInput:
+    """A workload as read from a file, with what reading it derived or assumed, in words
+    (a ``config.json``'s parameter count and FLOPs, the precision it defaulted to)."""
+
+    workload: Workload
+    notes: tuple[str, ...] = ()
+    hf_config: bool = False  # True: read from a Hugging Face config.json
+
+
+def read_workload(path: str | Path, *, seq_len: int | None = None) -> WorkloadInput:
+    """Read ``workload.json``, or a Hugging Face ``config.json`` (told apart by its keys:
+    :func:`mlflow_gpuopt.hf_config.is_hf_config`) trained at ``seq_len`` tokens per sample.
+
+    A ``config.json`` without ``seq_len``, or ``seq_len`` with a workload file (which states
+    its own ``tokens_per_sample`` and the FLOPs that go with it), is a
+    :class:`WorkloadFileError`.
+    """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_WORKLOAD_FILE_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise WorkloadFileError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise WorkloadFileError(f"{p}: not UTF-8 text") from None
-    return workload_from_dict(parse_json_document(text, str(p)), where=str(p))
+    if len(raw) > MAX_WORKLOAD_FILE_BYTES:
+        raise WorkloadFileError(f"{p}: larger than {MAX_WORKLOAD_FILE_BYTES // 2**20} MiB; a "
+                                "workload file or config.json is a few kB")
+    doc = parse_json_document(text, str(p))
+    if not is_hf_config(doc):
+        if seq_len is not None:
+            raise WorkloadFileError(
+                f"{p}: --seq-len goes with a Hugging Face config.json; a workload file states "
+                "tokens_per_sample (and the flops_per_sample that go with it)")
+        return WorkloadInput(workload_from_dict(doc, where=str(p)))
+    if seq_len is None:
+        raise WorkloadFileError(
+            f"{p} is a Hugging Face config.json: give the training sequence length with "
+            "--seq-len N (max_position_embeddings is the longest it can take, not what it "
+            "trains on)")
+    try:
+        check("tokens_per_sample", seq_len, where="--seq-len", label="the sequence length")
+    except OutOfRangeError as exc:
+        raise WorkloadFileError(str(exc)) from None
+    name = doc.get("_name_or_path")
+    if not isinstance(name, str) or not name.strip():
+        name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    try:
+        converted, notes = hf_workload_doc(doc, int(seq_len), name=name.strip(), where=str(p))
+    except HfConfigError as exc:
+        raise WorkloadFileError(str(exc)) from None
+    return WorkloadInput(workload_from_dict(converted, where=str(p)), notes, hf_config=True)
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read ``workload.json`` (see :func:`workload_from_dict`)."""
+    return read_workload(path).workload
 
 
 def parse_observations_csv(text: str, where: str = "observations",

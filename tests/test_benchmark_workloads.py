@@ -26,7 +26,13 @@ def workload_table() -> dict[str, str]:
     """key -> ``from`` of docs/metrics.md's workload.json table."""
     text = METRICS.read_text()
     section = text.split("## workload.json", 1)[1].split("\n## ", 1)[0]
-    rows = [ln for ln in section.splitlines() if ln.startswith("|")]
+    lines = section.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| key |"))
+    rows = []
+    for ln in lines[start:]:
+        if not ln.startswith("|"):
+            break  # the first table only: the subsections below have tables of their own
+        rows.append(ln)
     header = [c.strip() for c in rows[0].strip("|").split("|")]
     assert header[:2] == ["key", "from"], header
     out = {}

@@ -61,7 +61,7 @@ LAYERS = (
     ("contract.py", "redact.py", "validation.py", "quantities.py"),  # names and checks
     ("devices", "catalog"),  # readings; prices and GPU specs
     ("perfmodel",),  # pure scaling models
-    ("hardware.py", "workload_files.py", "recommend"),  # model inputs; pure search
+    ("hardware.py", "workload_files.py", "hf_config.py", "recommend"),  # model inputs; search
     ("advice", "launch", "report"),  # pure rules; launch artefacts; charts and HTML
     ("mlflow_io",),  # the MLflow edge
     ("tracking",),  # track(): measures, writes through mlflow_io

@@ -77,19 +77,42 @@ def _network(catalog, gpu: str, offer, inter_node_gbps):
     return multi_node_network(catalog.offers, gpu)
 
 
-def _inputs(run_ids, workload_path, observations_path, catalog):
-    from mlflow_gpuopt.workload_files import (
-        WorkloadFileError,
-        load_observations,
-        load_workload,
-    )
-
-    if run_ids and (workload_path or observations_path):
-        raise UsageError("give either --run-id or --workload/--observations, not both")
+def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> None:
+    """The input flags' combinations: runs, a workload file (with observations), or a proxy
+    (runs, or ``--proxy-workload`` with its ``--observations``) planning ``--workload``."""
+    if run_ids and (observations_path or proxy_path):
+        raise UsageError("give --run-id or --observations/--proxy-workload, not both (with "
+                         "--run-id, --workload is the model to plan from that proxy run)")
     if not run_ids and not workload_path:
         raise UsageError("give --run-id ID, or --workload W.json [--observations O.csv]")
     if observations_path and not workload_path:
         raise UsageError("--observations needs --workload W.json")
+    if proxy_path and not observations_path:
+        raise UsageError("--proxy-workload needs --observations O.csv (the proxy's "
+                         "measurements)")
+
+
+def _inputs(run_ids, workload_path, observations_path, catalog, seq_len=None, proxy_path=None):
+    """(workload, observations, notes, proxy workload or None): a proxy's observations
+    belong to the proxy workload, and the prediction is for ``--workload``."""
+    from mlflow_gpuopt.workload_files import (
+        WorkloadFileError,
+        load_observations,
+        read_workload,
+    )
+
+    check_proxy_flags(run_ids, workload_path, observations_path, proxy_path)
+    if run_ids and seq_len is not None and not workload_path:
+        raise UsageError("--seq-len goes with --workload CONFIG.json, not --run-id")
+    try:
+        read = read_workload(workload_path, seq_len=seq_len) if workload_path else None
+        if proxy_path:
+            observations = load_observations(observations_path,
+                                             resolve_gpu=catalog.resolve_gpu)
+            return (read.workload, observations, list(read.notes),
+                    read_workload(proxy_path).workload)
+    except WorkloadFileError as exc:
+        raise UsageError(str(exc)) from None
     if run_ids:
         from mlflow_gpuopt.mlflow_io.runs import RunInputError, load_run_inputs
 
@@ -97,14 +120,16 @@ def _inputs(run_ids, workload_path, observations_path, catalog):
             inputs = load_run_inputs(run_ids, resolve_gpu=catalog.resolve_gpu)
         except RunInputError as exc:
             raise UsageError(str(exc)) from None
-        return inputs.workload, list(inputs.observations), list(inputs.notes)
+        if read is not None:  # the runs are a proxy of the model to predict
+            return (read.workload, list(inputs.observations),
+                    [*inputs.notes, *read.notes], inputs.workload)
+        return inputs.workload, list(inputs.observations), list(inputs.notes), None
     try:
-        workload = load_workload(workload_path)
         observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
                         if observations_path else [])
     except WorkloadFileError as exc:
         raise UsageError(str(exc)) from None
-    return workload, observations, []
+    return read.workload, observations, list(read.notes), None
 
 
 def _fmt_hours(h: float) -> str:
@@ -176,10 +201,16 @@ def _human(result: dict) -> str:
 @click.option("--run-id", "run_ids", multiple=True,
               help="Run tracked with gpuopt.track() (repeatable).")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="workload.json (params, flops_per_sample, precision, ...).")
+              help="workload.json (params, flops_per_sample, precision, ...) or a Hugging "
+                   "Face config.json (with --seq-len).")
+@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
+              help="With a Hugging Face config.json: the training sequence length (tokens).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
               help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
                    "precision.")
+@click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
+              help="workload.json of the smaller model --observations measured (a proxy); "
+                   "--workload is the model to predict.")
 @click.option("--gpu", required=True, help="GPU to predict on (NVML or catalog name).")
 @click.option("--gpus", type=click.IntRange(min=1, max=int(BOUNDS["gpu_count"].high)),
               required=True, help="Total GPUs.")
@@ -209,14 +240,15 @@ def _human(result: dict) -> str:
                    "on the same GPU type (default: the board's TDP).")
 @target_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
-            grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
+def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, nodes, strategy,
+            micro_batch, grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
             instance_type, inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens,
-            steps, as_json) -> None:
+            steps, as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.hardware import hardware_for_gpu, measured_hardware
     from mlflow_gpuopt.perfmodel import ParallelConfig, PerfModelError, fit, normalize_precision
+    from mlflow_gpuopt.perfmodel.transfer import fit_proxy
 
     reject_empty_values(click.get_current_context())
     training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
@@ -224,8 +256,8 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     catalog = load_catalog_or_fail()
     target = resolve_gpu_or_fail(catalog, gpu)
     offer = _offer(catalog, instance_type, target) if instance_type else None
-    workload, observations, input_notes = _inputs(run_ids, workload_path, observations_path,
-                                                  catalog)
+    workload, observations, input_notes, proxy = _inputs(
+        run_ids, workload_path, observations_path, catalog, seq_len, proxy_path)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
@@ -289,7 +321,8 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
         activation_checkpointing=activation_checkpointing, tp=tp, pp=pp,
         recompute=recompute or ("full" if activation_checkpointing else None), virtual_stages=vp)
     try:
-        predictor = fit(workload, observations, hardware)
+        predictor = (fit(workload, observations, hardware) if proxy is None else fit_proxy(
+            proxy, observations, hardware, workload, source=", ".join(run_ids) or proxy_path))
         p = predictor.predict(config, target_hw)
         effects = predictor.default_effects(config, target_hw)
     except PerfModelError as exc:

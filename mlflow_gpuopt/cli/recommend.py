@@ -77,9 +77,15 @@ def _print_table(doc, out) -> None:
 @click.option("--experiment", metavar="NAME",
               help="Fit all measured runs of the newest run's workload in this experiment.")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="Plan before a run exists: workload.json (as predict takes); not logged.")
+              help="Plan before a run exists: workload.json or a Hugging Face config.json "
+                   "(as predict takes); not logged.")
+@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
+              help="With a Hugging Face config.json: the training sequence length (tokens).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
               help="With --workload: measured throughputs CSV (as predict takes).")
+@click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
+              help="workload.json of the smaller model --observations measured (a proxy); "
+                   "--workload is the model to plan.")
 @target_options
 @click.option("--deadline", metavar="DURATION", help="Wall-clock deadline: 24h, 90m, 2d, 1d12h.")
 @click.option("--provider", "providers", multiple=True,
@@ -101,7 +107,8 @@ def _print_table(doc, out) -> None:
               help="How many ranked plans to show / return.")
 @click.option("--global-batch", "global_batch", type=click.IntRange(min=1), metavar="N",
               help="Samples per optimizer step every plan keeps (default: the measured "
-                   "run's micro-batch × accumulation × GPUs).")
+                   "run's micro-batch × accumulation × GPUs; for a language model's "
+                   "workload file, LLM pre-training practice: docs/metrics.md).")
 @click.option("--keep-micro-batch", is_flag=True,
               help="Keep the measured per-GPU batch on every GPU instead, so the global "
                    "batch grows with the GPU count.")
@@ -113,10 +120,11 @@ def _print_table(doc, out) -> None:
 @click.option("--activation-checkpointing", is_flag=True,
               help="Same as --recompute full.")
 @launch_emit.emit_options
-def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
+def recommend(run_ids, experiment, workload_path, observations_path, proxy_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
-              recompute, activation_checkpointing, emit, plan_rank, out_path, force, script):
+              recompute, activation_checkpointing, emit, plan_rank, out_path, force, script,
+              seq_len):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -137,11 +145,17 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     if not (run_ids or experiment or workload_path):
         raise UsageError("give --run-id ID or --experiment NAME (or --workload W.json before "
                          "any run exists)")
-    if workload_path and (run_ids or experiment):
-        raise UsageError("give one of --run-id ID (one or more), --experiment NAME or "
-                         "--workload W.json, not both")
-    if not workload_path:
+    if proxy_path and (run_ids or experiment or not observations_path):
+        raise UsageError("--proxy-workload goes with --observations O.csv (the proxy's "
+                         "measurements) and --workload, not with --run-id / --experiment")
+    if (run_ids or experiment) and observations_path:
+        raise UsageError("give --run-id / --experiment or --observations, not both (with "
+                         "runs, --workload is the model to plan from those proxy runs)")
+    if run_ids or experiment or not workload_path:
         check_run_source(run_ids, experiment)
+        if seq_len is not None and not workload_path:
+            raise UsageError("--seq-len goes with --workload CONFIG.json (a Hugging Face "
+                             "config), not measured runs")
     if global_batch is not None and keep_micro_batch:
         raise UsageError("give --global-batch N or --keep-micro-batch, not both")
     try:
@@ -169,42 +183,73 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
         raise UsageError(str(exc)) from None
 
     # 2. Read the runs (read-only).
-    if workload_path:
-        workload, observations, run_ids = _load_files(workload_path, observations_path,
-                                                      catalog)
-        input_notes = []
-    else:
+    proxy = None
+    if run_ids or experiment:
         workload, observations, run_ids, input_notes = _load_inputs(run_ids, experiment)
+        if workload_path:  # the runs are a proxy of the model to plan
+            proxy = workload
+            workload, _, _, file_notes = _load_files(workload_path, None, catalog, seq_len)
+            input_notes = [*input_notes, *file_notes]
+    else:
+        workload, observations, run_ids, input_notes = _load_files(
+            workload_path, observations_path, catalog, seq_len)
+        if proxy_path:
+            proxy = _load_files(proxy_path, None, catalog)[0]
     if recompute:
         # The runs ran as they were measured; only the plans change mode.
-        observations = [dataclasses.replace(o, recompute=o.recompute or workload.recompute
+        measured = proxy or workload
+        observations = [dataclasses.replace(o, recompute=o.recompute or measured.recompute
                                             or "none") for o in observations]
         workload = dataclasses.replace(workload, recompute=recompute)
     logged_row = launch_emit.check_logged_plan(emit_req, workload)
-    measured_batch = _global_batch(workload, observations)
+    measured_batch = _global_batch(proxy or workload, observations)
+    from mlflow_gpuopt.recommend.llm_batch import pretraining_global_batch
+
+    # A workload file states no global batch: a language model's pre-training gets one (a
+    # proxy's measured batch is the proxy's, not the bigger model's).
+    derived = (pretraining_global_batch(workload)
+               if workload_path and (not observations or proxy is not None)
+               and global_batch is None and not keep_micro_batch else None)
+    plan_batch = global_batch or (derived.samples if derived else measured_batch)
     total = training_target.total_samples(
-        tokens_per_sample=workload.tokens_per_sample,
-        samples_per_step=global_batch or measured_batch)
+        tokens_per_sample=workload.tokens_per_sample, samples_per_step=plan_batch)
 
     # 3. Fit and search (pure).
     from mlflow_gpuopt.recommend import Target, recommend as run_search, recommendation_dict
 
-    predictor = _fit(workload, observations, catalog)
+    predictor = _fit(workload, observations, catalog, proxy,
+                     ", ".join(run_ids) or str(proxy_path))
     target = Target(total_samples=total, deadline_hours=deadline_h, confidence=confidence,
                     per_rank_batch=(workload.micro_batch or 1) * (workload.grad_accum or 1),
                     description=training_target.description,
-                    global_batch=None if keep_micro_batch else global_batch or measured_batch,
-                    global_batch_asked=global_batch is not None)
+                    global_batch=None if keep_micro_batch else plan_batch,
+                    global_batch_asked=global_batch is not None,
+                    global_batch_why=derived.why if derived else "")
     rec = run_search(predictor, workload, catalog.offers, catalog.gpus, target,
                      hardware_for=_hardware_for, space=space)
     doc = recommendation_dict(rec, top=top)
+    if rec.winner is None and rec.candidates and deadline_h is not None:
+        from mlflow_gpuopt.recommend.llm_batch import larger_global_batch
+        from mlflow_gpuopt.recommend.shortfall import alternatives
+
+        alts = alternatives(
+            lambda t, s: run_search(predictor, workload, catalog.offers, catalog.gpus, t,
+                                    hardware_for=_hardware_for, space=s, with_scaling=False),
+            target, space, max_nodes=max((o.max_nodes for o in catalog.offers), default=1),
+            larger_batch=larger_global_batch(workload, target.global_batch),
+            batch_may_change=training_target.steps is None)
+        doc["deadline_alternatives"] = [a.as_dict() for a in alts]
+        doc["notes"] = [*doc["notes"], *(a.line() for a in alts)]
     doc["source_run_ids"] = list(run_ids)
-    if workload_path and not no_log:
+    if workload_path and not run_ids and not no_log:
         doc.setdefault("notes", []).append(
             "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
     doc["notes"] = [*input_notes, *doc["notes"]]
-    if run_ids and rec.candidates:
+    if proxy is not None:  # say where the speed came from, in the printed notes too
+        doc["notes"][:0] = [a for a in doc["model_assumptions"]
+                            if a.startswith("transferred from proxy")]
+    if run_ids and rec.candidates and proxy is None:
         doc["advice"] = _advice(run_ids[0], rec, predictor, catalog)
     launch_emit.check_plan(emit_req, doc, logged_row)
     found_rank = launch_emit.find_logged_plan(emit_req, rec, logged_row)
@@ -214,7 +259,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     logged = log_error = None
     if not no_log and rec.candidates and run_ids:
         try:
-            logged = _log(doc, rec, observations, run_ids, workload)
+            logged = _log(doc, rec, observations if proxy is None else [], run_ids,
+                          workload)
         except Exception as exc:  # a full disk, a read-only store, a refused write
             log_error = one_line_reason(exc)
         else:
@@ -253,21 +299,21 @@ def _hardware_for(spec, offer):
     return hardware_for_gpu(spec, gpus_per_node=offer.gpu_count, offer=offer)
 
 
-def _load_files(workload_path, observations_path, catalog):
-    """(workload, observations, no run ids) from files, as ``predict`` reads them."""
+def _load_files(workload_path, observations_path, catalog, seq_len=None):
+    """(workload, observations, no run ids, notes) from files, as ``predict`` reads them."""
     from mlflow_gpuopt.workload_files import (
         WorkloadFileError,
         load_observations,
-        load_workload,
+        read_workload,
     )
 
     try:
-        workload = load_workload(workload_path)
+        read = read_workload(workload_path, seq_len=seq_len)
         observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
                         if observations_path else [])
     except WorkloadFileError as exc:
         raise UsageError(str(exc)) from None
-    return workload, list(observations), []
+    return read.workload, list(observations), [], list(read.notes)
 
 
 def _load_inputs(run_ids, experiment):
@@ -292,13 +338,19 @@ def _load_inputs(run_ids, experiment):
             list(inputs.notes))
 
 
-def _fit(workload, observations, catalog):
+def _fit(workload, observations, catalog, proxy=None, source=""):
+    """The fitted predictor; with a ``proxy`` workload (the one ``observations`` measured),
+    fitted to it and carried to ``workload`` (:func:`mlflow_gpuopt.perfmodel.transfer`)."""
     from mlflow_gpuopt.catalog import UnknownGpuError
     from mlflow_gpuopt.hardware import measured_hardware
     from mlflow_gpuopt.perfmodel import PerfModelError, fit
+    from mlflow_gpuopt.perfmodel.transfer import fit_proxy
 
     try:
-        return fit(workload, observations, measured_hardware(observations, catalog))
+        hardware = measured_hardware(observations, catalog)
+        if proxy is not None:
+            return fit_proxy(proxy, observations, hardware, workload, source=source)
+        return fit(workload, observations, hardware)
     except (PerfModelError, UnknownGpuError) as exc:
         raise UsageError(f"cannot fit the scaling model to these runs: {exc}") from None
 
@@ -344,6 +396,8 @@ def _print_human(doc, out, logged) -> None:
                        f"launch: {c['launch']}", file=out)
     for note in doc["notes"]:
         click.echo(f"Note: {note}", file=out)
+    for assumed in doc.get("model_assumptions") or ():
+        click.echo(f"Assumed: {assumed}", file=out)
     if logged is not None:
         click.echo(f"Logged to MLflow run {logged.run_id} (experiment {logged.experiment_id}) "
                    f"with {len(logged.child_run_ids)} candidate runs; open it with "

@@ -152,6 +152,10 @@ def batch_note(target: Target) -> str:
         return (f"per-GPU batch {target.per_rank_batch:,} kept on every GPU: each plan's "
                 "global batch is that × its data-parallel ranks, so it grows with the GPU "
                 "count (a different training hyper-parameter on more GPUs)")
+    if target.batch_mode == "derived":
+        return (f"global batch {target.global_batch_why}: every plan splits it into "
+                "micro-batch × accumulation × data-parallel ranks (plans whose ranks do not "
+                "divide it are left out)")
     how = "kept as measured" if target.batch_mode == "kept" else "as asked"
     return (f"global batch {target.global_batch:,} samples per optimizer step {how}: every "
             "plan splits it into micro-batch × accumulation × data-parallel ranks (plans "
@@ -163,6 +167,7 @@ def batch_line(c: Candidate, target: Target) -> str:
     cfg = c.config
     dp = data_parallel_ranks(cfg)
     how = {"kept": "the measured run's, kept", "set": "as asked",
+           "derived": "derived for LLM pre-training",
            "per-gpu": "the per-GPU batch kept, so it grows with the GPUs"}[target.batch_mode]
     return (f"Batch: global batch {global_batch(cfg):,} ({how}) = micro-batch "
             f"{cfg.micro_batch} × accumulation {cfg.grad_accum} × {dp} data-parallel "
@@ -294,6 +299,9 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
         f"{hours_text(win.hours_high)}), {money(win.cost_usd)} ({money(win.cost_low_usd)}–"
         f"{money(win.cost_high_usd)}), {deadline}.",
     ]
+    lines.append(f"GPU-hours: {win.gpus * win.hours:,.0f} ({win.gpus * win.hours_low:,.0f}–"
+                 f"{win.gpus * win.hours_high:,.0f}) on {win.gpus:,} GPU"
+                 f"{'s' if win.gpus > 1 else ''}.")
     if win.cost_basis:
         lines.append(f"Cost: {win.cost_basis}.")
     lines.append(batch_line(win, target))

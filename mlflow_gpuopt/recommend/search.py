@@ -61,6 +61,7 @@ from mlflow_gpuopt.recommend.explain import (
     one_line_why,
     strategy_label,
 )
+from mlflow_gpuopt.recommend.shortfall import binding_constraint
 from mlflow_gpuopt.recommend.types import (
     Candidate,
     Costing,
@@ -536,12 +537,17 @@ def collapse_dominated(ranked: Sequence[Candidate],
 
 
 def fastest_plan(cands: Sequence[Candidate]) -> Candidate | None:
-    """The cheapest plan within 5 % of the shortest predicted time.
+    """The plan with the shortest predicted time (the cheaper of equal ones): what "fastest"
+    names has to be the fastest row of the table. :func:`pareto_front` also keeps the
+    cheapest plan within 5 % of it, which the model cannot tell apart on time."""
+    if not cands:
+        return None
+    return min(cands, key=lambda c: (c.hours, c.cost_usd))
 
-    Predictions carry tens of percent of uncertainty, so a plan 1 % faster for ten times the
-    money is not "the fastest option" a person wants to see; the cheapest of the plans the
-    model cannot tell apart on time is.
-    """
+
+def _near_fastest(cands: Sequence[Candidate]) -> Candidate | None:
+    """The cheapest plan within 5 % of the shortest predicted time: predictions carry tens of
+    percent of uncertainty, so a plan 1 % faster for ten times the money buys nothing sure."""
     if not cands:
         return None
     quickest = min(c.hours for c in cands)
@@ -554,8 +560,9 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
 
     A plan is on it when no other plan is both faster and cheaper; walking from the
     cheapest, a plan is kept only when it is more than 5 % faster than the last one kept
-    (smaller steps are inside the prediction's interval), and :func:`fastest_plan` always
-    ends it. Every plan on it is on the strict frontier.
+    (smaller steps are inside the prediction's interval); the cheapest plan within 5 % of
+    the shortest time and :func:`fastest_plan` always end it (the one step that may buy
+    less). Every plan on it is on the strict frontier.
     """
     strict: list[Candidate] = []
     best_cost = math.inf
@@ -569,9 +576,9 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
     for c in reversed(strict[:-1]):
         if c.hours * _SAME_SPEED < kept[-1].hours:
             kept.append(c)
-    fastest = fastest_plan(cands)
-    if fastest is not None and all(fastest is not c for c in kept):
-        kept.append(fastest)
+    for end in (_near_fastest(cands), fastest_plan(cands)):
+        if end is not None and all(end is not c for c in kept):
+            kept.append(end)
     return tuple(sorted(kept, key=lambda c: (c.hours, c.cost_usd)))
 
 
@@ -772,7 +779,8 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
             f"{money(fastest.cost_usd)} ({fastest.offer.provider} {fastest.offer.instance_type} "
             f"× {fastest.nodes}); cheapest: {money(cheapest.cost_usd)} in "
             f"{hours_text(cheapest.hours)} "
-            f"({cheapest.offer.provider} {cheapest.offer.instance_type} × {cheapest.nodes})")
+            f"({cheapest.offer.provider} {cheapest.offer.instance_type} × {cheapest.nodes}); "
+            f"what binds: {binding_constraint(fastest, target, space)}")
     if winner is not None:
         runner_up = next((c for c in ranked[1:] if (c.offer.instance_type, c.nodes,
                                                     strategy_label(c.config), c.pricing)

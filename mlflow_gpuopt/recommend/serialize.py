@@ -33,12 +33,16 @@ def target_dict(t: Target) -> dict[str, Any]:
 def batch_policy_dict(t: Target) -> dict[str, Any]:
     """``{"global_batch", "mode", "per_rank_batch"}``: what every plan did with the batch.
 
-    ``mode`` is ``kept`` (the measured global batch), ``set`` (the user's) or ``per-gpu``
+    ``mode`` is ``kept`` (the measured global batch), ``set`` (the user's), ``derived``
+    (chosen for LLM pre-training, ``why`` says how) or ``per-gpu``
     (each GPU keeps ``per_rank_batch``; ``global_batch`` is then None, as it differs per
     plan: see each candidate's ``global_batch``).
     """
-    return {"global_batch": t.global_batch, "mode": t.batch_mode,
-            "per_rank_batch": t.per_rank_batch if t.global_batch is None else None}
+    out = {"global_batch": t.global_batch, "mode": t.batch_mode,
+           "per_rank_batch": t.per_rank_batch if t.global_batch is None else None}
+    if t.batch_mode == "derived":
+        out["why"] = t.global_batch_why
+    return out
 
 
 def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, Any]:
