@@ -232,6 +232,12 @@ class _Step:
     searched: int = 0
 
 
+def within_headroom(pred: Prediction, headroom: float) -> bool:
+    """Whether ``pred``'s median peak leaves ``headroom`` of the GPU's usable memory free."""
+    usable = pred.memory_usable_bytes or pred.memory_capacity_bytes
+    return pred.memory.total_bytes <= (1.0 - headroom) * usable * (1 + 1e-9)
+
+
 def _node_limit(offer: Offer, space: SearchSpace) -> int:
     return min(space.max_nodes, offer.max_nodes if offer.inter_node_gbps > 0 else 1)
 
@@ -297,11 +303,14 @@ class _Search:
         if batch is None:
             step.dropped[UNEVEN_BATCH_REASON] += 1
             return None
+        # the micro-batch is sized to leave the headroom free (the usable memory is
+        # proportional to the stated one, so a smaller card is the same as the headroom)
+        planned = replace(hw, memory_bytes=hw.memory_bytes * (1.0 - self.space.memory_headroom))
         for ac in (False, True):
             base = ParallelConfig(gpus_per_node=per_node, nodes=nodes, strategy=strategy,
                                   micro_batch=1, grad_accum=batch, precision=precision,
                                   activation_checkpointing=ac, tp=tp, pp=pp)
-            m_max = self._max_micro_batch(base, hw)
+            m_max = self._max_micro_batch(base, planned)
             if m_max < 1:
                 continue
             mb = largest_divisor_at_most(batch, m_max)
@@ -312,9 +321,9 @@ class _Search:
             pred = self._predict(config, hw, step)
             if pred is None:
                 return None
-            if pred.fits:
+            if pred.fits and within_headroom(pred, self.space.memory_headroom):
                 return config, pred
-        step.dropped["does not fit in GPU memory"] += 1
+        step.dropped["does not fit in GPU memory"] += 1  # with the headroom (memory_note)
         return None
 
     def precisions(self, spec: GpuSpec) -> tuple[str, ...]:
@@ -598,6 +607,13 @@ def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int
     return None
 
 
+def memory_note(headroom: float) -> str:
+    """The memory policy every plan was held to, in words."""
+    return (f"memory: every plan leaves at least {headroom:.0%} of each GPU's usable memory "
+            "free at its predicted peak and fits with probability >= 50 % "
+            "(--memory-headroom)")
+
+
 def instance_family(offer: Offer) -> str:
     """The instance family an offer belongs to: its type without the size.
 
@@ -788,6 +804,7 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
                               space.max_gpus or 64, target.global_batch)
                if with_scaling else ())
     notes.append(batch_note(target))
+    notes.append(memory_note(space.memory_headroom))
     notes.append(f"searched {search.searched} plans over {len(chosen)} offers in "
                  f"{time.perf_counter() - started:.2f} s")
     return Recommendation(
@@ -795,5 +812,5 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         fastest=fastest, cheapest=cheapest, explanation=explanation, whys=whys,
         dropped=dict(search.dropped), searched=search.searched, notes=tuple(notes),
         predicted=search.predicted, costed=search.costed,
-        scaling=scaling,
+        scaling=scaling, memory_headroom=space.memory_headroom,
     )
