@@ -335,7 +335,10 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
     lines.append(f"Memory per GPU: {sig(p.memory.total_bytes / 1e9, 2)} GB of "
                  f"{sig(usable / 1e9, 3)} GB usable ({headroom(win):.0%} free{chance}); "
                  f"interconnect {interconnect(win)}.")
-    lines.extend(f"Note: {n}." for n in win.notes)
+    lines.extend(f"Script change: {n.removeprefix('script change: ')}."
+                 if n.startswith("script change: ") else
+                 f"Risk: {n.removeprefix('risk: ')}." if n.startswith("risk: ")
+                 else f"Note: {n}." for n in win.notes)
     if is_amd(win.offer.gpu):
         lines.append(f"Note: {win.offer.gpu} is an AMD GPU: ROCm/RCCL; PyTorch ROCm build "
                      "required (torch.cuda and the 'nccl' process-group backend map to HIP and "

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
+from mlflow_gpuopt.perfmodel.activations import normalize_recompute
+from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
 from mlflow_gpuopt.recommend.cost import evaluate, price_per_hour
@@ -232,6 +234,54 @@ class _Step:
     searched: int = 0
 
 
+#: Smallest model offered FP8: the threshold of ``advise``'s FP8 rule
+#: (``advice.rules.FP8_MIN_PARAMS``; below it non-GEMM work and FP8's casts dominate).
+FP8_MIN_PARAMS = 1_000_000_000
+#: A plan this long on a GPU type or precision no run measured is marked as a risk.
+UNTESTED_RISK_HOURS = 24.0
+#: How a script makes each precision switch a plan may need.
+_PRECISION_RECIPES = {
+    "fp8": "FP8 linear layers (torchao float8 convert_to_float8_training, or Transformer "
+           "Engine's te.Linear under fp8_autocast), the advise finding precision_fp8",
+    "tf32": "TF32 matmuls (torch.backends.cuda.matmul.allow_tf32 = True, "
+            "torch.backends.cudnn.allow_tf32 = True)",
+    "bf16": "autocast to bfloat16 (torch.autocast(dtype=torch.bfloat16); no GradScaler)",
+}
+
+
+def script_changes(workload: Workload, config: ParallelConfig) -> tuple[str, ...]:
+    """What the training script must change to run ``config``, in words (empty: nothing)."""
+    own = normalize_precision(workload.precision)
+    out = []
+    if config.precision and normalize_precision(config.precision) != own:
+        new = normalize_precision(config.precision)
+        out.append(f"script change: precision {own} -> {new}: "
+                   + _PRECISION_RECIPES.get(new, new))
+    mode = normalize_recompute(config.recompute_mode(workload.recompute))
+    if mode != normalize_recompute(workload.recompute):
+        out.append(f"script change: activation recomputation {mode} "
+                   "(torch.utils.checkpoint around each block), to fit the memory")
+    return tuple(out)
+
+
+def untested_risk(c: Candidate, own_precision: str) -> str | None:
+    """A risk note for a long plan (``UNTESTED_RISK_HOURS``) on a GPU type, vendor or
+    precision no run measured (a plan on priors alone already says so in the explanation:
+    it is marked where it also switches precision or vendor)."""
+    p = c.prediction
+    if p.basis == "measured" or c.hours < UNTESTED_RISK_HOURS:
+        return None
+    amd = c.offer.gpu.upper().startswith("MI")
+    switched = normalize_precision(c.config.precision or own_precision) != own_precision
+    if p.basis == "prior" and not (amd or switched):
+        return None
+    what = [f"{c.offer.gpu} (AMD, ROCm)" if amd else c.offer.gpu]
+    if switched:
+        what.append(f"{c.config.precision} (the script runs {own_precision})")
+    return (f"risk: no run was measured on {' in '.join(what)} and the job runs "
+            f"{c.hours:,.0f} h; a short tracked run there first checks speed and memory")
+
+
 def within_headroom(pred: Prediction, headroom: float) -> bool:
     """Whether ``pred``'s median peak leaves ``headroom`` of the GPU's usable memory free."""
     usable = pred.memory_usable_bytes or pred.memory_capacity_bytes
@@ -331,7 +381,8 @@ class _Search:
         script's own."""
         w = self.workload
         allowed = allowed_precisions(
-            w.precision, spec, linear_layers=bool(w.hidden_size and w.tokens_per_sample))
+            w.precision, spec, linear_layers=bool(w.hidden_size and w.tokens_per_sample
+                                                  and w.params >= FP8_MIN_PARAMS))
         if not allowed:
             return ()
         own = allowed[0]
@@ -450,7 +501,7 @@ class _Search:
 
     def _add(self, offer: Offer, nodes: int, config: ParallelConfig, pred: Prediction,
              pricings: Sequence[str]) -> None:
-        notes = []
+        notes = list(script_changes(self.workload, config))
         if not offer.gpu_guaranteed:
             notes.append(f"{offer.provider} does not guarantee the {offer.gpu}: it assigns "
                          "whatever GPU is free, and a slower one stretches the time")
@@ -464,6 +515,9 @@ class _Search:
             if cand is None:
                 self.dropped["cannot finish (throughput or preemptions)"] += 1
                 continue
+            risk = untested_risk(cand, normalize_precision(self.workload.precision))
+            if risk:
+                cand = replace(cand, notes=(*cand.notes, risk))
             if not self.exhaustive and self._dominated(cand):
                 self.dropped[DOMINATED_REASON] += 1
                 continue
