@@ -135,7 +135,7 @@ def _human(result: dict) -> str:
     m = result["memory"]
     fits = ("fits" if result["fits"] else "DOES NOT FIT") + f", P(fits) {result['p_fits']:.0%}"
     lines.append(f"  memory/GPU   {_fmt_bytes(result['memory_per_gpu_bytes'])} of "
-                 f"{_fmt_bytes(result['memory_capacity_bytes'])} ({fits}; weights "
+                 f"{_fmt_bytes(result['memory_usable_bytes'])} usable ({fits}; weights "
                  f"{_fmt_bytes(m['weights_bytes'])}, gradients {_fmt_bytes(m['gradients_bytes'])}"
                  f", optimizer {_fmt_bytes(m['optimizer_bytes'])}, activations "
                  f"{_fmt_bytes(m['activations_bytes'])}, workspace "
