@@ -375,7 +375,8 @@ def observed_fit(workload: Workload, observations: Sequence[Observation],
         notes = (f"activation estimate scaled by {scale:.2f}: the observed run on "
                  f"{obs.gpu_count} x {obs.gpu} ({obs.strategy}, micro-batch "
                  f"{obs.micro_batch or workload.micro_batch}) ran, but was estimated at "
-                 f"{mem.total_bytes / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.1f} GB per GPU",)
+                 f"{mem.total_bytes / 1e9:.1f} GB of the "
+                 f"{usable_memory_bytes(hw.gpu, hw.memory_bytes) / 1e9:.1f} GB usable per GPU",)
     return ObservedFit(activation_scale=scale, micro_batches=seen, notes=notes)
 
 
