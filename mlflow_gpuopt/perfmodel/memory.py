@@ -87,9 +87,11 @@ ALLOCATOR_SIGMA = 0.03
 #: 0.2 % against what PyTorch saves for the modelled kernels; the spread is for kernels that
 #: save otherwise: fused norms, compiled graphs, another SDPA backend) or the FLOPs-based guess.
 ACTIVATION_SIGMA = {"measured": 0.05, "formula": 0.10, "flops": 0.5}
-#: Relative spread (1σ) of the gathered ZeRO-3/FSDP buffers when the largest layer is the
-#: shape's estimate (2Ψ / layers), not given.
+#: Relative spread (1σ) of the gathered ZeRO-3/FSDP buffers when the largest layer is not
+#: given: from the shape's estimate (2Ψ / layers), or from the architecture (one block or
+#: the embedding; how a framework groups the embedding, norm and output into units varies).
 GATHERED_SIGMA_ESTIMATED = 0.5
+GATHERED_SIGMA_ARCHITECTURE = 0.25
 #: FSDP units all-gathered at once: the one computing and the one prefetched (PyTorch FSDP's
 #: forward/backward prefetch, one unit ahead).
 FSDP_GATHERED_UNITS = 2
@@ -377,9 +379,12 @@ def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
     workspace = CONTEXT_BYTES + ALLOCATOR_OVERHEAD * allocated
     gathered = 0.0 if workload.largest_layer_params else gathered_bytes(
         params, precision, layout.dp_strategy, big, share)
+    gathered_sigma = (GATHERED_SIGMA_ESTIMATED if any(
+        n.startswith("largest layer estimated") for n in shape.assumptions)
+        else GATHERED_SIGMA_ARCHITECTURE)
     sigma = math.sqrt((ACTIVATION_SIGMA[activation_source(workload)] * act) ** 2
                       + (activation_scale * _logits_sigma(workload, layout, m)) ** 2
-                      + (GATHERED_SIGMA_ESTIMATED * gathered) ** 2
+                      + (gathered_sigma * gathered) ** 2
                       + (ALLOCATOR_SIGMA * allocated) ** 2 + CONTEXT_SIGMA_BYTES ** 2)
     return MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
                            activations_bytes=act, workspace_bytes=workspace,

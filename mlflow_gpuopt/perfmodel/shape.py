@@ -2,7 +2,8 @@
 
 Tensor-parallel and pipeline traffic, activation checkpointing and ZeRO-3's largest layer
 depend on the shape; a profile that does not give it gets a transformer-like estimate from
-the parameter count and FLOPs, and the estimate is named in the prediction's assumptions.
+the parameter count and FLOPs (the largest layer from the architecture where layers and
+hidden size are given), and the estimate is named in the prediction's assumptions.
 """
 
 from __future__ import annotations
@@ -45,8 +46,25 @@ def model_shape(workload: Workload) -> Shape:
         seq = max(1.0, workload.flops_per_sample / (6.0 * params))
         notes.append(f"tokens_per_sample estimated as {seq:.0f} from FLOPs / (6 x params)")
     largest = workload.largest_layer_params
-    if not largest:
+    if not largest and workload.num_layers and workload.hidden_size:
+        largest = min(params, _largest_from_architecture(workload))
+        notes.append("largest layer from the architecture: one decoder block or the "
+                     "embedding, whichever is larger")
+    elif not largest:
         largest = min(params, 2.0 * params / layers)
         notes.append("largest layer estimated as 2 x params / layers")
     return Shape(num_layers=int(layers), hidden_size=float(hidden), seq_len=float(seq),
                  largest_layer_params=float(largest), assumptions=tuple(notes))
+
+
+def _largest_from_architecture(workload: Workload) -> float:
+    """Parameters of one transformer block (Q and the output projection h² each, K and V
+    h²·k/a with k key/value heads, the MLP 2 or, gated, 3 matrices of h × FFN) or of the
+    token embedding (vocabulary × h), whichever is larger: the unit ZeRO-3/FSDP gathers."""
+    h = float(workload.hidden_size or 0)
+    gated = (workload.mlp or "gelu").strip().lower() in ("swiglu", "geglu", "gated", "glu")
+    ffn = float(workload.ffn_hidden_size or (8.0 / 3.0 * h if gated else 4.0 * h))
+    kv = (min(1.0, workload.num_kv_heads / workload.num_heads)
+          if workload.num_kv_heads and workload.num_heads else 1.0)
+    block = 2.0 * h * h + 2.0 * h * h * kv + (3.0 if gated else 2.0) * h * ffn
+    return max(block, float(workload.vocab_size or 0) * h)
