@@ -42,7 +42,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
                "recompute_flops_per_sample"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
-             "fp8_recipe"}
+             "fp8_recipe", "cross_entropy", "frozen_precision"}
 _BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's

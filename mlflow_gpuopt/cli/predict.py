@@ -159,9 +159,9 @@ def _human(result: dict) -> str:
                  f"{t['exposed_comm_s'] * 1e3:,.2f} ms, pipeline bubble "
                  f"{t['bubble_s'] * 1e3:,.2f} ms)")
     m = result["memory"]
-    fits = "fits" if result["fits"] else "DOES NOT FIT"
+    fits = ("fits" if result["fits"] else "DOES NOT FIT") + f", P(fits) {result['p_fits']:.0%}"
     lines.append(f"  memory/GPU   {_fmt_bytes(result['memory_per_gpu_bytes'])} of "
-                 f"{_fmt_bytes(result['memory_capacity_bytes'])} ({fits}; weights "
+                 f"{_fmt_bytes(result['memory_usable_bytes'])} usable ({fits}; weights "
                  f"{_fmt_bytes(m['weights_bytes'])}, gradients {_fmt_bytes(m['gradients_bytes'])}"
                  f", optimizer {_fmt_bytes(m['optimizer_bytes'])}, activations "
                  f"{_fmt_bytes(m['activations_bytes'])}, workspace "
@@ -337,6 +337,8 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         "recompute": config.recompute_mode(workload.recompute),
         "throughput_samples_per_s": p.throughput_samples_per_s, "low": p.low, "high": p.high,
         "step_time_s": p.step_time_s, "memory_per_gpu_bytes": m.total_bytes, "fits": p.fits,
+        "p_fits": p.p_fits, "memory_usable_bytes": p.memory_usable_bytes,
+        "memory_sigma_bytes": m.sigma_bytes,
         "memory_capacity_bytes": p.memory_capacity_bytes, "max_micro_batch": p.max_micro_batch,
         "tokens_per_s": p.tokens_per_s, "samples_per_step": p.samples_per_step,
         "log_sigma": p.log_sigma, "extrapolated": p.extrapolated, "basis": p.basis,

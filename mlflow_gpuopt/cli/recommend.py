@@ -119,12 +119,16 @@ def _print_table(doc, out) -> None:
                    "none); plans that fit only with full recomputation still get it.")
 @click.option("--activation-checkpointing", is_flag=True,
               help="Same as --recompute full.")
+@click.option("--memory-headroom", type=click.FloatRange(0.0, 0.9), default=0.10,
+              show_default=True, metavar="SHARE",
+              help="Share of each GPU's usable memory a plan must leave free at its predicted "
+                   "peak (0 keeps every plan likely to fit).")
 @launch_emit.emit_options
 def recommend(run_ids, experiment, workload_path, observations_path, proxy_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
-              recompute, activation_checkpointing, emit, plan_rank, out_path, force, script,
-              seq_len):
+              recompute, activation_checkpointing, memory_headroom, emit, plan_rank, out_path,
+              force, script, seq_len):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -176,7 +180,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
     if max_nodes is None:
         max_nodes = max((o.max_nodes for o in catalog.offers), default=1)
     space = SearchSpace(providers=tuple(p.lower() for p in providers) or None, region=region,
-                        spot=spot, max_gpus=max_gpus, max_nodes=max_nodes)
+                        spot=spot, max_gpus=max_gpus, max_nodes=max_nodes,
+                        memory_headroom=memory_headroom)
     try:
         filter_offers(catalog.offers, space, catalog.gpus)
     except NoOffersError as exc:

@@ -24,16 +24,19 @@ from mlflow_gpuopt.perfmodel.memory import (
     activation_scale_to_fit,
     largest_fitting,
     max_micro_batch_fitting,
+    normalize_frozen_precision,
     optimizer_state_bytes_per_param,
+    p_fits,
     recompute_factor,
     transformer_dims,
+    usable_memory_bytes,
 )
+from mlflow_gpuopt.perfmodel.activations import normalize_cross_entropy
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.shape import model_shape
 from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
 from mlflow_gpuopt.perfmodel.types import (
     Hardware,
-    MemoryBreakdown,
     Observation,
     ParallelConfig,
     Prediction,
@@ -52,6 +55,12 @@ def validate_workload(workload: Workload) -> None:
     normalize_precision(workload.precision)
     if workload.micro_batch is not None and workload.micro_batch < 1:
         raise PerfModelError("workload 'micro_batch' must be at least 1")
+    try:
+        normalize_cross_entropy(workload.cross_entropy)
+        if workload.frozen_precision:
+            normalize_frozen_precision(workload.frozen_precision)
+    except ValueError as exc:
+        raise PerfModelError(f"workload: {exc}") from None
 
 
 class Predictor:
@@ -273,19 +282,18 @@ class Predictor:
                 sigma = unc.combine(sigma, *widen)
         low, high = unc.interval(throughput, sigma)
 
-        # Memory is linear in the micro-batch: two evaluations give it at m and the max m.
+        # The median peak is linear in the micro-batch: two evaluations give the max m.
         scale = self._observed.activation_scale
+        usable = usable_memory_bytes(hardware.gpu, hardware.memory_bytes)
         mem0 = _memory(self.workload, config, layout, hardware.memory_bytes, 0, self._shape,
                        scale)
         mem1 = _memory(self.workload, config, layout, hardware.memory_bytes, 1, self._shape,
                        scale)
-        memory = MemoryBreakdown(
-            weights_bytes=mem0.weights_bytes, gradients_bytes=mem0.gradients_bytes,
-            optimizer_bytes=mem0.optimizer_bytes, activations_bytes=mem1.activations_bytes * m,
-            workspace_bytes=mem0.workspace_bytes
-            + (mem1.workspace_bytes - mem0.workspace_bytes) * m)
-        max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, hardware.memory_bytes)
-        fits = memory.total_bytes <= hardware.memory_bytes
+        memory = _memory(self.workload, config, layout, hardware.memory_bytes, m, self._shape,
+                         scale)
+        max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, usable)
+        chance = p_fits(memory, usable)
+        fits = chance >= 0.5
         observed_m = self._observed.micro_batches.get(
             _observed_key(hardware.gpu, config, layout, precision, recompute), 0)
         notes = self._notes + activation_notes(self.workload, recompute)
@@ -293,7 +301,7 @@ class Predictor:
             notes += (self._efficiency_note(key, hardware),)
         if observed_m >= m and not fits:
             # A run proved this configuration fits; the estimate is what is wrong.
-            fits, max_m = True, max(max_m, observed_m)
+            fits, max_m, chance = True, max(max_m, observed_m), 1.0
             notes += ("this configuration was observed to run: called fitting although the "
                       "memory estimate exceeds the GPU",)
         tokens = self.workload.tokens_per_sample
@@ -307,7 +315,8 @@ class Predictor:
             samples_per_step=int(round(terms.samples_per_step)), extrapolated=extrapolated,
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
-                   else "transferred" if extrapolated else "measured"))
+                   else "transferred" if extrapolated else "measured"),
+            p_fits=chance, memory_usable_bytes=usable)
 
     def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int) -> list[float]:
         """Per FLOPs-only fallback default, how far its own spread moves a calibration carried
@@ -449,7 +458,8 @@ class Predictor:
         """Largest micro-batch per GPU whose memory fits ``hardware`` under ``config``."""
         validate_config(config, hardware)
         layout = resolve_layout(config)
-        return max_micro_batch_fitting(self.workload, config, layout, hardware.memory_bytes,
+        return max_micro_batch_fitting(self.workload, config, layout,
+                                       usable_memory_bytes(hardware.gpu, hardware.memory_bytes),
                                        self._shape, self._observed.activation_scale)
 
 
@@ -495,7 +505,7 @@ def observed_fit(workload: Workload, observations: Sequence[Observation],
         key = _observed_key(obs.gpu, config, layout, precision, recompute)
         seen[key] = max(seen.get(key, 0), int(m))
         mem = _memory(workload, config, layout, hw.memory_bytes, int(m), shape)
-        f = activation_scale_to_fit(mem, hw.memory_bytes)
+        f = activation_scale_to_fit(mem, usable_memory_bytes(hw.gpu, hw.memory_bytes))
         if f < scale:
             scale, worst = f, (obs, mem, hw)
     notes: tuple[str, ...] = ()
@@ -504,7 +514,8 @@ def observed_fit(workload: Workload, observations: Sequence[Observation],
         notes = (f"activation estimate scaled by {scale:.2f}: the observed run on "
                  f"{obs.gpu_count} x {obs.gpu} ({obs.strategy}, micro-batch "
                  f"{obs.micro_batch or workload.micro_batch}) ran, but was estimated at "
-                 f"{mem.total_bytes / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.1f} GB per GPU",)
+                 f"{mem.total_bytes / 1e9:.1f} GB of the "
+                 f"{usable_memory_bytes(hw.gpu, hw.memory_bytes) / 1e9:.1f} GB usable per GPU",)
     return ObservedFit(activation_scale=scale, micro_batches=seen, notes=notes)
 
 

@@ -2,7 +2,8 @@
 
 Tensor-parallel and pipeline traffic, activation checkpointing and ZeRO-3's largest layer
 depend on the shape; a profile that does not give it gets a transformer-like estimate from
-the parameter count and FLOPs, and the estimate is named in the prediction's assumptions.
+the parameter count and FLOPs (the largest layer from the architecture where layers and
+hidden size are given), and the estimate is named in the prediction's assumptions.
 """
 
 from __future__ import annotations
@@ -64,9 +65,12 @@ def model_shape(workload: Workload) -> Shape:
     if not largest:
         block = decoder_block_params(workload)
         if block:
-            largest = min(params, block)
-            notes.append(f"largest layer {largest:.3g} parameters: one decoder block of the "
-                         "architecture (the unit FSDP / ZeRO-3 gathers)")
+            embedding = float(workload.vocab_size or 0) * float(workload.hidden_size or 0)
+            largest = min(params, max(block, embedding))
+            what = "one decoder block" if block >= embedding else "the token embedding"
+            notes.append(f"largest layer {largest:.3g} parameters: {what} of the architecture "
+                         "(the unit FSDP / ZeRO-3 gathers: a decoder block or the embedding, "
+                         "whichever is larger)")
         else:
             largest = min(params, 2.0 * params / layers)
             notes.append("largest layer estimated as 2 x params / layers")

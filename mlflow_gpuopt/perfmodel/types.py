@@ -61,6 +61,13 @@ class Workload:
     #: (Megatron / NeMo ``tp_comm_overlap`` with Transformer Engine userbuffers, torchtitan's
     #: async TP); None / False: they sit on the critical path. See ``comm.tp_exposed_s``.
     tp_comm_overlap: bool | None = None
+    #: How the loss treats the vocabulary-wide logits: "fp32" (``F.cross_entropy`` on fp32
+    #: logits), "fused" (one fp32 softmax, gradient in place) or "chunked" (never whole);
+    #: None: not known (the fused figure, with the others' spread). See ``.activations``.
+    cross_entropy: str | None = None
+    #: Storage of the frozen weights (``params − trainable_params``): "bf16", "fp32", "int8",
+    #: "nf4" (4-bit QLoRA base)...; None: the compute precision's element.
+    frozen_precision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,8 @@ class MemoryBreakdown:
     optimizer_bytes: float
     activations_bytes: float
     workspace_bytes: float  # allocator fragmentation, CUDA context, communication buffers
+    #: standard deviation of the peak (the estimates' spreads in quadrature; 0: exact)
+    sigma_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -183,3 +192,9 @@ class Prediction:
     #: "transferred" (runs on other GPU types, carried over by the roofline) or "prior"
     #: (no GPU run at all: FLOPs / peak at a prior efficiency).
     basis: str = "measured"
+    #: Probability that the peak fits the GPU (the memory estimate's own spread); ``fits`` is
+    #: ``p_fits >= 0.5`` within ``memory_usable_bytes`` (None: not computed).
+    p_fits: float | None = None
+    #: What CUDA can allocate of ``memory_capacity_bytes`` (the datasheet's GB read as GiB,
+    #: less the driver's share); None: ``memory_capacity_bytes``.
+    memory_usable_bytes: float | None = None

@@ -184,8 +184,8 @@ def describe(c: Candidate) -> str:
 
 
 def headroom(c: Candidate) -> float:
-    """Share of GPU memory left free by the plan (0..1)."""
-    cap = c.prediction.memory_capacity_bytes
+    """Share of the GPU's usable memory left free by the plan's median peak (0..1)."""
+    cap = c.prediction.memory_usable_bytes or c.prediction.memory_capacity_bytes
     return max(0.0, 1.0 - c.prediction.memory.total_bytes / cap) if cap > 0 else 0.0
 
 
@@ -338,10 +338,15 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
         overhead += f" and restarts/lost work {hours_text(win.overhead_hours)}"
     lines.append(f"Where the time goes: per optimizer step {seconds_text(step)} = "
                  + ", ".join(parts) + overhead + " over the whole job.")
+    usable = p.memory_usable_bytes or p.memory_capacity_bytes
+    chance = f", P(fits) {p.p_fits:.0%}" if p.p_fits is not None else ""
     lines.append(f"Memory per GPU: {sig(p.memory.total_bytes / 1e9, 2)} GB of "
-                 f"{p.memory_capacity_bytes / 1e9:.0f} GB ({headroom(win):.0%} free); "
+                 f"{sig(usable / 1e9, 3)} GB usable ({headroom(win):.0%} free{chance}); "
                  f"interconnect {interconnect(win)}.")
-    lines.extend(f"Note: {n}." for n in win.notes)
+    lines.extend(f"Script change: {n.removeprefix('script change: ')}."
+                 if n.startswith("script change: ") else
+                 f"Risk: {n.removeprefix('risk: ')}." if n.startswith("risk: ")
+                 else f"Note: {n}." for n in win.notes)
     if is_amd(win.offer.gpu):
         lines.append(f"Note: {win.offer.gpu} is an AMD GPU: ROCm/RCCL; PyTorch ROCm build "
                      "required (torch.cuda and the 'nccl' process-group backend map to HIP and "

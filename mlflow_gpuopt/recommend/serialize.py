@@ -75,6 +75,9 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
         "exposed_comm_fraction": (c.prediction.exposed_comm_s / c.prediction.step_time_s
                                   if c.prediction.step_time_s > 0 else 0.0),
         "memory_capacity_bytes": c.prediction.memory_capacity_bytes,
+        "memory_usable_bytes": c.prediction.memory_usable_bytes,
+        "p_fits": (round(c.prediction.p_fits, 6) if c.prediction.p_fits is not None
+                   else None),
         "startup_hours": round(c.startup_hours, 6), "overhead_hours": round(c.overhead_hours, 6),
         "sessions": c.sessions, "extrapolated": c.prediction.extrapolated,
         "prediction_basis": c.prediction.basis,
@@ -103,6 +106,7 @@ def recommendation_dict(rec: Recommendation, top: int = 20) -> dict[str, Any]:
         "winner": small(rec.winner), "fastest": small(rec.fastest),
         "cheapest": small(rec.cheapest), "explanation": list(rec.explanation),
         "notes": list(rec.notes), "dropped": dict(rec.dropped), "searched": rec.searched,
+        "memory_headroom": rec.memory_headroom,
         "predicted": rec.predicted, "costed": rec.costed, "feasible": len(rec.candidates),
         "scaling": [{"gpu": p.gpu, "gpus": p.gpus,
                      "throughput_samples_per_s": p.throughput_samples_per_s,

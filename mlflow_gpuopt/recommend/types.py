@@ -15,6 +15,10 @@ from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction
 
 
+#: ``SearchSpace.memory_headroom`` unless asked otherwise (``recommend --memory-headroom``).
+DEFAULT_MEMORY_HEADROOM = 0.10
+
+
 class Predictor(Protocol):
     """The fitted scaling model, as ``perfmodel.fit`` returns it."""
 
@@ -88,6 +92,9 @@ class SearchSpace:
     spot: bool | None = None  # True: spot only, False: on-demand only, None: both
     max_gpus: int | None = None
     max_nodes: int = 16
+    #: Share of each GPU's usable memory a plan leaves free at its predicted median peak
+    #: (plans above it are dropped): a margin for what the estimate's spread does not cover.
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
 
 
 @dataclass(frozen=True)
@@ -199,4 +206,5 @@ class Recommendation:
     notes: tuple[str, ...] = ()
     scaling: tuple[ScalingPoint, ...] = ()
     predicted: int = 0  # step-time predictions made (offers of one hardware share them)
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM  # the policy the plans were held to
     costed: int = 0  # plans costed (time, cost and P(deadline) per offer and pricing)

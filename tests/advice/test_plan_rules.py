@@ -29,6 +29,7 @@ from mlflow_gpuopt.cli.options import parse_target
 from mlflow_gpuopt.cli.recommend import _hardware_for
 from mlflow_gpuopt.hardware import hardware_for_gpu
 from mlflow_gpuopt.mlflow_io.advice import load_run_facts
+from mlflow_gpuopt.perfmodel.memory import usable_memory_bytes
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
 from mlflow_gpuopt.recommend import Costing
 from mlflow_gpuopt.testing import FakeGPU, fake_nvml
@@ -90,10 +91,12 @@ def ddp_plan(run_id: str, memory: str = "tight"):
     cfg = ParallelConfig(gpus_per_node=8, strategy="ddp", micro_batch=MB, grad_accum=ACCUM,
                          precision=facts.precision)
     if memory == "tight":
+        # what CUDA can allocate of the stated memory (GiB, less the driver's share)
+        usable = usable_memory_bytes(hw.gpu, 1e9) / 1e9
         for _ in range(20):  # the allocator reserve grows with the card: a fixed point
             m1 = predictor.predict(cfg, hw).memory.total_bytes
             m2 = predictor.predict(replace(cfg, micro_batch=2 * MB), hw).memory.total_bytes
-            hw = replace(hw, memory_bytes=m1 + 0.5 * (m2 - m1))
+            hw = replace(hw, memory_bytes=(m1 + 0.5 * (m2 - m1)) / usable)
     pred = predictor.predict(cfg, hw)
     assert pred.fits
     plan = replace(plan, offer=offer, nodes=1, config=cfg, prediction=pred,
