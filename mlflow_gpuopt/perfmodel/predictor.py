@@ -177,7 +177,7 @@ class Predictor:
         if not res.log_compute_scale:
             return 0.0, self._prior_sigma(key), 0.0, 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
-        extra = unc.SIGMA_OTHER_PRECISION if same_gpu else unc.SIGMA_OTHER_GPU
+        extra = unc.other_gpu_sigma(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:
             spreads = [unc.transformer_transfer_sigma((architecture(k[0]), k[1]),
                                                       (architecture(key[0]), key[1]))

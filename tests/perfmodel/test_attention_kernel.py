@@ -83,3 +83,29 @@ def test_a100_to_h100_prediction_names_attention_and_moves_by_it():
     # measured on the GPU itself: nothing transferred, no such note
     same = fit(_llama(), obs, {"A100-80GB-SXM4": a100}).predict(config, a100)
     assert not [n for n in same.assumptions if n.startswith("attention (")]
+
+
+def test_cross_gpu_width_adds_only_the_pieces_assumed():
+    from mlflow_gpuopt.perfmodel import uncertainty as unc
+
+    assert unc.other_gpu_sigma(False, False) == 0.0
+    assert unc.other_gpu_sigma(True, False) == pytest.approx(0.14)
+    assert unc.other_gpu_sigma(False, True) == pytest.approx(0.2)
+    assert unc.other_gpu_sigma(True, True) == pytest.approx((0.14 ** 2 + 0.2 ** 2) ** 0.5)
+    # a CNN-like workload (no architecture): V100 amp carried to A100 amp is narrower than
+    # V100 fp32 carried to A100 tf32, by the precision piece
+    w = Workload(params=25_000_000, flops_per_sample=1.2e10, precision="fp16",
+                 memory_traffic_bytes_per_sample=4e8, kernels_per_micro_step=600)
+    v100 = hardware_for_gpu(load_gpus()["V100-SXM2-32GB"], gpus_per_node=8)
+    a100 = _hw("A100-80GB-SXM4")
+
+    def sigma(src: str, dst: str) -> float:
+        obs = [Observation(gpu="V100-SXM2-32GB", gpu_count=1, throughput_samples_per_s=800.0,
+                           micro_batch=64, strategy="single", precision=src)]
+        cfg = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=64,
+                             precision=dst)
+        return fit(w, obs, {"V100-SXM2-32GB": v100}).predict(cfg, a100).log_sigma
+
+    same, changed = sigma("fp16", "fp16"), sigma("fp32", "tf32")
+    assert same == pytest.approx((0.03 ** 2 + 0.14 ** 2) ** 0.5, abs=1e-6)
+    assert changed == pytest.approx((0.03 ** 2 + 0.14 ** 2 + 0.2 ** 2) ** 0.5, abs=1e-6)
