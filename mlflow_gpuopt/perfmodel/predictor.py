@@ -326,8 +326,9 @@ class Predictor:
         if abs(moved) < 0.01:
             return ()
         words = target[1] if target else next(t[1] for t in src if t)
-        return (f"{words}: {math.expm1(moved):+.0%} on the matmul speed carried from "
-                + ", ".join(f"{k[0]} {k[1]}" for k in sources),)
+        where = ("carried from " + ", ".join(f"{k[0]} {k[1]}" for k in sources)) if sources \
+            else "against the linear layers' efficiency alone"
+        return (f"{words}: {math.expm1(moved):+.0%} on the matmul speed {where}",)
 
     def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int) -> list[float]:
         """Per FLOPs-only fallback default, how far its own spread moves a calibration carried

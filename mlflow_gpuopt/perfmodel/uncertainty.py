@@ -39,8 +39,9 @@ SIGMA_PRIOR_ONLY = 0.75
 #: ``shared/data/llm_training_throughput.tsv`` (the rows ``GENERATION_MFU`` came from, never
 #: scored by ``benchmarks/bench_llm.py``), each predicted from its workload file alone through
 #: ``mlflow gpuopt predict`` (their tensor-parallel communication overlapped, as the sources
-#: run it): Megatron-LM 2024 H100 0.30 (9 rows), NeMo 24.07 FP8 0.32 (10), torchtitan A100
-#: Llama 2 0.19 (5); 0.288 over the 24, rounded to 0.29 (``bench_llm.py
+#: run it, attention at its kernel's figure): Megatron-LM 2024 H100 0.29 (9 rows), NeMo 24.07
+#: FP8 0.31 (10), torchtitan A100 Llama 2 0.19 (5); 0.281 over the 24, rounded up to 0.29
+#: (``bench_llm.py
 #: --derive-prior-width`` prints it). Other workloads and generations keep
 #: ``SIGMA_PRIOR_ONLY``.
 SIGMA_PRIOR_TRANSFORMER = 0.29

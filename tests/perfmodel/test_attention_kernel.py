@@ -80,6 +80,10 @@ def test_a100_to_h100_prediction_names_attention_and_moves_by_it():
     notes = [n for n in fa2.assumptions if n.startswith("attention (fa2")]
     assert len(notes) == 1 and "35%" in notes[0] and "A100-80GB-SXM4" in notes[0]
     assert fa2.throughput_samples_per_s < fa3.throughput_samples_per_s
+    # no measurement: the note says what the kernel figure does against the linear layers'
+    prior = fit(_llama(), [], {}).predict(config, h100)
+    assert [n for n in prior.assumptions if n.startswith("attention (fa2")
+            and n.endswith("against the linear layers' efficiency alone")]
     # measured on the GPU itself: nothing transferred, no such note
     same = fit(_llama(), obs, {"A100-80GB-SXM4": a100}).predict(config, a100)
     assert not [n for n in same.assumptions if n.startswith("attention (")]
