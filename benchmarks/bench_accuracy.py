@@ -12,6 +12,9 @@ Tasks (each prints median and p90 absolute % error per model and overall, interv
 a naive baseline, and in the summary the median interval width, high / low):
   1a. scaling within a GPU type: given the 1-GPU row, predict 4, 8 and 16 GPUs;
   1b. the same given the 1- and 2-GPU rows (where a table has 2 GPUs);
+  1d. BERT-large (pre-training at seq 128/512, SQuAD fine-tuning) DDP on one 8-GPU DGX-1 /
+      DGX A100 node, given the 1-GPU row: 1a's BERT rows at 8 GPUs, whose error is that of the
+      predicted scaling efficiency (the csv's ``scaling_efficiency`` 0.89-0.99);
   1c. multi-node: given 8 GPUs (one node), predict 16-256 (BERT/Transformer-XL tables);
   2.  across GPU types: given one type's 1-GPU row, predict the other type's 1-GPU rows
       (V100 <-> A100; fp32 <-> tf32 and amp <-> amp);
@@ -361,6 +364,39 @@ def lomo_prior_width(rows, wl, hw) -> None:
     print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
 
 
+def lomo_other_gpu_width(rows, wl, hw) -> None:
+    """``uncertainty.SIGMA_OTHER_GPU_SAME_PRECISION`` checked leave-one-model-out: the RMS of
+    log(published / predicted) over the amp <-> amp transfers of task 2, and for each workload
+    class the RMS of the other classes' rows as the width, with how many of the held-out
+    class's rows fall inside ±1.645 of it."""
+    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_OTHER_GPU_SAME_PRECISION, Z90
+
+    logs = defaultdict(list)
+    singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
+    for src in singles:
+        for t in singles:
+            if (t.model != src.model or FAMILY[t.precision] != "amp"
+                    or FAMILY[src.precision] != "amp" or t.gpu[:4] == src.gpu[:4]):
+                continue
+            path, units, _ = wl[src.model]
+            p = cli_predict(path, units, [src], t)
+            logs[t.model].append(math.log(t.throughput / p["throughput_samples_per_s"]))
+    every = [x for v in logs.values() for x in v]
+    per_class = [math.sqrt(statistics.fmean(x * x for x in v)) for v in logs.values()]
+    rms = math.sqrt(statistics.fmean(x * x for x in every))
+    print(f"  RMS log(published / predicted), amp <-> amp: {rms:.3f} "
+          f"over {len(every)} rows, {math.sqrt(statistics.fmean(c * c for c in per_class)):.3f} "
+          f"per class; shipped width {SIGMA_OTHER_GPU_SAME_PRECISION}")
+    covered = 0
+    for held in sorted(logs):
+        others = [x for m, v in logs.items() if m != held for x in v]
+        width = math.sqrt(statistics.fmean(x * x for x in others))
+        inside = sum(abs(x) <= Z90 * width for x in logs[held])
+        covered += inside
+        print(f"  without {held:28s} width {width:.3f}, covers {inside}/{len(logs[held])}")
+    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+
+
 def main() -> int:
     rows, wl, hw = load_rows(), workloads(), hardware()
     summaries = {
@@ -370,6 +406,11 @@ def main() -> int:
         "1b scaling, given 1+2 GPUs -> 4/8/16": report(
             "Task 1b: scaling within a GPU type, given 1 and 2 GPUs, predict 4/8/16",
             task_scaling(rows, wl, hw, (1, 2), (4, 8, 16), False), "linear scaling"),
+        "1d BERT DDP on 8 GPUs (scaling)": report(
+            "Task 1d: BERT-class DDP scaling on one 8-GPU node, given 1 GPU (the error of "
+            "the throughput is the error of the scaling efficiency)",
+            task_scaling([r for r in rows if r.model.startswith("bert")], wl, hw, (1,), (8,),
+                         False), "linear scaling"),
         "1c multi-node, given 8 -> 16..256": report(
             "Task 1c: multi-node, given one 8-GPU node, predict 16-256 GPUs",
             task_scaling(rows, wl, hw, (8,), (16, 32, 64, 128, 256), True), "linear scaling"),
@@ -385,6 +426,8 @@ def main() -> int:
         summaries["2 across GPU types, leave-one-model-out"] = report(
             "Task 2, leave-one-model-out constants", lomo_cross_gpu(rows, wl, hw),
             "peak-FLOPs ratio")
+        print("\n== Task 2 same-precision cross-GPU width leave-one-model-out")
+        lomo_other_gpu_width(rows, wl, hw)
         print("\n== Task 3 interval width leave-one-model-out")
         lomo_prior_width(rows, wl, hw)
     print("\nSummary (goal: median <= 10%, p90 <= 25%, coverage >= 80%)")

@@ -196,6 +196,14 @@ class Row:
         return "asynctp" in self.variant_notes.replace(" ", "").lower()
 
     @property
+    def attention_kernel(self) -> str | None:
+        """The fused attention kernel the source runs: NVIDIA's stacks (Megatron-LM, NeMo,
+        Megatron-Bridge) Transformer Engine's ``DotProductAttention``, cuDNN's fused attention on
+        Hopper and Blackwell (``te``); torchtitan PyTorch SDPA, whose flash backend is
+        FlashAttention-2 (None: the default, ``fa2``)."""
+        return "te" if self.family == "nvidia" else None
+
+    @property
     def family(self) -> str:
         """Software family: a user's runs on two GPU types use the same stack."""
         return "torchtitan" if self.source.startswith("torchtitan") else "nvidia"
@@ -306,8 +314,8 @@ def workload_doc(row: Row) -> dict:
     the job runs: only keys docs/metrics.md lists as user-supplied
     (``tests/test_benchmark_workloads.py`` checks it). The published architecture (layers,
     hidden, heads, key/value heads, FFN width, MLP kind, vocabulary, dropout), SDPA attention,
-    the recomputation the source states, the FP8 recipe and the tensor-parallel overlap the
-    source runs; everything derived (DRAM traffic,
+    the recomputation the source states, the FP8 recipe, the attention kernel and the
+    tensor-parallel overlap the source runs; everything derived (DRAM traffic,
     kernels per micro-step, largest layer, activations) is the model's own default."""
     heads, ffn, vocab, mlp, dropout, kv_heads = row.architecture
     doc = {"name": row.model, "params": int(row.params),
@@ -316,7 +324,8 @@ def workload_doc(row: Row) -> dict:
            "num_layers": row.layers, "hidden_size": row.hidden, "num_heads": heads,
            "num_kv_heads": kv_heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "mlp": mlp,
            "attention": "sdpa", "dropout": dropout, "recompute": row.recompute,
-           "fp8_recipe": row.fp8_recipe, "tp_comm_overlap": row.tp_comm_overlap}
+           "fp8_recipe": row.fp8_recipe, "tp_comm_overlap": row.tp_comm_overlap,
+           "attention_kernel": row.attention_kernel}
     return {k: v for k, v in doc.items() if v is not None}
 
 

@@ -21,7 +21,7 @@ from mlflow_gpuopt.hf_config import HfConfigError, is_hf_config
 from mlflow_gpuopt.hf_config import workload_doc as hf_workload_doc
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-from mlflow_gpuopt.perfmodel.compute import normalize_fp8_recipe
+from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel, normalize_fp8_recipe
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
@@ -42,7 +42,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
                "recompute_flops_per_sample"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
-             "fp8_recipe", "cross_entropy", "frozen_precision"}
+             "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel"}
 _BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -187,6 +187,8 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
             kwargs["strategy"] = _strategy(kwargs["strategy"])
         if "fp8_recipe" in kwargs:
             kwargs["fp8_recipe"] = normalize_fp8_recipe(kwargs["fp8_recipe"])
+        if "attention_kernel" in kwargs:
+            kwargs["attention_kernel"] = normalize_attention_kernel(kwargs["attention_kernel"])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:

@@ -42,6 +42,7 @@ training on each, relative to Ampere's (``GENERATION_MFU``). Those figures come 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 
 from mlflow_gpuopt.perfmodel.activations import DROPOUT_MASK_BYTES_CUDA, activation_bytes
@@ -122,6 +123,31 @@ MEMORY_EFFICIENCY = 0.75
 #: and the rest unchanged) for those speed-ups; ``benchmarks/bench_llm.py --derive-fp8``
 #: prints the solution.
 FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.773, "rowwise": 0.636}
+#: Share of the dense 16-bit tensor-core peak attention's fused kernel reaches, forward +
+#: backward, per GPU generation and kernel (:func:`attention_efficiency`). Attention's two
+#: batched matmuls (``QKᵀ``, ``AV``, :func:`attention_flops_share`) run inside one fused kernel
+#: with the softmax between them, and how much of the tensor cores it keeps busy depends on the
+#: kernel's design per generation, not on the linear layers' GEMM efficiency:
+#: - ``fa2`` (FlashAttention-2, PyTorch SDPA's flash backend on both Ampere and Hopper): on
+#:   A100 50-73% of peak, "close to the efficiency of GEMM operations" (Dao 2023, FlashAttention-
+#:   2 paper, abstract): 0.6, Ampere's GEMM figure (``COMPUTE_EFFICIENCY_TENSOR``); on H100
+#:   35% (Shah et al. 2024, FlashAttention-3 paper, abstract: FA2 "achieves only 35%
+#:   utilization on the H100", written for Ampere's synchronous pipeline, it uses neither TMA
+#:   nor warp-specialised ``wgmma``);
+#: - ``fa3`` (FlashAttention-3; Transformer Engine's cuDNN fused attention, ``te``/``cudnn``, is
+#:   of the same design and what Megatron-LM / NeMo run on Hopper): 1.5-2.0× FA2 on H100, up to
+#:   75% of peak in the forward (FlashAttention-3 paper): 0.35 × 1.75 = 0.61.
+#: Blackwell takes Hopper's figures (as ``GENERATION_MFU``); a generation or kernel without a
+#: figure (Volta, Turing, Ada, AMD; eager attention, which runs as ``bmm`` GEMMs) times the
+#: attention FLOPs with the linear layers' efficiency.
+ATTENTION_KERNEL_EFFICIENCY = {("ampere", "fa2"): 0.6, ("hopper", "fa2"): 0.35,
+                               ("hopper", "fa3"): 0.61}
+ATTENTION_KERNELS = ("fa2", "fa3")
+_ATTENTION_KERNEL_ALIASES = {"fa2": "fa2", "flash2": "fa2", "flash-attention-2": "fa2",
+                             "flash_attention_2": "fa2", "sdpa": "fa2",
+                             "fa3": "fa3", "flash3": "fa3", "flash-attention-3": "fa3",
+                             "flash_attention_3": "fa3", "te": "fa3", "cudnn": "fa3",
+                             "transformer_engine": "fa3", "transformer-engine": "fa3"}
 _FP8_RECIPE_ALIASES = {"te": "te", "transformer_engine": "te", "transformer-engine": "te",
                        "delayed": "te", "current": "te", "fp8-cs": "te",
                        "tensorwise": "tensorwise", "torchao": "tensorwise",
@@ -243,6 +269,18 @@ def normalize_fp8_recipe(name: str | None) -> str:
     return _FP8_RECIPE_ALIASES[key]
 
 
+def normalize_attention_kernel(name: str | None) -> str | None:
+    """``fa2`` or ``fa3`` from the usual spellings (``sdpa`` is FA2, PyTorch's flash backend;
+    ``te`` / ``cudnn`` are FA3-class); None stays None (FA2 where the attention is fused)."""
+    if name is None or not str(name).strip():
+        return None
+    key = str(name).strip().lower()
+    if key not in _ATTENTION_KERNEL_ALIASES:
+        raise ValueError(f"unknown attention_kernel {name!r}; expected fa2, fa3, te, cudnn "
+                         "or sdpa")
+    return _ATTENTION_KERNEL_ALIASES[key]
+
+
 def architecture(gpu: str) -> str:
     """``volta|turing|ampere|ada|hopper|blackwell|cdna2|cdna3`` from a catalog GPU name,
     ``unknown`` for anything else."""
@@ -290,6 +328,31 @@ def attention_flops_share(workload: Workload) -> float:
     return min(0.5, 12.0 * layers * h * s * s / workload.flops_per_sample)
 
 
+def attention_kernel(workload: Workload) -> str | None:
+    """The fused attention kernel the workload runs (``ATTENTION_KERNELS``): its
+    ``attention_kernel``, else ``fa2`` where its attention is fused (SDPA, the default); None
+    for eager attention (``bmm`` GEMMs at the linear layers' efficiency)."""
+    if workload.attention == "eager":
+        return None
+    return workload.attention_kernel or "fa2"
+
+
+def attention_efficiency(workload: Workload, hardware: Hardware,
+                         precision: str) -> float | None:
+    """Share of the 16-bit dense peak the workload's attention kernel reaches on ``hardware``
+    (``ATTENTION_KERNEL_EFFICIENCY``), or None where there is no figure (the attention FLOPs
+    then take the linear layers' efficiency). Only on NVIDIA tensor cores at 16 bit or FP8
+    (whose attention runs at bf16)."""
+    kernel = attention_kernel(workload)
+    p = normalize_precision(precision)
+    if kernel is None or p not in ("bf16", "fp16", "fp8") or vendor.is_amd(hardware.gpu):
+        return None
+    if not uses_tensor_cores(hardware.peak_flops_per_s, "bf16" if p == "fp8" else p):
+        return None
+    arch = architecture(hardware.gpu)
+    return ATTENTION_KERNEL_EFFICIENCY.get((_SAME_AS.get(arch, arch), kernel))
+
+
 def matmul_efficiency(hardware: Hardware, precision: str) -> tuple[float, str]:
     """(share of the dense peak the matmuls reach, where the figure comes from): on the tensor
     cores the vendor's attainable share (:func:`.vendor.attainable_fraction`, AMD) or the
@@ -316,7 +379,28 @@ def memory_efficiency(hardware: Hardware) -> float:
     return MEMORY_EFFICIENCY if frac is None else frac
 
 
-def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
+def attention_term(workload: Workload, hardware: Hardware,
+                   precision: str) -> tuple[float, str] | None:
+    """(log of how much the attention kernel's own figure speeds up the matmul time against
+    timing attention at the linear layers' efficiency, the figure in words), or None where
+    the workload has no attention share or the GPU no kernel figure. Negative: the kernel
+    is slower than the GEMMs (FlashAttention-2 on Hopper). For the explanation of a
+    cross-GPU prediction (the difference between target and source moves it)."""
+    p = normalize_precision(precision)
+    eff = attention_efficiency(workload, hardware, p)
+    if eff is None or attention_flops_share(workload) <= 0:
+        return None
+    with_kernel = matmul_time_s(workload, hardware, p)
+    without = matmul_time_s(workload, hardware, p, attention_kernel_figure=False)
+    linear = matmul_efficiency(hardware, "bf16" if p == "fp8" else p)[0]
+    return (math.log(without / with_kernel),
+            f"attention ({attention_kernel(workload)}, {attention_flops_share(workload):.0%} of "
+            f"the FLOPs) at {eff:.0%} of {hardware.gpu}'s peak against the linear layers' "
+            f"{linear:.0%}")
+
+
+def matmul_time_s(workload: Workload, hardware: Hardware, precision: str,
+                  attention_kernel_figure: bool = True) -> float:
     """Seconds per sample of the FLOP-heavy kernels at the precision's dense peak, at the
     efficiency the GPU's generation reaches (:func:`tensor_efficiency`).
 
@@ -324,14 +408,28 @@ def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> flo
     matmuls in bf16 (FlashAttention), so the attention share (:func:`attention_flops_share`)
     is timed at bf16: the attainable speed-up over bf16 is below the 2× of the peaks. The
     linear layers run at the speed of the workload's scaling recipe
-    (``FP8_RECIPE_EFFICIENCY``)."""
+    (``FP8_RECIPE_EFFICIENCY``).
+
+    Attention's share runs at its fused kernel's efficiency on the GPU's generation
+    (:func:`attention_efficiency`: FlashAttention-2 reaches 60% of an A100's peak but 35% of an
+    H100's), where there is a figure; otherwise at the linear layers'."""
     flops = workload.flops_per_sample
-    if normalize_precision(precision) == "fp8":
-        a = attention_flops_share(workload)
-        recipe = FP8_RECIPE_EFFICIENCY[normalize_fp8_recipe(workload.fp8_recipe)]
-        return (_tensor_time_s(flops * (1.0 - a), hardware, "fp8") / recipe
-                + _tensor_time_s(flops * a, hardware, "bf16"))
-    return _tensor_time_s(flops, hardware, precision)
+    p = normalize_precision(precision)
+    fp8 = p == "fp8"
+    attn_eff = (attention_efficiency(workload, hardware, p) if attention_kernel_figure
+                else None)
+    a = attention_flops_share(workload) if fp8 or attn_eff is not None else 0.0
+    linear_p = "fp8" if fp8 else p
+    attn_p = "bf16" if fp8 else p
+    linear = _tensor_time_s(flops * (1.0 - a), hardware, linear_p)
+    if fp8:
+        linear /= FP8_RECIPE_EFFICIENCY[normalize_fp8_recipe(workload.fp8_recipe)]
+    if attn_eff is None:
+        attention = _tensor_time_s(flops * a, hardware, attn_p)
+    else:
+        attention = flops * a / (peak_flops_per_s(hardware.peak_flops_per_s, attn_p)
+                                 * attn_eff)
+    return linear + attention
 
 
 def traffic_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:

@@ -11,6 +11,7 @@ from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
     GENERATION_MFU,
     architecture,
+    attention_term,
     matmul_efficiency,
     transformer_mfu_group,
 )
@@ -185,7 +186,7 @@ class Predictor:
         if not res.log_compute_scale:
             return 0.0, self._prior_sigma(key), 0.0, 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
-        extra = unc.SIGMA_OTHER_PRECISION if same_gpu else unc.SIGMA_OTHER_GPU
+        extra = unc.other_gpu_sigma(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:
             spreads = [unc.transformer_transfer_sigma((architecture(k[0]), k[1]),
                                                       (architecture(key[0]), key[1]))
@@ -304,6 +305,8 @@ class Predictor:
             fits, max_m, chance = True, max(max_m, observed_m), 1.0
             notes += ("this configuration was observed to run: called fitting although the "
                       "memory estimate exceeds the GPU",)
+        if extrapolated or (key not in res.log_compute_scale and res.log_compute_scale):
+            notes += self._operator_notes(key, hardware)
         tokens = self.workload.tokens_per_sample
         notes += self._shape_notes(layout, recompute == "full")
         return Prediction(
@@ -317,6 +320,24 @@ class Predictor:
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"),
             p_fits=chance, memory_usable_bytes=usable)
+
+    def _operator_notes(self, key: Key, hardware: Hardware) -> tuple[str, ...]:
+        """The operator classes that move a calibration carried to ``key`` from the measured
+        GPUs beyond the linear layers' transfer (``compute.attention_term``: attention's fused
+        kernel reaches another share of peak on each generation), in words."""
+        sources = [k for k in self._pool(key) if k[0] in self._hardware]
+        target = attention_term(self.workload, hardware, key[1])
+        src = [attention_term(self.workload, self._hardware[k[0]], k[1]) for k in sources]
+        if target is None and not any(src):
+            return ()
+        moved = (target[0] if target else 0.0) - (
+            sum(t[0] for t in src if t) / len(src) if src else 0.0)
+        if abs(moved) < 0.01:
+            return ()
+        words = target[1] if target else next(t[1] for t in src if t)
+        where = ("carried from " + ", ".join(f"{k[0]} {k[1]}" for k in sources)) if sources \
+            else "against the linear layers' efficiency alone"
+        return (f"{words}: {math.expm1(moved):+.0%} on the matmul speed {where}",)
 
     def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int) -> list[float]:
         """Per FLOPs-only fallback default, how far its own spread moves a calibration carried

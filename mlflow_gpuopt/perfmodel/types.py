@@ -49,6 +49,10 @@ class Workload:
     ffn_hidden_size: int | None = None  # None: 4 × hidden (GELU MLP), 8/3 × hidden (SwiGLU)
     mlp: str | None = None  # "gelu" (two matrices) or "swiglu" (gated, three)
     attention: str | None = None  # "sdpa"/"flash" (default) or "eager"
+    #: The fused attention kernel: "fa2" (FlashAttention-2, PyTorch SDPA's flash backend) or
+    #: "fa3" (FlashAttention-3, Transformer Engine's cuDNN attention); None: fa2. Sets
+    #: attention's speed per GPU generation (``compute.ATTENTION_KERNEL_EFFICIENCY``).
+    attention_kernel: str | None = None
     dropout: float | None = None  # dropout probability; None: unknown (masks assumed kept)
     recompute: str | None = None  # how the job runs: "none", "selective" or "full"
     #: The layout it was measured with, as ``--strategy`` spells it (``tp2xfsdp``...)

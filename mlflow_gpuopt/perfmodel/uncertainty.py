@@ -39,13 +39,30 @@ SIGMA_PRIOR_ONLY = 0.75
 #: ``shared/data/llm_training_throughput.tsv`` (the rows ``GENERATION_MFU`` came from, never
 #: scored by ``benchmarks/bench_llm.py``), each predicted from its workload file alone through
 #: ``mlflow gpuopt predict`` (their tensor-parallel communication overlapped, as the sources
-#: run it): Megatron-LM 2024 H100 0.30 (9 rows), NeMo 24.07 FP8 0.32 (10), torchtitan A100
-#: Llama 2 0.19 (5); 0.288 over the 24, rounded to 0.29 (``bench_llm.py
+#: run it, attention at its kernel's figure): Megatron-LM 2024 H100 0.29 (9 rows), NeMo 24.07
+#: FP8 0.31 (10), torchtitan A100 Llama 2 0.19 (5); 0.281 over the 24, rounded up to 0.29
+#: (``bench_llm.py
 #: --derive-prior-width`` prints it). Other workloads and generations keep
 #: ``SIGMA_PRIOR_ONLY``.
 SIGMA_PRIOR_TRANSFORMER = 0.29
-#: Calibrated on another GPU type (roofline transfer, Habitat-style).
+#: Calibrated on another GPU type (roofline transfer, Habitat-style) where nothing says
+#: more: the two pieces below in quadrature (0.24), rounded to 0.25. A proxy transfer of a
+#: workload not described as a transformer uses it (``transfer.DEFAULT_SPREAD``).
 SIGMA_OTHER_GPU = 0.25
+#: The pieces of a cross-GPU transfer (:func:`other_gpu_sigma`), each added only where the
+#: prediction had to assume it:
+#: - another GPU type at the calibration's own precision (same operator path: 16-bit tensor
+#:   cores on both, or the FP32 units on both): the spread of the per-operator-class roofline
+#:   transfer itself. Root-mean-square of log(published / predicted) over the amp ↔ amp
+#:   transfers of NVIDIA's DeepLearningExamples tables (V100 ↔ A100, 50 rows of 11 workload
+#:   classes): 0.139 (0.127 weighting the classes equally); picked leave-one-model-out (each
+#:   class's rows against the RMS of the other classes', 0.106-0.151) it covers 82% of the
+#:   rows (``bench_accuracy.py --lomo``).
+#: - the precision changes on the way (fp32 on V100's FP32 units to TF32 on A100's tensor
+#:   cores; bf16 to FP8): another operator path whose efficiency the calibration did not
+#:   see, ``SIGMA_OTHER_PRECISION`` (the same-GPU, other-precision width). Together they are
+#:   0.24; the fp32 ↔ tf32 transfers of the same tables spread by 0.27 (36 rows).
+SIGMA_OTHER_GPU_SAME_PRECISION = 0.14
 #: Spread (standard deviation of log MFU) of large transformer pre-training within one GPU
 #: generation and precision: how far one model's efficiency strays from the generation's
 #: median (``compute.GENERATION_MFU``), in the same derivation set of
@@ -111,6 +128,14 @@ def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str]
     if a is None or b is None:
         return None
     return combine(a, b)
+
+
+def other_gpu_sigma(other_gpu: bool, other_precision: bool) -> float:
+    """Width of carrying a calibration to another GPU type and/or precision, from the pieces
+    the transfer had to assume (``SIGMA_OTHER_GPU_SAME_PRECISION``,
+    ``SIGMA_OTHER_PRECISION``); 0 when it had to assume neither."""
+    return combine(SIGMA_OTHER_GPU_SAME_PRECISION if other_gpu else 0.0,
+                   SIGMA_OTHER_PRECISION if other_precision else 0.0)
 
 
 def combine(*sigmas: float) -> float:

@@ -90,7 +90,9 @@ def test_other_gpu_is_extrapolated_with_a_wider_interval():
     other = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
     assert other.extrapolated and not same.extrapolated
     assert (same.basis, other.basis) == ("measured", "transferred")
-    assert other.log_sigma > same.log_sigma + 0.2
+    # at the same precision the transfer adds at least the cross-GPU piece (0.14) in quadrature
+    assert other.log_sigma >= (same.log_sigma ** 2 + 0.14 ** 2) ** 0.5 - 1e-9
+    assert other.log_sigma > same.log_sigma + 0.1
     # A100 is faster than V100 for the same workload, by less than the peak ratio
     assert 1.2 < other.throughput_samples_per_s / 1200.0 < 312 / 125 * 1.05
 
