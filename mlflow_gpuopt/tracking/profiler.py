@@ -10,12 +10,14 @@ saved-for-backward tensors (``saved_tensors_hooks``, de-duplicated by storage, p
 excluded), and on CUDA also the allocator's peak growth during the forward.
 
 Kernels per micro-step: a second dispatch mode, entered beside the FLOP counter for the same
-window, counts the operators dispatched from the first forward until the optimizer starts its
-step (a global optimizer step pre-hook, registered for the profiled step only), divided by
-the forwards (micro-batches) in that window. In eager PyTorch each such operator is about one
-kernel launch, which is what bounds a micro-step's batch-independent latency (recurrent and
-autoregressive models launch thousands). Operators that launch nothing are left out: views
-and in-place view ops (read from the operator's schema: ``view``, ``t``, ``expand``,
+window, counts the operators dispatched in it less those of every optimizer's own ``step()``
+(the step clock's optimizer hooks tell the profiler where each starts and ends; a closure
+passed to ``step()`` is wrapped for the profiled step only, and its operators — the last
+micro-batch's forward and backward under Lightning's automatic optimization — stay in),
+divided by the forwards (micro-batches) in that window. In eager PyTorch each such operator
+is about one kernel launch, which is what bounds a micro-step's batch-independent latency
+(recurrent and autoregressive models launch thousands). Operators that launch nothing are
+left out: views and in-place view ops (read from the operator's schema: ``view``, ``t``, ``expand``,
 ``as_strided``, ``detach``, ``split``, ``unsqueeze_``...) and the few in
 ``NON_KERNEL_OPS`` (uninitialised allocations, ``_unsafe_view``, size queries). It is a count
 of operators, not of kernels: a cuDNN RNN over a sequence is one operator and many kernels,
@@ -458,8 +460,12 @@ class WorkloadProfiler:
         self.name = name or type(model).__name__
         self._flop_mode: Any = None
         self._kernel_mode: Any = None
-        self._optimizer_hook: Any = None
-        self.kernels_before_optimizer: int | None = None
+        #: operators of the window outside every optimizer's own step() (set when it ends)
+        self.micro_step_kernels: int | None = None
+        self._optimizer_kernels = 0  # operators inside optimizers' step(), closures left out
+        self._step_pre_count: int | None = None  # kernel count when an optimizer step began
+        self._closure_kernels = 0  # operators of closures run by the current step()
+        self._in_optimizer_step = False
         self._gemm_mode: Any = None
         self.gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
         self._saved_ctx: Any = None
@@ -520,16 +526,48 @@ class WorkloadProfiler:
         self._kernel_mode.__enter__()
         self._gemm_mode = _gemm_shape_mode_class()()
         self._gemm_mode.__enter__()
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        if self._in_optimizer_step:  # begun in a closure: the step's operators so far are 0
+            self._step_pre_count = 0
 
-        self._optimizer_hook = register_optimizer_step_pre_hook(self._on_optimizer_step_pre)
+    def on_optimizer_step_pre(self, optimizer: Any, args: tuple,
+                              kwargs: dict) -> tuple[tuple, dict] | None:
+        """An optimizer's ``step()`` starts (while this profile is pending or active): its
+        own operators are left out of the micro-steps' count, and a closure it was given is
+        wrapped so that the closure's operators stay in. Returns the (args, kwargs) with the
+        wrapped closure, as a global step pre-hook may, or ``None``."""
+        self._in_optimizer_step = True
+        self._closure_kernels = 0
+        self._step_pre_count = self._kernel_mode.count if self._kernel_mode is not None \
+            else None
+        if args and callable(args[0]):
+            return (self._wrap_closure(args[0]), *args[1:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
+        return None
 
-    def _on_optimizer_step_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        """The profiled step's optimizer starts: the micro-steps' operators end here."""
-        if self.optimizer is not None and optimizer is not self.optimizer:
-            return
-        if self._kernel_mode is not None and self.kernels_before_optimizer is None:
-            self.kernels_before_optimizer = self._kernel_mode.count
+    def _wrap_closure(self, closure: Any) -> Any:
+        def counted_closure(*a: Any, **kw: Any) -> Any:
+            mode = self._kernel_mode
+            start = mode.count if mode is not None else 0
+            try:
+                return closure(*a, **kw)
+            finally:
+                now = self._kernel_mode
+                if now is not None:  # begun inside this closure: counted from 0
+                    self._closure_kernels += now.count - (start if now is mode else 0)
+
+        return counted_closure
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        """An optimizer's ``step()`` ended: its operators, closures left out, are the
+        optimizer's."""
+        self._in_optimizer_step = False
+        mode = self._kernel_mode
+        if mode is not None and self._step_pre_count is not None:
+            self._optimizer_kernels += max(
+                0, mode.count - self._step_pre_count - self._closure_kernels)
+        self._step_pre_count = None
+        self._closure_kernels = 0
 
     def _exit_gemm_mode(self) -> None:
         """Leave the matmul shape recorder (entered last in begin_step: left first)."""
@@ -539,15 +577,11 @@ class WorkloadProfiler:
             self.gemm_shapes = tuple(mode.shapes)
 
     def _exit_kernel_mode(self) -> None:
-        """Leave the kernel counter and drop the optimizer hook (entered in begin_step)."""
-        hook, self._optimizer_hook = self._optimizer_hook, None
-        if hook is not None:
-            hook.remove()
+        """Leave the kernel counter (entered in begin_step)."""
         if self._kernel_mode is not None:
             mode, self._kernel_mode = self._kernel_mode, None
             mode.__exit__(None, None, None)
-            if self.kernels_before_optimizer is None:  # manual steps without an optimizer
-                self.kernels_before_optimizer = mode.count
+            self.micro_step_kernels = max(0, mode.count - self._optimizer_kernels)
             if mode.higher_order_ops:
                 _forget_hop_compilations(mode.higher_order_ops)
 
@@ -602,7 +636,7 @@ class WorkloadProfiler:
         slow every later operator of the training run."""
         with contextlib.ExitStack() as stack:  # callbacks run last-in first-out
             stack.callback(setattr, self, "active", False)
-            stack.callback(setattr, self, "kernels_before_optimizer", None)  # no count
+            stack.callback(setattr, self, "micro_step_kernels", None)  # no count
             flop, self._flop_mode = self._flop_mode, None
             if flop is not None:
                 stack.callback(flop.__exit__, None, None, None)
@@ -625,8 +659,8 @@ class WorkloadProfiler:
                         if flops_ps is not None and self.recompute_flops is not None else None)
         saved_ps = self._saved_bytes / self._forward_batch if self._forward_batch else None
         forwards = step_forwards or grad_accum
-        kernels = (self.kernels_before_optimizer / forwards
-                   if self.kernels_before_optimizer and forwards else None)
+        kernels = (self.micro_step_kernels / forwards
+                   if self.micro_step_kernels and forwards else None)
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()

@@ -12,8 +12,11 @@ first one to step is the clock and a second one is ignored (one warning says wha
 
 Samples come from the data, not from module calls. A forward of the tracked model starts a
 new micro-batch only when it is the step's first, or when a backward ran since the previous
-one (``torch.autograd.backward``, see :mod:`.loop_watch`), and never inside the optimizer's
-own ``step()`` (an LBFGS closure's evaluations are one micro-batch). Where the loop iterates
+one (``torch.autograd.backward``, see :mod:`.loop_watch`). Inside the optimizer's own
+``step()`` only the closure's first forward can start one: an LBFGS closure's evaluations are
+one micro-batch, while the closure Lightning passes to ``step()`` under automatic
+optimization runs the step's last micro-batch (with ``accumulate_grad_batches=k``, the first
+k-1 run before ``step()``). Where the loop iterates
 a ``DataLoader`` (see :mod:`.loop_watch`) and the model ran more micro-batches than the step
 fetched batches (in every step so far), or none, the step's samples are those of the batches
 it fetched, and its micro-batches are those batches unless the counted forwards split them
@@ -76,11 +79,12 @@ class StepRecord(NamedTuple):
 _MAX_BATCH_DEPTH = 4  # nesting of a batch (dict of lists of tensors...) searched for a tensor
 
 
-def batch_size_of(batch: Any, tensor_type: type, depth: int = 0) -> int | None:
-    """Leading dimension of the first tensor in a DataLoader batch (tensor, sequence, mapping,
-    or an object with ``.items()`` like transformers' ``BatchEncoding``)."""
+def batch_tensor_of(batch: Any, tensor_type: type, depth: int = 0) -> Any:
+    """The first tensor of at least one dimension in a DataLoader batch (tensor, sequence,
+    mapping, or an object with ``.items()`` like transformers' ``BatchEncoding``), or
+    ``None``."""
     if isinstance(batch, tensor_type):
-        return int(batch.shape[0]) if batch.dim() >= 1 else None
+        return batch if batch.dim() >= 1 else None
     if depth >= _MAX_BATCH_DEPTH:
         return None
     if isinstance(batch, (list, tuple)):
@@ -90,10 +94,17 @@ def batch_size_of(batch: Any, tensor_type: type, depth: int = 0) -> int | None:
     else:
         return None
     for item in items:
-        n = batch_size_of(item, tensor_type, depth + 1)
-        if n is not None:
-            return n
+        t = batch_tensor_of(item, tensor_type, depth + 1)
+        if t is not None:
+            return t
     return None
+
+
+def batch_size_of(batch: Any, tensor_type: type) -> int | None:
+    """Leading dimension of the first tensor in a DataLoader batch (see
+    :func:`batch_tensor_of`)."""
+    t = batch_tensor_of(batch, tensor_type)
+    return int(t.shape[0]) if t is not None else None
 
 
 class StepClock:
@@ -127,6 +138,7 @@ class StepClock:
         self.optimizer_steps = 0  # post-hook calls of the clock's optimizer
         self._backward_seen = False  # a backward ran since the last counted forward
         self._in_step = False  # inside the clock's optimizer's step() (closures)
+        self._counted_in_step = False  # a forward inside this step() started a micro-batch
         self._last_from_hook = False  # the last boundary was the optimizer's, not mark()'s
         self._warn = warn
         self._samples_per_step = samples_per_step
@@ -189,8 +201,10 @@ class StepClock:
             else:
                 x = first_tensor(args, kwargs)
             self.total_calls += 1
-            if self.pending_forwards == 0 or (self._backward_seen and not self._in_step):
+            if self.pending_forwards == 0 or (self._backward_seen and not (
+                    self._in_step and self._counted_in_step)):
                 self._backward_seen = False
+                self._counted_in_step = self._in_step
                 if x is not None and x.dim() >= 1:
                     n = x.shape[0]
                     self.pending_samples += n
@@ -258,19 +272,35 @@ class StepClock:
                        type(self.optimizer).__name__, type(optimizer).__name__)
         return False
 
-    def on_optimizer_step_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        """Global optimizer step pre-hook: forwards inside ``step()`` (closures) are not new
-        micro-batches."""
+    def on_optimizer_step_pre(self, optimizer: Any, args: tuple,
+                              kwargs: dict) -> tuple[tuple, dict] | None:
+        """Global optimizer step pre-hook: of the forwards inside ``step()`` (closures), only
+        the first can start a micro-batch; in the profiled step, the profiler sees every
+        optimizer's step begin (and may wrap its closure: the returned args/kwargs)."""
         if self.broken:
-            return
+            return None
         if optimizer is self.optimizer or (self.optimizer is None and not self.manual):
             self._in_step = True
+            self._counted_in_step = False
+        profiler = self.profiler
+        if self.steps == self.profile_step and profiler is not None and not profiler.done:
+            try:
+                return profiler.on_optimizer_step_pre(optimizer, args, kwargs)
+            except Exception as exc:
+                self._profile_failed(exc)
+        return None
 
     def on_optimizer_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         """Global optimizer step post-hook."""
         if self.broken:
             return
         self._in_step = False
+        profiler = self.profiler
+        if self.steps == self.profile_step and profiler is not None and not profiler.done:
+            try:
+                profiler.on_optimizer_step_post(optimizer)
+            except Exception as exc:
+                self._profile_failed(exc)
         if self.manual:
             return
         if not self._is_clock_optimizer(optimizer):
@@ -308,6 +338,22 @@ class StepClock:
         self.skipped_steps += 1
         self._last_from_hook = True
         self._mark(0, 0)
+
+    def begin(self, batch: Any = None) -> None:
+        """A training step starts (``tracker.begin_step()``: a trainer whose step runs several
+        optimizers). Steps are then marked by hand only, and the profiled step's profile
+        starts here, so it covers the whole step whichever module runs first."""
+        if self.broken:
+            return
+        self.manual = True
+        profiler = self.profiler
+        if self.steps != self.profile_step or profiler is None or profiler.active \
+                or profiler.done:
+            return
+        try:
+            profiler.begin_step(batch_tensor_of(batch, self._tensor))
+        except Exception as exc:
+            self._profile_failed(exc)
 
     def mark(self, samples: int | None = None, tokens: int | None = None) -> None:
         """A manual step boundary (``tracker.step()``); from now on the only step clock.

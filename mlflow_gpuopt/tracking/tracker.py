@@ -124,6 +124,14 @@ class Tracker:
             if isinstance(self._reporter, JobReporter):
                 self._reporter.on_manual_step()
 
+    def begin_step(self, batch: Any = None) -> None:
+        """Mark the start of one training step by hand (a trainer whose step runs several
+        optimizers, e.g. a GAN's): steps then end at :meth:`step` only, and the profiled step
+        is profiled from here, whichever module runs first. ``batch``: the step's data."""
+        clock = self._clock
+        if clock is not None:
+            clock.begin(batch)
+
     def stop(self, failed: bool = False) -> TrackSummary | None:
         """Stop, log the summary and profile, flush, end the run if it was started here.
 

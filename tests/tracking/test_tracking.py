@@ -169,8 +169,8 @@ def test_abort_leaves_every_mode_even_when_one_exit_fails():
     with pytest.raises(RuntimeError, match="would not leave"):
         profiler.abort()
     assert torch._C._len_torch_dispatch_stack() == before
-    assert profiler._optimizer_hook is None and not profiler.active
-    assert profiler.kernels_before_optimizer is None
+    assert not profiler.active
+    assert profiler.micro_step_kernels is None
 
 
 def test_joins_active_run_and_leaves_it_open(tracking_uri):
@@ -244,7 +244,8 @@ class CellLoop(nn.Module):
 
 
 def kernels_per_micro_step(model, optimizer_cls=torch.optim.SGD, accum=1, batch=BATCH):
-    """The profiler driven by hand over one step of ``accum`` micro-batches of ``batch``."""
+    """The profiler driven by hand over one step of ``accum`` micro-batches of ``batch``
+    (told where the optimizer's step starts and ends, as the step clock's hooks tell it)."""
     from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
 
     opt = optimizer_cls(model.parameters(), lr=1e-2)
@@ -254,7 +255,9 @@ def kernels_per_micro_step(model, optimizer_cls=torch.optim.SGD, accum=1, batch=
     for _ in range(accum):
         model(x).pow(2).mean().backward()
         profiler.end_forward()
+    profiler.on_optimizer_step_pre(opt, (), {})
     opt.step()
+    profiler.on_optimizer_step_post(opt)
     profiler.end_step()
     return profiler.result(batch * accum, accum).kernels_per_micro_step
 
