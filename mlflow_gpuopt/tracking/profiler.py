@@ -46,7 +46,10 @@ autocast state at the forward pre-hook (frameworks enter autocast inside ``forwa
 Higher-order operators (``torch.cond`` and kin) pass through both modes; in eager mode they
 run through a compiled wrapper that torch 2.13 cannot reuse once it was traced under dispatch
 modes, so after a profiled step that ran one, Dynamo's caches are reset (see
-:func:`_forget_hop_compilations`).
+:func:`_forget_hop_compilations`). A ``torch.compile``d model runs its profiled step eagerly
+(Dynamo does not compile under these modes) and Dynamo's caches are reset after it as well,
+or the model would stay eager (see :func:`_recompile_after_profile`); what its compiled
+step launches is counted on another step (:mod:`.compiled`).
 """
 
 from __future__ import annotations
@@ -96,6 +99,15 @@ class WorkloadProfile:
     #: FLOPs of the forward operators activation checkpointing replayed in the backward, per
     #: sample (0.0: none replayed); hardware FLOPs = flops_per_sample + this
     recompute_flops_per_sample: float | None = None
+    #: parameter-efficient adapters found: "lora" (PEFT's ``lora_A``/``lora_B`` modules),
+    #: "qlora" (those over 4-bit base layers); None: none
+    adapter: str | None = None
+    #: whether compiled (Inductor) graphs ran the step (see :mod:`.compiled`); None: no
+    #: compiled graph seen
+    compiled: bool | None = None
+    #: operators per micro-step the eager model dispatches (the profiled step's count) where
+    #: ``kernels_per_micro_step`` is the compiled graphs' launches
+    eager_kernels_per_micro_step: float | None = None
     #: the architecture the model's ``config`` declares (see :mod:`.architecture`); None:
     #: not declared
     num_layers: int | None = None
@@ -223,12 +235,14 @@ def model_flop_formulas(replayed: ReplayedFlops) -> dict:
 #: Operators that launch no kernel although their schema does not mark them as views:
 #: uninitialised allocations, views the schema calls new tensors (``_unsafe_view``,
 #: ``unsafe_split``/``unsafe_chunk``, used by the RNN cells), storage/metadata setters and
-#: size queries.
+#: size queries, the profiler's markers.
 NON_KERNEL_OPS = frozenset({
     "_unsafe_view", "_reshape_alias", "unsafe_split", "unsafe_split_with_sizes",
     "unsafe_chunk", "empty", "empty_like", "empty_strided", "new_empty",
     "new_empty_strided", "resize_", "set_", "is_same_size", "sym_size", "sym_stride",
     "sym_numel", "sym_storage_offset",
+    # the profiler's record_function markers (an optimizer's step() opens one)
+    "_record_function_enter", "_record_function_enter_new", "_record_function_exit",
 })
 
 
@@ -313,6 +327,33 @@ def _forget_hop_compilations(names: set[str]) -> None:
     torch._dynamo.reset()
 
 
+def has_compiled_module(model: Any) -> bool:
+    """Whether ``model`` or a submodule is ``torch.compile``d (``OptimizedModule``, or
+    ``Module.compile()`` in place)."""
+    if model is None:
+        return False
+    for m in model.modules():
+        if type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None):
+            return True
+    return False
+
+
+def _recompile_after_profile() -> None:
+    """Let compiled code run compiled again after the profiled step.
+
+    Dynamo does not compile under a dispatch mode that must see every operator (the FLOP
+    counter, the kernel counter): it runs those frames eagerly, and in torch 2.13 it keeps
+    running them eagerly after the modes are gone, so without this a compiled model would
+    train eagerly from the profiled step on, and the run would measure the eager speed.
+    ``torch._dynamo.reset()`` forgets that; the next step recompiles (from Inductor's
+    on-disk caches where they hold the graphs), inside the default warm-up steps.
+    """
+    import torch
+
+    logger.debug("gpuopt: resetting Dynamo after the profiled step of a compiled model")
+    torch._dynamo.reset()
+
+
 #: At most this many distinct matmul shapes are kept from the profiled step.
 MAX_GEMM_SHAPES = 256
 
@@ -375,6 +416,22 @@ def count_params(model: Any) -> tuple[int, int]:
         if p.requires_grad:
             trainable += p.numel()
     return total, trainable
+
+
+def adapter_of(model: Any) -> str | None:
+    """``"lora"`` when the model holds LoRA adapters under PEFT's module names
+    (``lora_A``/``lora_B``), ``"qlora"`` when some sit on 4-bit base layers (bitsandbytes'
+    ``Linear4bit``); else ``None``."""
+    lora = four_bit = False
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("lora_A", "lora_B"):
+            lora = True
+        if "4bit" in type(module).__name__:
+            four_bit = True
+    if not lora:
+        return None
+    return "qlora" if four_bit else "lora"
 
 
 def largest_leaf_params(model: Any) -> int | None:
@@ -457,11 +514,17 @@ class WorkloadProfiler:
     def __init__(self, model: Any, optimizer: Any, name: str | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.name = name or type(model).__name__
+        from mlflow_gpuopt.tracking.architecture import unwrap_model
+
+        # the user's class, not a wrapper's (OptimizedModule, DistributedDataParallel,
+        # PeftModelForCausalLM)
+        self.name = name or type(unwrap_model(model)).__name__
         self._flop_mode: Any = None
         self._kernel_mode: Any = None
         #: operators of the window outside every optimizer's own step() (set when it ends)
         self.micro_step_kernels: int | None = None
+        #: launches per micro-batch of the compiled graphs (set by the step clock)
+        self.compiled_kernels_per_micro_step: float | None = None
         self._optimizer_kernels = 0  # operators inside optimizers' step(), closures left out
         self._step_pre_count: int | None = None  # kernel count when an optimizer step began
         self._closure_kernels = 0  # operators of closures run by the current step()
@@ -584,6 +647,9 @@ class WorkloadProfiler:
             self.micro_step_kernels = max(0, mode.count - self._optimizer_kernels)
             if mode.higher_order_ops:
                 _forget_hop_compilations(mode.higher_order_ops)
+            elif self.compiled_kernels_per_micro_step is not None or has_compiled_module(
+                    self.model):
+                _recompile_after_profile()
 
     def _pack(self, t: Any) -> Any:
         try:
@@ -659,8 +725,10 @@ class WorkloadProfiler:
                         if flops_ps is not None and self.recompute_flops is not None else None)
         saved_ps = self._saved_bytes / self._forward_batch if self._forward_batch else None
         forwards = step_forwards or grad_accum
-        kernels = (self.micro_step_kernels / forwards
-                   if self.micro_step_kernels and forwards else None)
+        eager_kernels = (self.micro_step_kernels / forwards
+                         if self.micro_step_kernels and forwards else None)
+        compiled = self.compiled_kernels_per_micro_step
+        kernels = compiled if compiled else eager_kernels
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
@@ -688,6 +756,9 @@ class WorkloadProfiler:
             fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
             gemm_shapes=self.gemm_shapes or None,
             recompute_flops_per_sample=recompute_ps,
+            adapter=adapter_of(self.model),
+            compiled=True if compiled else None,
+            eager_kernels_per_micro_step=eager_kernels if compiled else None,
             **(arch.as_dict() if arch is not None else {}),
         )
 

@@ -163,6 +163,11 @@ class StepClock:
 
         self._grad_enabled = torch.is_grad_enabled
         self._tensor = torch.Tensor
+        #: launches of compiled graphs, counted on the step before the profiled one (see
+        #: :mod:`.compiled`), while that step runs
+        self._compiled: Any = None
+        if self.profile_step == 1:
+            self._count_compiled()
         self.start_time = self._perf()
         self.start_event: Any = None
         if cuda_events:
@@ -173,7 +178,31 @@ class StepClock:
     def _fail(self, where: str, exc: BaseException) -> None:
         """A hook failed: the clock is off for the rest of the run (and so is the profile)."""
         self.broken = True
+        self.remove()
         self._stop_profiling(where, exc)
+
+    def _count_compiled(self) -> None:
+        """Count the launches of compiled graphs during the step that starts now."""
+        from mlflow_gpuopt.tracking.compiled import CompiledLaunchCounter
+
+        counter = CompiledLaunchCounter()
+        if counter.start():
+            self._compiled = counter
+
+    def _end_compiled_count(self, forwards: int) -> None:
+        """The counted step ended: hand its compiled launches per micro-batch to the
+        profiler (nothing when no compiled graph ran)."""
+        counter, self._compiled = self._compiled, None
+        counter.stop()
+        if counter.graphs and forwards and self.profiler is not None:
+            self.profiler.compiled_kernels_per_micro_step = counter.launches / forwards
+
+    def remove(self) -> None:
+        """Undo what the clock patched (the compiled-graph counter); a hook handle's
+        ``remove``."""
+        counter, self._compiled = self._compiled, None
+        if counter is not None:
+            counter.stop()
 
     def _stop_profiling(self, where: str, exc: BaseException) -> None:
         self.profile_step = -1
@@ -194,8 +223,11 @@ class StepClock:
         try:
             if not self._grad_enabled():
                 return None
-            if self.pending_forwards == 0 and self._last_mark_s is not None:
-                self._note_input_wait()
+            if self.pending_forwards == 0:
+                if self._last_mark_s is not None:
+                    self._note_input_wait()
+                if self._compiled is not None:
+                    self._compiled.begin()
             if args and isinstance(args[0], self._tensor):
                 x = args[0]
             else:
@@ -282,6 +314,8 @@ class StepClock:
         if optimizer is self.optimizer or (self.optimizer is None and not self.manual):
             self._in_step = True
             self._counted_in_step = False
+        if self._compiled is not None:
+            self._compiled.optimizer_step(True)
         profiler = self.profiler
         if self.steps == self.profile_step and profiler is not None and not profiler.done:
             try:
@@ -295,6 +329,8 @@ class StepClock:
         if self.broken:
             return
         self._in_step = False
+        if self._compiled is not None:
+            self._compiled.optimizer_step(False)
         profiler = self.profiler
         if self.steps == self.profile_step and profiler is not None and not profiler.done:
             try:
@@ -438,6 +474,10 @@ class StepClock:
             if profiling:
                 self._profiled_index = self.steps
             self.steps += 1
+            if self._compiled is not None:
+                self._end_compiled_count(forwards)
+            if self.steps == self.profile_step - 1 and self.profiler is not None:
+                self._count_compiled()
         except Exception as exc:
             self._fail("step hook", exc)
             return

@@ -200,6 +200,7 @@ class Tracker:
         self._handles.append(register_optimizer_step_pre_hook(self._clock.on_optimizer_step_pre))
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
         self._handles.append(watch(self._clock))  # DataLoader batches, skipped scaler steps
+        self._handles.append(self._clock)  # its compiled-graph counter, if one is on
         if self.model is not None:
             self._handles.append(self.model.register_forward_pre_hook(self._clock.on_forward_pre,
                                                                       with_kwargs=True))

@@ -244,6 +244,41 @@ def test_wrappers_are_unwrapped():
     assert architecture_of(outer).num_layers == 3
 
 
+def test_encoder_decoder_layers_are_both_stacks():
+    """T5 answers ``num_hidden_layers`` with its encoder's layers alone; BART likewise."""
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3,
+        num_heads=4))
+    assert t5.config.num_hidden_layers == 2  # what the shared name says
+    assert len(t5.encoder.block) + len(t5.decoder.block) == 5
+    assert architecture_of(t5).num_layers == 5
+    bart = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2,
+                                   decoder_layers=4, encoder_attention_heads=4,
+                                   decoder_attention_heads=4)
+    assert architecture_of(_with_config(bart)).num_layers == 6
+    # a decoder-only config is unchanged
+    assert architecture_of(tiny_llama()).num_layers == 2
+
+
+def test_peft_model_is_unwrapped():
+    """PEFT's ``PeftModel`` (not installed here) keeps the user's model behind
+    ``get_base_model()``; a class of its name and interface stands in for it."""
+    model = tiny_llama()
+
+    class PeftModelForCausalLM(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base_model = base
+
+        def get_base_model(self):
+            return self.base_model
+
+    from mlflow_gpuopt.tracking.architecture import unwrap_model
+
+    assert unwrap_model(PeftModelForCausalLM(model)) is model
+    assert architecture_of(PeftModelForCausalLM(model)) == architecture_of(model)
+
+
 @pytest.mark.parametrize("config", [
     None, "llama", {"num_hidden_layers": 2}, SimpleNamespace(),
     SimpleNamespace(num_hidden_layers="2", hidden_size=True, num_attention_heads=-4),
