@@ -99,6 +99,9 @@ class WorkloadProfile:
     #: FLOPs of the forward operators activation checkpointing replayed in the backward, per
     #: sample (0.0: none replayed); hardware FLOPs = flops_per_sample + this
     recompute_flops_per_sample: float | None = None
+    #: share of the profiled step's token positions that are padding (attention mask
+    #: zeros; 0.0: none); None: no token ids, or no mask given
+    padding_fraction: float | None = None
     #: parameter-efficient adapters found: "lora" (PEFT's ``lora_A``/``lora_B`` modules),
     #: "qlora" (those over 4-bit base layers); None: none
     adapter: str | None = None
@@ -460,9 +463,11 @@ def detect_precision(model: Any, device_type: str) -> str:
         return "bf16"
     if dtype == torch.float16:
         return "fp16"
+    from mlflow_gpuopt.tracking.ops_seen import tf32_matmul_flags
+
+    if tf32_matmul_flags():  # on any device: the plan's GPUs would run TF32
+        return "tf32"
     if device_type == "cuda":
-        if torch.get_float32_matmul_precision() != "highest":
-            return "tf32"
         has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
         if has_conv and torch.backends.cudnn.allow_tf32:
             return "tf32"
@@ -525,6 +530,7 @@ class WorkloadProfiler:
         self.micro_step_kernels: int | None = None
         #: launches per micro-batch of the compiled graphs (set by the step clock)
         self.compiled_kernels_per_micro_step: float | None = None
+        self.padding_fraction: float | None = None  # set by the step clock
         self._optimizer_kernels = 0  # operators inside optimizers' step(), closures left out
         self._step_pre_count: int | None = None  # kernel count when an optimizer step began
         self._closure_kernels = 0  # operators of closures run by the current step()
@@ -757,6 +763,7 @@ class WorkloadProfiler:
             gemm_shapes=self.gemm_shapes or None,
             recompute_flops_per_sample=recompute_ps,
             adapter=adapter_of(self.model),
+            padding_fraction=self.padding_fraction,
             compiled=True if compiled else None,
             eager_kernels_per_micro_step=eager_kernels if compiled else None,
             **(arch.as_dict() if arch is not None else {}),

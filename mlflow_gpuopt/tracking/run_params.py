@@ -81,6 +81,8 @@ def workload_params(profile: WorkloadProfile | None, config: TrackConfig,
         if p.kernels_per_micro_step:
             params[contract.PARAM_KERNELS_PER_MICRO_STEP] = f"{p.kernels_per_micro_step:.10g}"
         params[contract.PARAM_ADAPTER] = p.adapter
+        if p.padding_fraction is not None:
+            params[contract.PARAM_PADDING_FRACTION] = f"{p.padding_fraction:.4g}"
         if p.compiled:
             params[contract.PARAM_COMPILED] = "true"
             if p.eager_kernels_per_micro_step:

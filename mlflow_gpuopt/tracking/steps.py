@@ -129,7 +129,9 @@ class StepClock:
         self.manual = False
         self.broken = False
         self.pending_samples = 0
-        self.pending_tokens = 0
+        self.pending_tokens: Any = 0  # an int, or a device tensor (attention masks' sums)
+        self.pending_padded_tokens = 0  # token positions, padding included
+        self._masked = False  # an attention mask came with this step's token ids
         self.pending_forwards = 0  # micro-batches counted from forwards
         self.pending_batches = 0  # DataLoader batches fetched in this step
         self.pending_batch_samples = 0
@@ -241,7 +243,7 @@ class StepClock:
                     n = x.shape[0]
                     self.pending_samples += n
                     if x.dim() == 2 and not x.is_floating_point():
-                        self.pending_tokens += n * x.shape[1]
+                        self._count_tokens(x, kwargs)
                 self.pending_forwards += 1
         except Exception as exc:
             self._fail("forward hook", exc)
@@ -252,6 +254,20 @@ class StepClock:
             except Exception as exc:
                 self._profile_failed(exc)
         return None
+
+    def _count_tokens(self, ids: Any, kwargs: dict | None) -> None:
+        """A micro-batch of token ids: its real tokens are the attention mask's ones where
+        the forward is given a mask of the ids' shape (padding left out), else every id.
+        The mask's sum stays a device tensor (no synchronisation on the training thread):
+        the sampler thread reads it once the step's CUDA event completed."""
+        padded = ids.shape[0] * ids.shape[1]
+        self.pending_padded_tokens += padded
+        mask = kwargs.get("attention_mask") if kwargs else None
+        if isinstance(mask, self._tensor) and mask.shape == ids.shape:
+            self.pending_tokens = self.pending_tokens + mask.sum()
+            self._masked = True
+        else:
+            self.pending_tokens = self.pending_tokens + padded
 
     def _note_input_wait(self) -> None:
         """The first forward of a step: the host time since the previous step ended (the
@@ -457,7 +473,10 @@ class StepClock:
             elif not batches and not forwards and self._data_seen:
                 s = self.last_step_samples  # it consumed a batch a loader fetched ahead
             s = samples or self._samples_per_step or s
-            k = tokens or self.pending_tokens
+            k = tokens if tokens else self.pending_tokens  # no bool() of a device tensor
+            padded = self.pending_padded_tokens if self._masked else 0
+            self.pending_padded_tokens = 0
+            self._masked = False
             comm = self._comm_step() if self._comm_step is not None else None
             # a plain tuple, read as a StepRecord off the training thread: the garbage
             # collector untracks exact tuples of plain values, while it would traverse every
@@ -486,6 +505,11 @@ class StepClock:
         if profiling:
             self.profile_step = -1
             self.profile_samples = s
+            if padded and not tokens:
+                try:  # the profiled step's one synchronisation for its real tokens
+                    self.profiler.padding_fraction = max(0.0, 1.0 - float(k) / padded)
+                except Exception as exc:
+                    logger.debug("gpuopt: padding not measured: %s", exc)
             self.profile_forwards = self.last_step_forwards
             try:
                 self.profiler.end_step()

@@ -302,3 +302,41 @@ def test_never_raises():
     assert architecture_of(_with_config(Exploding())) is None
     assert architecture_of(object()) is None
     assert architecture_of(None) is None
+
+
+def test_padded_batches_count_real_tokens_and_report_the_padding(tracking_uri):
+    """Variable-length sequences padded to the longest: tokens are the attention mask's
+    ones; the padded share is reported apart; FLOPs are what ran (padded length)."""
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(3)
+    real_per_step = []
+    steps = 6
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for _ in range(steps):
+            lengths = torch.randint(2, SEQ + 1, (MICRO,), generator=gen)
+            lengths[0] = SEQ  # padded to the longest
+            ids = torch.randint(0, VOCAB, (MICRO, SEQ), generator=gen)
+            mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            real_per_step.append(int(lengths.sum()))
+    params, profile = logged(t.run_id)
+    metrics = mlflow.get_run(t.run_id).data.metrics
+    tokens_per_step = (metrics["gpuopt/summary/throughput_tokens_per_s"]
+                       / metrics["gpuopt/summary/throughput_steps_per_s"])
+    steady = real_per_step[OPTS["warmup_steps"]:]
+    assert tokens_per_step == pytest.approx(sum(steady) / len(steady), rel=1e-6)
+    profiled = real_per_step[t.config.profile_step]
+    assert profile["padding_fraction"] == pytest.approx(1 - profiled / (MICRO * SEQ))
+    assert float(params["gpuopt.padding_fraction"]) == pytest.approx(
+        1 - profiled / (MICRO * SEQ), rel=1e-3)
+    assert params["gpuopt.tokens_per_sample"] == str(SEQ)  # the length that ran
+
+
+def test_unpadded_token_ids_report_no_padding(tracking_uri):
+    params, profile = logged(train_tracked(tiny_llama()))
+    assert profile["padding_fraction"] is None
+    assert "gpuopt.padding_fraction" not in params
