@@ -359,3 +359,23 @@ def test_unknown_option_is_a_type_error():
         gpuopt.Tracker(intervall_s=1)
     with pytest.raises(ValueError):
         gpuopt.TrackConfig(precision="fp64")
+
+
+def test_resumed_job_continues_the_run_step_axis(tracking_uri):
+    """A job restarted from its checkpoint into its run (``run_id=``): the run's series go
+    on after the steps the first session logged, rather than starting again at step 1."""
+    model, opt = make_model()
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as first:
+        train(model, opt, steps=5)
+    run_id = first.run_id
+    client = MlflowClient()
+    first_steps = [m.step for m in client.get_metric_history(run_id, "gpuopt/step_time_s")]
+    assert max(first_steps) == 5
+    with gpuopt.track(model, opt, run_id=run_id, interval_s=0.1, print_summary=False) as t:
+        train(model, opt, steps=3)
+    assert t.run_id == run_id
+    history = client.get_metric_history(run_id, "gpuopt/step_time_s")
+    later = sorted(m.step for m in history if m.step not in first_steps)
+    assert later and min(later) > 5 and max(later) == 5 + 3
+    summary = client.get_metric_history(run_id, "gpuopt/summary/steps")
+    assert sorted((m.step, m.value) for m in summary) == [(5, 5.0), (8, 3.0)]
