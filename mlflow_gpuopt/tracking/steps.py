@@ -316,7 +316,8 @@ class StepClock:
             self._warn("two-optimizers",
                        "two optimizers step (%s, %s) and track() was given none: training "
                        "steps are the first one's; pass track(model=..., optimizer=<the "
-                       "optimizer that ends a training step>)",
+                       "optimizer that ends a training step>) (under Lightning: "
+                       "GpuOptCallback(optimizer=...))",
                        type(self.optimizer).__name__, type(optimizer).__name__)
         return False
 

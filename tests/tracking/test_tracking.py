@@ -379,3 +379,55 @@ def test_resumed_job_continues_the_run_step_axis(tracking_uri):
     assert later and min(later) > 5 and max(later) == 5 + 3
     summary = client.get_metric_history(run_id, "gpuopt/summary/steps")
     assert sorted((m.step, m.value) for m in summary) == [(5, 5.0), (8, 3.0)]
+
+
+def test_tracker_start_stop_around_a_while_true_loop(tracking_uri):
+    """The ``while True:`` pattern of docs/tracking.md: start(), a loop left by ``break``,
+    stop() in ``finally``; the run it started ends FINISHED with every step."""
+    model, opt = make_model()
+    gen = torch.Generator().manual_seed(5)
+    tracker = gpuopt.Tracker(model, opt, run_name="pretrain", interval_s=0.1,
+                             print_summary=False).start()
+    steps = 0
+    try:
+        while True:
+            model(torch.randn(BATCH, D_IN, generator=gen)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+            if steps == 7:
+                break
+    finally:
+        tracker.stop()
+    run = mlflow.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "pretrain"
+    assert run.data.metrics["gpuopt/summary/steps"] == 7
+    assert mlflow.active_run() is None
+
+
+def test_beside_mlflow_system_metrics_both_sample_the_host(tracking_uri):
+    """docs/tracking.md: with MLflow's system metrics on, the run holds both CPU series;
+    tracking's own are complete and its steps unaffected."""
+    from mlflow.system_metrics import (
+        disable_system_metrics_logging,
+        enable_system_metrics_logging,
+        set_system_metrics_samples_before_logging,
+        set_system_metrics_sampling_interval,
+    )
+
+    enable_system_metrics_logging()
+    set_system_metrics_sampling_interval(0.2)
+    set_system_metrics_samples_before_logging(1)
+    try:
+        model, opt = make_model()
+        with (mlflow.start_run() as run,
+              gpuopt.track(model, opt, interval_s=0.1, print_summary=False)):
+            train(model, opt, steps=6, sleep_s=0.2)
+    finally:
+        disable_system_metrics_logging()
+        set_system_metrics_sampling_interval(None)
+        set_system_metrics_samples_before_logging(None)
+    client = MlflowClient()
+    assert client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    assert client.get_metric_history(run.info.run_id, "gpuopt/cpu_utilization_percent")
+    assert mlflow.get_run(run.info.run_id).data.metrics["gpuopt/summary/steps"] == 6
