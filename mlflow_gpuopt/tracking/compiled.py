@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import sys
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,10 @@ class CompiledLaunchCounter:
         return counted - self._optimizer_ops + self.generated
 
     def start(self) -> bool:
-        """Patch Inductor's graph call (``False``: torch has no Inductor to patch)."""
+        """Patch Inductor's graph call (``False``: nothing was compiled in this process, so
+        Inductor is not even imported — importing it takes seconds — or torch has none)."""
+        if "torch._dynamo" not in sys.modules:
+            return False
         try:
             from torch._inductor.output_code import CompiledFxGraph
         except Exception as exc:  # an old or stripped torch: nothing compiled to count
