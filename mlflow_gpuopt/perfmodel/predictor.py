@@ -81,6 +81,14 @@ class Predictor:
                                  and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
 
+    def with_kernels_per_micro_step(self, kernels: float) -> Predictor:
+        """The same fitted model for the workload launching ``kernels`` per micro-step (a
+        compiled one): only the dispatch term of the step changes."""
+        from dataclasses import replace
+
+        return Predictor(replace(self.workload, kernels_per_micro_step=kernels), self.result,
+                         self._observed)
+
     @property
     def assumptions(self) -> tuple[str, ...]:
         """What the model had to guess for this workload, in words."""
