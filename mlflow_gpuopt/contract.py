@@ -47,6 +47,15 @@ PARAM_FP8_RECIPE = "gpuopt.fp8_recipe"  # te | tensorwise | rowwise
 #: The tracked model's wrapper class: "DataParallel", "DistributedDataParallel",
 #: "FullyShardedDataParallel", "compiled" (a torch.compile'd module) or "none".
 PARAM_MODEL_WRAPPER = "gpuopt.model_wrapper"
+#: "true" when compiled (Inductor) graphs ran the training step; then
+#: ``gpuopt.kernels_per_micro_step`` is their launches and this the eager operator count
+PARAM_COMPILED = "gpuopt.compiled"
+#: Share of the profiled step's token positions that were padding (attention-mask zeros);
+#: throughput in tokens counts the real tokens only
+PARAM_PADDING_FRACTION = "gpuopt.padding_fraction"
+#: Parameter-efficient adapters the model holds: "lora" or "qlora" (not logged: none)
+PARAM_ADAPTER = "gpuopt.adapter"
+PARAM_EAGER_KERNELS_PER_MICRO_STEP = "gpuopt.eager_kernels_per_micro_step"
 
 #: The tracked model's architecture, as its ``config`` declares it (Hugging Face, nanoGPT,
 #: litgpt; :mod:`mlflow_gpuopt.tracking.architecture`): not logged when not declared.

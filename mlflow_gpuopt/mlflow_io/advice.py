@@ -79,6 +79,7 @@ def load_run_facts(run_id: str, client: Any = None) -> RunFacts:
         cpu_utilization_mean_percent=_metric(metrics, contract.SUMMARY_CPU_UTILIZATION),
         gemm_shapes=_shapes(profile),
         model_wrapper=params.get(contract.PARAM_MODEL_WRAPPER) or None,
+        compiled=params.get(contract.PARAM_COMPILED) == "true",
         kernels_per_micro_step=num("kernels_per_micro_step"),
         exposed_comm_fraction=_metric(metrics, contract.SUMMARY_EXPOSED_COMM_FRACTION),
         world_size=_int(params, contract.PARAM_WORLD_SIZE, 1) or 1,

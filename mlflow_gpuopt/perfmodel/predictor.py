@@ -108,6 +108,14 @@ class Predictor:
         self._carried_cache: dict[tuple, list[float]] = {}
         self._efficiency_notes: dict[Key, str] = {}
 
+    def with_kernels_per_micro_step(self, kernels: float) -> Predictor:
+        """The same fitted model for the workload launching ``kernels`` per micro-step (a
+        compiled one): only the dispatch term of the step changes."""
+        from dataclasses import replace
+
+        return Predictor(replace(self.workload, kernels_per_micro_step=kernels), self.result,
+                         self._observed)
+
     @property
     def assumptions(self) -> tuple[str, ...]:
         """What the model had to guess for this workload, in words."""

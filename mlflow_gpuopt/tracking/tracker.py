@@ -98,6 +98,7 @@ class Tracker:
         self._stopped_logging = False  # set at close: a late gatherer round logs nothing
         self._input_wait_seen = (0.0, 0)  # the step clock's wait sum and count at last tick
         self._plan_link: PlanLink | None = None
+        self._step_offset = 0  # steps the run's series already hold (a resumed job)
         #: One line when the job fell outside its plan's interval (see ``launch.plan_check``).
         self.plan_check: str | None = None
 
@@ -123,6 +124,14 @@ class Tracker:
             clock.mark(samples, tokens)
             if isinstance(self._reporter, JobReporter):
                 self._reporter.on_manual_step()
+
+    def begin_step(self, batch: Any = None) -> None:
+        """Mark the start of one training step by hand (a trainer whose step runs several
+        optimizers, e.g. a GAN's): steps then end at :meth:`step` only, and the profiled step
+        is profiled from here, whichever module runs first. ``batch``: the step's data."""
+        clock = self._clock
+        if clock is not None:
+            clock.begin(batch)
 
     def stop(self, failed: bool = False) -> TrackSummary | None:
         """Stop, log the summary and profile, flush, end the run if it was started here.
@@ -192,6 +201,7 @@ class Tracker:
         self._handles.append(register_optimizer_step_pre_hook(self._clock.on_optimizer_step_pre))
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
         self._handles.append(watch(self._clock))  # DataLoader batches, skipped scaler steps
+        self._handles.append(self._clock)  # its compiled-graph counter, if one is on
         if self.model is not None:
             self._handles.append(self.model.register_forward_pre_hook(self._clock.on_forward_pre,
                                                                       with_kwargs=True))
@@ -257,6 +267,11 @@ class Tracker:
         except Exception as exc:
             self._warn("run", "no MLflow run; measuring without logging: %s", exc)
             return
+        if not self._binding.started_here and self._binding.create_run is None:
+            from mlflow_gpuopt.mlflow_io.resume import last_logged_step
+
+            self._step_offset = last_logged_step(  # a resumed job's series go on
+                self.run_id, self._binding.tracking_uri)
         from mlflow_gpuopt.tracking.plan_link import PlanLink, plan_id_for
 
         plan = plan_id_for(self.config.plan)
@@ -351,7 +366,7 @@ class Tracker:
 
     def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._writer is not None and metrics and not self._stopped_logging:
-            self._writer.log_metrics(metrics, step=step)
+            self._writer.log_metrics(metrics, step=step + self._step_offset)
 
     # -- stop ----------------------------------------------------------------------------------
     def _finish(self) -> None:
@@ -387,7 +402,7 @@ class Tracker:
         if self._writer is not None:
             metrics, step = reporter.final_metrics(self.summary.metrics(), self._agg.steps)
             metrics.update(self._plan_metrics(metrics))
-            self._writer.log_metrics(metrics, step=step)
+            self._writer.log_metrics(metrics, step=step + self._step_offset)
             if self.profile is not None:
                 self._writer.log_dict(self.profile.to_json(self._hardware()), PROFILE_ARTIFACT)
         if self.config.print_summary:

@@ -186,3 +186,36 @@ def test_exposed_comm_against_the_modelled_share(tracking_uri):
     now = _hours_usd(ctx, cfg, ctx.predictor.predict(cfg, ctx.hardware))
     assert now is not None
     assert comm.hours_saved == pytest.approx(now[0] * 0.15 / 0.85, rel=0.05)
+
+
+def test_compile_saving_is_the_models_eager_minus_compiled_step(tracking_uri):
+    """A deep, narrow MLP: hundreds of small kernels per micro-step, so on the plan's GPU
+    the eager launches are most of the step. The compile finding's saving is the difference
+    between the plan predicted eager and the same fitted model with the compiled launches (a
+    CUDA graph replay each for forward and backward), and never more than the plan takes."""
+    from mlflow_gpuopt.advice.worth import COMPILED_LAUNCHES_PER_MICRO_STEP
+    from mlflow_gpuopt.recommend.cost import evaluate
+
+    run_id = tracked_run(mlp([64] * 40 + [16]), "adamw", (64,))
+    facts, ctx, pred = ddp_plan(run_id, memory="catalog")
+    assert facts.kernels_per_micro_step > 200
+    comp = found(advise_plan(facts, ctx))["compile"]
+    compiled = ctx.predictor.with_kernels_per_micro_step(COMPILED_LAUNCHES_PER_MICRO_STEP)
+    after = compiled.predict(ctx.plan.config, ctx.hardware)
+    assert after.step_time_s < pred.step_time_s
+    p = ctx.plan
+
+    def hours(prediction):
+        return evaluate(p.offer, p.nodes, p.config, prediction, p.pricing, ctx.target,
+                        ctx.costing).hours
+
+    assert comp.hours_saved == pytest.approx(hours(pred) - hours(after), rel=1e-9)
+    assert 0 < comp.hours_saved < hours(pred)
+    assert comp.usd_saved > 0
+
+
+def test_compiled_run_gets_no_compile_finding(tracking_uri):
+    run_id = tracked_run(mlp([64] * 40 + [16]), "adamw", (64,))
+    facts, ctx, _ = ddp_plan(run_id, memory="catalog")
+    assert "compile" in found(advise_plan(facts, ctx))
+    assert "compile" not in found(advise_plan(replace(facts, compiled=True), ctx))
