@@ -85,7 +85,7 @@ def param_field(param: str) -> str:
 
 # -- tags --------------------------------------------------------------------------------------
 TAG_TRACKED = "gpuopt.tracked"  # "true" on runs track() wrote into
-TAG_LOCAL_RUN_ID = "gpuopt.local_run_id"  # id minted by track() while MLflow was unreachable
+TAG_LOCAL_RUN_ID = "gpuopt.local_run_id"  # id minted by track() for a run it creates over REST
 TAG_KIND = "gpuopt.kind"  # KIND_RECOMMENDATION | KIND_CANDIDATE
 TAG_SOURCE_RUN_IDS = "gpuopt.source_run_ids"  # comma-separated
 TAG_WHY = "gpuopt.why"  # a candidate's one-line reason

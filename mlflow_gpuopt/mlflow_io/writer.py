@@ -490,7 +490,13 @@ class RunWriter:
                 with contextlib.suppress(OSError, ValueError):
                     self._journal.mark_uncertain(self._verify_through)
             where = self._journal.path if self._journal is not None else "memory"
-        if first:
+        if exc.cause in ("html", "redirect", "not-json", "deadline"):
+            # what answered is not MLflow (or drips): said once per cause, whenever it shows
+            self._warn_once(f"cause-{exc.cause}", "gpuopt: %s; keeping tracking records in %s "
+                            "and retrying in the background (values are checked against the "
+                            "run before they are sent again)", redact(str(exc), self._secrets),
+                            where)
+        elif first:
             logger.warning("gpuopt: cannot write to MLflow at %s (%s); keeping tracking records "
                            "in %s and retrying in the background", redact_uri(self._uri),
                            redact(str(exc), self._secrets), where)
