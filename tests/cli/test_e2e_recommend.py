@@ -373,7 +373,7 @@ def test_emit_text_output_and_no_log_plan_ids(store, tmp_path, monkeypatch):
                                       "--plan", "3", "--script", "my_train.py", "--out",
                                       str(path)])
     assert res.exit_code == 0, res.output
-    assert "Plan ids: the rank (not logged: --no-log), e.g. #1 = 1" in res.output
+    assert "Plan ids: the rank (not logged), e.g. #1 = 1" in res.output
     assert f"Wrote the torchrun launch artefact of plan 3 to {path}" in res.output
     lines = path.read_text().splitlines()
     assert "GPUOPT_PLAN=3" in lines and "SCRIPT=${GPUOPT_SCRIPT:-my_train.py}" in lines
