@@ -312,6 +312,28 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(store, args, message):
     assert store.run_count() == before
 
 
+def test_unreachable_server_is_one_line_in_seconds_not_minutes(monkeypatch):
+    """MLflow's own retries (7, 120 s each) held a command ~2.5 min against a server that is
+    not there; the commands set 1 retry and 10 s for themselves, and put the environment back."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    t0 = time.monotonic()
+    result = CliRunner().invoke(gpuopt, ["advise", "--run-id", "0" * 32],
+                                env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
+    took = time.monotonic() - t0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code in (1, 2) and len(lines) == 1, result.output[-2000:]
+    assert lines[0].startswith("Error:") and "Traceback" not in result.output
+    assert took < 60, took  # 1 retry: seconds; MLflow's defaults: minutes
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the command's, not ours
+
+
 def test_observations_with_a_byte_order_mark_are_read(store):
     """Excel's "CSV UTF-8" starts with a byte-order mark: the first column is still ``gpu``."""
     plain = store.files / "obs.csv"
