@@ -94,7 +94,7 @@ def param_field(param: str) -> str:
 
 # -- tags --------------------------------------------------------------------------------------
 TAG_TRACKED = "gpuopt.tracked"  # "true" on runs track() wrote into
-TAG_LOCAL_RUN_ID = "gpuopt.local_run_id"  # id minted by track() while MLflow was unreachable
+TAG_LOCAL_RUN_ID = "gpuopt.local_run_id"  # id minted by track() for a run it creates over REST
 TAG_KIND = "gpuopt.kind"  # KIND_RECOMMENDATION | KIND_CANDIDATE
 TAG_SOURCE_RUN_IDS = "gpuopt.source_run_ids"  # comma-separated
 TAG_WHY = "gpuopt.why"  # a candidate's one-line reason
@@ -109,6 +109,9 @@ TAG_PLAN_RUN_ID = "gpuopt.plan_run_id"
 #: On a plan's run (its child run, else the recommendation run): the job runs launched as
 #: it, comma-separated, appended by each job.
 TAG_JOB_RUN_IDS = "gpuopt.job_run_ids"
+#: Also on the plan's run, one per job: ``gpuopt.job_run.<job run id>`` = "1" (a tag of its
+#: own is never overwritten by another job's append).
+TAG_JOB_RUN_PREFIX = "gpuopt.job_run."
 #: Hardware fingerprint tags set on every new run by the run-context plugin.
 TAG_HW_GPU = "gpuopt.hw.gpu"
 TAG_HW_GPU_COUNT = "gpuopt.hw.gpu_count"

@@ -19,6 +19,7 @@ from typing import Any
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.hf_config import HfConfigError, is_hf_config
 from mlflow_gpuopt.hf_config import workload_doc as hf_workload_doc
+from mlflow_gpuopt.bounded_read import read_capped
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel, normalize_fp8_recipe
@@ -57,8 +58,35 @@ _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
 
 
+#: Largest workload file read (bytes): a workload or Hugging Face config.json is a few KiB.
+MAX_WORKLOAD_FILE_BYTES = 16 * 1024**2
+#: Largest observations CSV read (bytes): a million rows of measurements is about 50 MiB.
+MAX_OBSERVATIONS_BYTES = 64 * 1024**2
+#: Longest CSV cell accepted (characters): far beyond any GPU name or layout.
+MAX_CSV_FIELD_CHARS = 4096
+
+
 class WorkloadFileError(ValueError):
     """A workload or observations file that cannot be used; one line, names where."""
+
+
+def read_text_capped(path: str | Path, cap_bytes: int, what: str) -> str:
+    """The UTF-8 text of ``path`` (a byte-order mark dropped: Excel writes one), reading at
+    most ``cap_bytes`` + 1 bytes: a larger file, or an endless one (``/dev/zero``, a FIFO
+    that never ends), is one :class:`WorkloadFileError` instead of a read until memory runs
+    out."""
+    p = Path(path)
+    try:
+        data = read_capped(p, cap_bytes)
+    except OSError as exc:
+        raise WorkloadFileError(f"cannot read {what} file {p}: {exc.strerror or exc}") from None
+    if len(data) > cap_bytes:
+        raise WorkloadFileError(f"{p}: over the {cap_bytes // 1024**2} MiB limit for {what} "
+                                "files (or a file that never ends)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise WorkloadFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _number(value: Any, key: str, where: str, cast: Callable[[float], Any]) -> Any:
@@ -226,10 +254,6 @@ def _strategy(text: str) -> str:
     return cleaned
 
 
-#: A workload file or ``config.json`` is a few kB (a profile with its hardware block ~10 kB);
-#: reading stops past this, so a wrong path (a checkpoint, /dev/zero) is one line, not a hang.
-MAX_WORKLOAD_FILE_BYTES = 16 * 2**20
-
 
 @dataclass(frozen=True)
 class WorkloadInput:
@@ -250,17 +274,7 @@ def read_workload(path: str | Path, *, seq_len: int | None = None) -> WorkloadIn
     :class:`WorkloadFileError`.
     """
     p = Path(path)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_WORKLOAD_FILE_BYTES + 1)
-        text = raw.decode("utf-8")
-    except OSError as exc:
-        raise WorkloadFileError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise WorkloadFileError(f"{p}: not UTF-8 text") from None
-    if len(raw) > MAX_WORKLOAD_FILE_BYTES:
-        raise WorkloadFileError(f"{p}: larger than {MAX_WORKLOAD_FILE_BYTES // 2**20} MiB; a "
-                                "workload file or config.json is a few kB")
+    text = read_text_capped(p, MAX_WORKLOAD_FILE_BYTES, "workload")
     doc = parse_json_document(text, str(p))
     if not is_hf_config(doc):
         if seq_len is not None:
@@ -303,8 +317,19 @@ def parse_observations_csv(text: str, where: str = "observations",
     ``resolve_gpu`` maps NVML/short names to canonical ones (``cpu`` is kept as ``cpu``); a
     ``ValueError`` it raises is reported with the row.
     """
+    try:
+        return _parse_observations(text.removeprefix("\ufeff"), where, resolve_gpu)
+    except csv.Error as exc:  # a cell over csv's field limit, a NUL byte...
+        raise WorkloadFileError(f"{where}: not a readable CSV ({exc})") from None
+
+
+def _parse_observations(text: str, where: str,
+                        resolve_gpu: Callable[[str], str] | None) -> list[Observation]:
     reader = csv.DictReader(io.StringIO(text))
     header = [h.strip() for h in (reader.fieldnames or [])]
+    twice = sorted({h for h in header if h and header.count(h) > 1})
+    if twice:  # DictReader would keep the last cell and drop the other silently
+        raise WorkloadFileError(f"{where}: column(s) {', '.join(twice)} given twice")
     missing = [c for c in REQUIRED_OBSERVATION_COLUMNS if c not in header]
     if missing:
         raise WorkloadFileError(
@@ -315,6 +340,9 @@ def parse_observations_csv(text: str, where: str = "observations",
         at = f"{where}, row {line}"
         if None in raw:  # csv.DictReader files surplus cells under the key None
             raise WorkloadFileError(f"{at}: more cells than the header has columns")
+        if any(len(v or "") > MAX_CSV_FIELD_CHARS for v in raw.values()):
+            raise WorkloadFileError(f"{at}: a cell longer than {MAX_CSV_FIELD_CHARS} "
+                                    "characters")
         row = {k.strip(): (v or "").strip() for k, v in raw.items()}
         if not any(row.values()):
             continue
@@ -368,13 +396,7 @@ def load_observations(path: str | Path, resolve_gpu: Callable[[str], str] | None
                       ) -> list[Observation]:
     """Read an observations CSV (see :func:`parse_observations_csv`)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadFileError(
-            f"cannot read observations file {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise WorkloadFileError(f"{p}: not UTF-8 text") from None
+    text = read_text_capped(p, MAX_OBSERVATIONS_BYTES, "observations")
     return parse_observations_csv(text, where=str(p), resolve_gpu=resolve_gpu)
 
 

@@ -183,7 +183,7 @@ def test_a_huge_file_is_refused_without_reading_it_all(tmp_path, monkeypatch):
     monkeypatch.setattr(wf, "MAX_WORKLOAD_FILE_BYTES", 2**20)
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**PUBLISHED["gpt2"][0], "pad": "x" * 2**20}))
-    with pytest.raises(WorkloadFileError, match="larger than 1 MiB"):
+    with pytest.raises(WorkloadFileError, match="over the 1 MiB limit"):
         read_workload(path, seq_len=1024)
 
 

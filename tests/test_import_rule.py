@@ -58,7 +58,8 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 #: The package's layers, lowest first: a module imports only its own layer or lower ones, so
 #: the pure model never reaches for I/O and the MLflow edge never for the tracker.
 LAYERS = (
-    ("contract.py", "redact.py", "validation.py", "quantities.py"),  # names and checks
+    # names and checks
+    ("contract.py", "redact.py", "validation.py", "quantities.py", "bounded_read.py"),
     ("devices", "catalog"),  # readings; prices and GPU specs
     ("perfmodel",),  # pure scaling models
     ("hardware.py", "workload_files.py", "hf_config.py", "recommend"),  # model inputs; search

@@ -102,6 +102,9 @@ def check_request(emit: str | None, rank: str | int | None, out: str | None, for
         if given:
             raise UsageError(f"{', '.join(given)}: only with --emit torchrun|skypilot")
         return None
+    if script is not None and not script.isprintable():  # argv's non-UTF-8 bytes: surrogates
+        raise UsageError("--script: the path holds a byte that is not UTF-8, or a control "
+                         "character")
     rec_id, rank = _parse_plan(rank)
     if rec_id is None and rank > top:
         raise UsageError(f"--plan {rank} is beyond the {top} plans shown (--top {top})")
@@ -318,7 +321,7 @@ def print_lines(doc: dict[str, Any], out: Any) -> None:
     if cands and cands[0].get("plan_id"):
         first = cands[0]["plan_id"]
         scheme = ("<recommendation run>:<rank>" if ":" in first
-                  else "the rank (not logged: --no-log)")
+                  else "the rank (not logged)")
         click.echo(f"Plan ids: {scheme}, e.g. #1 = {first}; launch one with "
                    "--emit torchrun|skypilot --plan K", file=out)
     e = doc.get("emitted")

@@ -9,6 +9,10 @@ and a :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` for MLflow. GPU selecti
 :mod:`.gpu_select`, param precedence in :mod:`.run_params`, MFU with the summary
 (:mod:`.summary`), metric names in :mod:`mlflow_gpuopt.contract`.
 Nothing in here may break training: every failure becomes one warning.
+
+Two process events end a run differently (docs/reliability.md#when-the-job-is-told-to-stop):
+SIGTERM/SIGHUP while tracking ends it ``KILLED`` (:mod:`.signals`), and a forked child that
+leaves the block leaves the parent's run alone (the tracker remembers the pid that started it).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -99,6 +104,9 @@ class Tracker:
         self._input_wait_seen = (0.0, 0)  # the step clock's wait sum and count at last tick
         self._plan_link: PlanLink | None = None
         self._step_offset = 0  # steps the run's series already hold (a resumed job)
+        self._pid = os.getpid()  # the process whose run this is (a forked child's is not)
+        self._killed_by: int | None = None  # the signal that ended tracking
+        self._signals: Any = None
         #: One line when the job fell outside its plan's interval (see ``launch.plan_check``).
         self.plan_check: str | None = None
 
@@ -108,12 +116,32 @@ class Tracker:
         if self._started:
             return self
         self._started = True
+        self._pid = os.getpid()
         try:
             self._start()
         except Exception as exc:
             self._warn("start", "tracking could not start; training goes on untracked: %s", exc)
             self._remove_hooks()
+            return self
+        from mlflow_gpuopt.tracking.signals import StopOnSignal
+
+        # the stop's own bound (flush_timeout_s) and a margin for the summary before it
+        self._signals = StopOnSignal(self._on_signal, self.config.flush_timeout_s + 5.0,
+                                     self._release_active_run)
+        self._signals.install()
         return self
+
+    def _on_signal(self, signum: int) -> None:
+        self._killed_by = signum
+        self.stop()
+
+    def _release_active_run(self) -> None:
+        """Off MLflow's active-run stack of the main thread (the stop ran on another), so that
+        MLflow's own exit handler does not end the run a second time as FINISHED."""
+        if self._binding is not None and self._writer is not None:
+            from mlflow_gpuopt.mlflow_io.run_binding import release_run
+
+            release_run(self._binding)
 
     def step(self, samples: int | None = None, tokens: int | None = None) -> None:
         """Mark the end of one training step by hand (loops without an optimizer, or to give
@@ -140,7 +168,14 @@ class Tracker:
         """
         if not self._started or self._stopped:
             return self.summary
+        if os.getpid() != self._pid:  # a forked child: the run is the parent's to end
+            self._warn("fork", "a forked child process (pid %d) left the tracked block of pid "
+                       "%d; its run is left to that process (nothing ended, logged or "
+                       "journaled here)", os.getpid(), self._pid)
+            return None
         self._stopped = True
+        if self._signals is not None:
+            self._signals.uninstall()
         self._remove_hooks()
         try:
             self._finish()
@@ -382,7 +417,10 @@ class Tracker:
         if self._sampler is not None:
             self._sampler.stop()
         reporter = self._reporter
-        reporter.end(timeout_s=max(30.0, 3 * self.config.interval_s))
+        wait_s = max(30.0, 3 * self.config.interval_s)
+        if self._killed_by is not None:  # every rank is being stopped: a short last round
+            wait_s = min(wait_s, max(1.0, 0.3 * self.config.flush_timeout_s))
+        reporter.end(timeout_s=wait_s)
         self._tick(final=True)  # the end sample, and every step not yet read
         if not self._dist.is_logging_rank:
             self.summary = self._summarize()  # this rank's own view; nothing is logged
@@ -516,7 +554,8 @@ class Tracker:
         binding = self._binding
         end_status = None
         if binding is not None and binding.started_here:
-            end_status = "FAILED" if failed else "FINISHED"
+            end_status = ("KILLED" if self._killed_by is not None
+                          else "FAILED" if failed else "FINISHED")
         if self._writer is not None:
             try:  # delivery and the run's end, bounded by flush_timeout_s; warns itself
                 self._writer.close(timeout_s=self.config.flush_timeout_s, end_status=end_status)
