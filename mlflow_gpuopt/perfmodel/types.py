@@ -214,3 +214,6 @@ class Prediction:
     #: What CUDA can allocate of ``memory_capacity_bytes`` (the datasheet's GB read as GiB,
     #: less the driver's share); None: ``memory_capacity_bytes``.
     memory_usable_bytes: float | None = None
+    #: per step: expert-parallel all-to-all dispatch and combine (within ``exposed_comm_s``;
+    #: 0 without expert parallelism)
+    alltoall_s: float = 0.0
