@@ -2,7 +2,9 @@
 
 Decoder-only language models of the families below, as ``transformers`` builds them
 (``AutoModelForCausalLM.from_config``): Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3
-(gated MLP, RMSNorm), GPT-2, GPT-NeoX, Falcon and Phi (GELU MLP, LayerNorm). The count is
+(gated MLP, RMSNorm), GPT-2, GPT-NeoX, Falcon and Phi (GELU MLP, LayerNorm), and the
+mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE (routed gated experts, a router, Qwen2-MoE's
+gated shared expert; docs/models.md#mixture-of-experts). The count is
 the model's own: embeddings (tied or not), attention with grouped-query key/value heads and
 ``head_dim`` where the config gives it, the MLP (three matrices gated, two not), every norm,
 the biases each family has, learned positions (GPT-2) and the LM head.
@@ -10,7 +12,9 @@ the biases each family has, learned positions (GPT-2) and the LM head.
 FLOPs per sample follow the profile's convention (docs/metrics.md, ``gpuopt.flops_per_sample``:
 model FLOPs, what ``FlopCounterMode`` counts over a step): 6·N·T + 12·L·T²·(heads × head_dim),
 with N the weights of the matrix products: every linear layer and the LM head once (tied or
-not), not the input embedding (a gather) nor norms and biases (element-wise). Sequence length
+not), not the input embedding (a gather) nor norms and biases (element-wise); in a MoE layer
+the router, the ``experts_per_token`` experts a token visits and the shared expert (the
+active weights: memory counts them all). Sequence length
 T is the training one (``--seq-len``), never ``max_position_embeddings``.
 
 Pure: a parsed JSON document in, a ``workload.json`` document out; every problem is a
@@ -29,10 +33,17 @@ from mlflow_gpuopt.validation import BOUNDS
 #: The ``model_type`` values read, by the family whose layout they have.
 GATED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
 GELU_FAMILIES = ("gpt2", "gpt_neox", "falcon", "phi")
-FAMILIES = GATED_FAMILIES + GELU_FAMILIES
+#: Mixtures of experts whose attention is a Llama-layout decoder's.
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+FAMILIES = GATED_FAMILIES + GELU_FAMILIES + MOE_FAMILIES
+#: Families read elsewhere as a mixture of experts, refused with the reason.
+_REFUSED = {"deepseek_v2": "multi-head latent attention (MLA) is not a layout read here",
+            "deepseek_v3": "multi-head latent attention (MLA) is not a layout read here"}
 #: Older spellings of a family's ``model_type``, and ``architectures`` class-name prefixes.
 _TYPE_ALIASES = {"refinedweb": "falcon", "refinedwebmodel": "falcon", "gptneox": "gpt_neox"}
-_ARCH_PREFIXES = (("GPTNeoX", "gpt_neox"), ("GPT2", "gpt2"), ("Gemma2", "gemma2"),
+_ARCH_PREFIXES = (("Mixtral", "mixtral"), ("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"),
+                  ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"),
+                  ("GPTNeoX", "gpt_neox"), ("GPT2", "gpt2"), ("Gemma2", "gemma2"),
                   ("Gemma", "gemma"), ("Qwen3", "qwen3"), ("Qwen2", "qwen2"),
                   ("Phi3", "phi3"), ("Phi", "phi"), ("Mistral", "mistral"),
                   ("Llama", "llama"), ("Falcon", "falcon"), ("RW", "falcon"))
@@ -71,6 +82,46 @@ class DecoderShape:
     lm_head_bias: bool = False
     position_rows: int = 0  # learned absolute position embeddings (GPT-2)
     dropout: float = 0.0  # the largest dropout probability the family applies
+    #: Mixture of experts (0: dense): routed experts per MoE layer, each gated of
+    #: ``expert_ffn_hidden_size``, ``experts_per_token`` of them per token, plus a shared
+    #: expert of ``shared_ffn_hidden_size`` (0: none) behind a sigmoid gate where
+    #: ``shared_expert_gate``; every ``moe_layer_freq``-th layer is a MoE layer.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn_hidden_size: int = 0
+    shared_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
+    moe_layer_freq: int = 1
+
+    @property
+    def moe_layers(self) -> int:
+        """Decoder layers whose MLP is a mixture of experts (layer i when (i+1) % freq == 0)."""
+        return self.num_layers // self.moe_layer_freq if self.num_experts > 1 else 0
+
+    @property
+    def expert_weights(self) -> int:
+        """Weights of one routed expert (gate, up and down projections)."""
+        return 3 * self.hidden_size * self.expert_ffn_hidden_size
+
+    @property
+    def moe_mlp_params(self) -> int:
+        """One MoE layer's MLP: router, every routed expert, the shared expert and its gate."""
+        return (self.num_experts * self.hidden_size + self.num_experts * self.expert_weights
+                + 3 * self.hidden_size * self.shared_ffn_hidden_size
+                + (self.hidden_size if self.shared_expert_gate else 0))
+
+    @property
+    def moe_mlp_active_weights(self) -> int:
+        """The MoE layer's weights one token multiplies: router, top-k experts, shared."""
+        return (self.num_experts * self.hidden_size
+                + self.experts_per_token * self.expert_weights
+                + 3 * self.hidden_size * self.shared_ffn_hidden_size
+                + (self.hidden_size if self.shared_expert_gate else 0))
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Every routed expert of every MoE layer (what expert parallelism shards)."""
+        return self.moe_layers * self.num_experts * self.expert_weights
 
     @property
     def attention_weights(self) -> int:
@@ -85,15 +136,26 @@ class DecoderShape:
         return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden_size
 
     @property
-    def layer_params(self) -> int:
-        """One decoder layer, biases and norms included."""
+    def _attention_block_params(self) -> int:
+        """A layer's attention with its biases, and its norms."""
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         biases = ((q + 2 * kv) if self.qkv_bias else 0) + (self.hidden_size if self.out_bias
                                                            else 0)
+        return self.attention_weights + biases + self.norm_params_per_layer
+
+    @property
+    def layer_params(self) -> int:
+        """One dense decoder layer, biases and norms included."""
+        biases = 0
         if self.mlp_bias:
             biases += (2 if self.gated_mlp else 1) * self.ffn_hidden_size + self.hidden_size
-        return self.attention_weights + self.mlp_weights + biases + self.norm_params_per_layer
+        return self._attention_block_params + self.mlp_weights + biases
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One MoE decoder layer, its experts all counted."""
+        return self._attention_block_params + self.moe_mlp_params
 
     @property
     def embedding_params(self) -> int:
@@ -109,13 +171,23 @@ class DecoderShape:
     @property
     def params(self) -> int:
         """Every parameter, a tied matrix once (``sum(p.numel() for p in model.parameters())``)."""
-        return (self.embedding_params + self.num_layers * self.layer_params
+        dense = self.num_layers - self.moe_layers
+        return (self.embedding_params + dense * self.layer_params
+                + self.moe_layers * self.moe_layer_params
                 + self.final_norm_params + self.lm_head_params)
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token uses: ``params`` less the routed experts it skips."""
+        skipped = self.moe_layers * (self.num_experts - self.experts_per_token)
+        return self.params - skipped * self.expert_weights
 
     @property
     def matmul_weights(self) -> int:
         """N of 6·N·T: the weights every token multiplies, the LM head once, tied or not."""
-        return (self.num_layers * (self.attention_weights + self.mlp_weights)
+        dense = self.num_layers - self.moe_layers
+        return (self.num_layers * self.attention_weights + dense * self.mlp_weights
+                + self.moe_layers * self.moe_mlp_active_weights
                 + self.vocab_size * self.hidden_size)
 
     def flops_per_sample(self, seq_len: int) -> float:
@@ -130,7 +202,8 @@ class DecoderShape:
     def largest_unit_params(self) -> int:
         """The largest FSDP unit when each decoder layer is wrapped on its own (torchtitan's
         and HF accelerate's default): one layer, or the embedding / LM head matrix."""
-        return max(self.layer_params, self.vocab_size * self.hidden_size)
+        layer = self.moe_layer_params if self.moe_layers else self.layer_params
+        return max(layer, self.vocab_size * self.hidden_size)
 
 
 def is_hf_config(doc: Any) -> bool:
@@ -151,6 +224,9 @@ def family_of(doc: Mapping[str, Any], where: str) -> str:
         first = archs[0] if isinstance(archs, list) and archs else None
         name = next((fam for prefix, fam in _ARCH_PREFIXES
                      if isinstance(first, str) and first.startswith(prefix)), repr(first))
+    if name in _REFUSED:
+        raise HfConfigError(f"{where}: model_type {name!r}: {_REFUSED[name]}; write a "
+                            "workload.json (docs/metrics.md) instead")
     if name not in FAMILIES:
         if isinstance(doc.get("text_config"), Mapping):
             raise HfConfigError(f"{where}: model_type {name!r} keeps its language model in "
@@ -237,6 +313,8 @@ def decoder_shape(doc: Mapping[str, Any], where: str = "config.json") -> Decoder
     vocab = _count(doc, ("vocab_size",), where, high=_MAX_VOCAB)
     if family in GATED_FAMILIES:
         return _gated_shape(doc, family, h, layers, heads, vocab, where)
+    if family in MOE_FAMILIES:
+        return _moe_shape(doc, family, h, layers, heads, vocab, where)
     if family == "gpt_neox":
         bias = _flag(doc, "attention_bias", True, where)
         return DecoderShape(
@@ -288,6 +366,42 @@ def _gated_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads
         out_bias=attn_bias and family != "qwen2",
         mlp_bias=family == "llama" and _flag(doc, "mlp_bias", False, where),
         dropout=_probability(doc, dropout_keys, 0.0, where))
+
+
+def _moe_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: int,
+               vocab: int, where: str) -> DecoderShape:
+    """Mixtral (every layer MoE, experts of ``intermediate_size``), Qwen2-MoE (Q/K/V biases,
+    a gated shared expert) and Qwen3-MoE (q/k norms): Llama-layout attention."""
+    base = _gated_shape(doc, "qwen3" if family == "qwen3_moe" else "mistral", h, layers,
+                        heads, vocab, where)
+    if family == "mixtral":
+        experts = _count(doc, ("num_local_experts", "num_experts"), where, default=8)
+        k = _count(doc, ("num_experts_per_tok",), where, default=2, high=experts)
+        width = _count(doc, ("intermediate_size",), where)
+        shared, freq, gate = 0, 1, False
+    else:
+        experts = _count(doc, ("num_experts", "num_local_experts"), where,
+                         default=60 if family == "qwen2_moe"
+                         else 128)
+        k = _count(doc, ("num_experts_per_tok",), where,
+                   default=4 if family == "qwen2_moe" else 8, high=experts)
+        width = _count(doc, ("moe_intermediate_size",), where,
+                       default=1408 if family == "qwen2_moe" else 768)
+        shared = _count(doc, ("shared_expert_intermediate_size",), where, default=5632) \
+            if family == "qwen2_moe" else 0
+        gate = family == "qwen2_moe"
+        freq = _count(doc, ("decoder_sparse_step",), where, default=1, high=layers)
+        if doc.get("mlp_only_layers"):
+            raise HfConfigError(f"{where}: 'mlp_only_layers' (dense layers out of the "
+                                "decoder_sparse_step pattern) is not read here; write a "
+                                "workload.json instead")
+    qkv_bias = family == "qwen2_moe" and _flag(doc, "qkv_bias", True, where)
+    return DecoderShape(**{
+        **base.__dict__, "family": family, "qkv_bias": qkv_bias or base.qkv_bias and
+        family == "qwen3_moe", "out_bias": base.out_bias and family == "qwen3_moe",
+        "mlp_bias": False, "num_experts": experts, "experts_per_token": k,
+        "expert_ffn_hidden_size": width, "shared_ffn_hidden_size": shared,
+        "shared_expert_gate": gate, "moe_layer_freq": freq})
 
 
 def _falcon_shape(doc: Mapping[str, Any], h: int, layers: int, heads: int, vocab: int,
@@ -368,6 +482,20 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
         "vocab_size": shape.vocab_size, "dropout": shape.dropout,
         "largest_layer_params": shape.largest_unit_params,
     }
+    if shape.moe_layers:
+        dense = shape.num_layers - shape.moe_layers
+        active_width = shape.experts_per_token * shape.expert_ffn_hidden_size \
+            + shape.shared_ffn_hidden_size
+        out.update({
+            "num_experts": shape.num_experts, "experts_per_token": shape.experts_per_token,
+            "num_shared_experts": round(shape.shared_ffn_hidden_size
+                                        / shape.expert_ffn_hidden_size),
+            "expert_ffn_hidden_size": shape.expert_ffn_hidden_size,
+            "moe_layer_freq": shape.moe_layer_freq,
+            # the activation formula's MLP width: what one token's MLP holds, per layer
+            "ffn_hidden_size": round((dense * shape.ffn_hidden_size
+                                      + shape.moe_layers * active_width) / shape.num_layers),
+        })
     notes = [
         f"workload from a Hugging Face config.json ({shape.family}): {params / 1e9:.3g} B "
         f"parameters ({'tied' if shape.tied_embeddings else 'untied'} embeddings), "
@@ -376,6 +504,14 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
         f"precision {precision} " + ("(the config's torch_dtype)" if stated else
                                      "(default: the config states no bf16/fp16 torch_dtype)"),
     ]
+    if shape.moe_layers:
+        notes.append(
+            f"mixture of experts: {shape.moe_layers} of {shape.num_layers} layers route each "
+            f"token to {shape.experts_per_token} of {shape.num_experts} experts"
+            + (f" and a shared expert ({shape.shared_ffn_hidden_size} wide)"
+               if shape.shared_ffn_hidden_size else "")
+            + f"; FLOPs from the {shape.active_params / 1e9:.3g} B active parameters "
+            f"(router included), memory from all {params / 1e9:.3g} B")
     if shape.head_dim * shape.num_heads != shape.hidden_size:
         notes.append(f"heads × head_dim ({shape.num_heads} × {shape.head_dim}) is not "
                      f"hidden_size ({shape.hidden_size}): FLOPs count the heads' width, the "

@@ -37,11 +37,12 @@ REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
 
 _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_layers",
              "largest_layer_params", "hidden_size", "num_heads", "num_kv_heads", "vocab_size",
-             "ffn_hidden_size"}
+             "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
+             "expert_ffn_hidden_size", "moe_layer_freq"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
-               "recompute_flops_per_sample"}
+               "recompute_flops_per_sample", "capacity_factor"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel"}
 _BOOL_KEYS = {"tp_comm_overlap"}
@@ -53,6 +54,8 @@ HF_CONFIG_NAMES = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_siz
                    "intermediate_size": "ffn_hidden_size", "vocab_size": "vocab_size"}
 #: Other spellings of workload keys.
 _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_sample",
+                "num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
+                "moe_intermediate_size": "expert_ffn_hidden_size",
                 **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
 _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
@@ -197,6 +200,7 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
         raise WorkloadFileError(f"{where}: {exc}") from None
     _check_words(kwargs, where)
     _check_kv_heads(kwargs, where)
+    _check_moe(kwargs, where)
     if kwargs.get("micro_batch") == 0:
         kwargs.pop("micro_batch")
     if "grad_accum" in kwargs:
@@ -244,6 +248,25 @@ def _check_kv_heads(kwargs: dict[str, Any], where: str) -> None:
     if heads % kv:
         raise WorkloadFileError(f"{where}: 'num_kv_heads' must divide 'num_heads' ({heads}), "
                                 f"got {kv!r}")
+
+
+def _check_moe(kwargs: dict[str, Any], where: str) -> None:
+    """Mixture-of-experts keys: top-k within the routed experts, which it needs; a capacity
+    factor above 0. 0 or 1 experts is a dense model (the expert keys then say nothing)."""
+    experts = kwargs.get("num_experts") or 0
+    k = kwargs.get("experts_per_token")
+    if k is not None and k > 0:
+        if experts < 2:
+            raise WorkloadFileError(f"{where}: 'experts_per_token' needs 'num_experts' (2 or "
+                                    "more routed experts)")
+        if k > experts:
+            raise WorkloadFileError(f"{where}: 'experts_per_token' ({k}) must be at most "
+                                    f"'num_experts' ({experts})")
+    if kwargs.get("capacity_factor") == 0:
+        raise WorkloadFileError(f"{where}: 'capacity_factor' must be above 0 (1.0: each "
+                                "expert takes its even share of tokens)")
+    if kwargs.get("moe_layer_freq") == 0:
+        kwargs.pop("moe_layer_freq")
 
 
 def _strategy(text: str) -> str:

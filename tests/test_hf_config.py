@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from mlflow_gpuopt.hf_config import FAMILIES, HfConfigError, decoder_shape, is_hf_config
+from mlflow_gpuopt.hf_config import (FAMILIES, MOE_FAMILIES, HfConfigError, decoder_shape,
+                                     is_hf_config)
 from mlflow_gpuopt.workload_files import WorkloadFileError, load_workload, read_workload
 
 # The shapes of published checkpoints, as their config.json on the Hugging Face Hub states
@@ -169,7 +170,10 @@ def test_bad_configs_are_one_line(tmp_path):
     assert "parameters" in _bad(tmp_path, {**llama, "num_hidden_layers": 90000,
                                            "hidden_size": 10**6, "intermediate_size": 10**6,
                                            "num_attention_heads": 8})
-    assert "not a family" in _bad(tmp_path, {**llama, "model_type": "mixtral"})
+    assert "not a family" in _bad(tmp_path, {**llama, "model_type": "jamba"})
+    assert "latent attention" in _bad(tmp_path, {**llama, "model_type": "deepseek_v3"})
+    assert "mlp_only_layers" in _bad(tmp_path, {**llama, "model_type": "qwen2_moe",
+                                                "mlp_only_layers": [0]})
     assert "text_config" in _bad(tmp_path, {"model_type": "gemma3", "text_config": {}})
     assert "true or false" in _bad(tmp_path, {**llama, "tie_word_embeddings": "no"})
     assert "probability" in _bad(tmp_path, {**llama, "attention_dropout": 1.5})
@@ -229,6 +233,15 @@ TINY = {  # every family, scaled down (GQA, head_dim, qk norms, new Falcon, bias
     "gpt_neox": dict(intermediate_size=256),
     "falcon": dict(num_kv_heads=2, new_decoder_architecture=True),
     "phi": dict(intermediate_size=256, num_key_value_heads=2),
+    # mixtures of experts: top-k of E routed experts, Qwen2-MoE's gated shared expert and a
+    # dense layer every other one (decoder_sparse_step 2)
+    "mixtral": dict(num_key_value_heads=2, intermediate_size=48, num_local_experts=4,
+                    num_experts_per_tok=2),
+    "qwen2_moe": dict(num_key_value_heads=2, intermediate_size=96, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64, num_experts=6,
+                      num_experts_per_tok=2, decoder_sparse_step=2),
+    "qwen3_moe": dict(num_key_value_heads=2, head_dim=32, intermediate_size=96,
+                      moe_intermediate_size=24, num_experts=8, num_experts_per_tok=3),
 }
 
 
@@ -244,7 +257,10 @@ def test_params_and_flops_equal_transformers_and_the_flop_counter(family):
                                             num_attention_heads=4)
     kwargs = {**base, "vocab_size": 128, **TINY[family]}
     config = transformers.AutoConfig.for_model(family, **kwargs)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    # MoE experts in the per-expert loop: FlopCounterMode does not count grouped GEMMs
+    experts = {"experts_implementation": "eager"} if family in MOE_FAMILIES else {}
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                          **experts)
     shape = decoder_shape({"model_type": family, **config.to_dict()})
     assert shape.params == sum(p.numel() for p in model.parameters())
     seq, batch = 16, 2

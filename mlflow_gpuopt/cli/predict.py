@@ -283,9 +283,10 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         raise UsageError("--activation-checkpointing means --recompute full; give one of them")
     strategy = strategy or workload.strategy
     dp_strategy, tp, pp = parse_strategy(strategy or ("single" if gpus == 1 else "ddp"))
-    from mlflow_gpuopt.perfmodel.layout import parse_layout
+    from mlflow_gpuopt.perfmodel.layout import expert_degree, parse_layout
 
     vp = virtual_stages or parse_layout(strategy or "ddp")[3]
+    ep = expert_degree(strategy or "ddp")
     if tp == 0:
         tp = per_node
     if pp == 0:
@@ -314,7 +315,8 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         if target in hardware:
             hardware[target] = power_capped(hardware[target], power_limit_w, tdp)
     config = ParallelConfig(
-        gpus_per_node=per_node, nodes=nodes, strategy=dp_strategy,
+        gpus_per_node=per_node, nodes=nodes,
+        strategy=dp_strategy if ep == 1 else f"{dp_strategy}xep{ep}",
         micro_batch=micro_batch or workload.micro_batch,
         grad_accum=grad_accum or workload.grad_accum or 1,
         precision=precision or workload.precision,
@@ -346,7 +348,7 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
                    "optimizer_bytes": m.optimizer_bytes, "activations_bytes": m.activations_bytes,
                    "workspace_bytes": m.workspace_bytes},
         "time_breakdown": {"compute_s": p.compute_s, "exposed_comm_s": p.exposed_comm_s,
-                           "bubble_s": p.bubble_s},
+                           "bubble_s": p.bubble_s, "alltoall_s": p.alltoall_s},
         "observations_used": len(observations), "run_ids": list(run_ids),
         "assumptions": [*input_notes, *p.assumptions], "network": network.as_dict(),
         "instance_type": offer.instance_type if offer is not None else None,

@@ -172,6 +172,24 @@ def tp_allreduce_s(num_layers: int, micro_batch: float, seq_len: float, hidden: 
     return 4.0 * num_layers * ring_allreduce_s(nbytes, tp, bw, INTRA_NODE_LATENCY_S)
 
 
+def alltoall_s(nbytes: float, ranks: int, ranks_in_node: int, hardware: Hardware) -> float:
+    """One all-to-all in which each of ``ranks`` GPUs sends ``nbytes`` in all, an equal part
+    to every other rank: the parts for the ``ranks_in_node − 1`` peers in its node go over
+    NVLink-class links, the rest over the node's network (each GPU its NIC share), both at
+    once; the slower sets the time, plus one latency per peer group. Expert parallelism's
+    dispatch and combine (docs/models.md#mixture-of-experts)."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    local = max(1, min(ranks, ranks_in_node))
+    part = nbytes / (ranks - 1)
+    intra = part * (local - 1) / (hardware.intra_node_bytes_per_s
+                                  * intra_bus_efficiency(hardware))
+    if local == ranks:
+        return INTRA_NODE_LATENCY_S + intra
+    inter = part * (ranks - local) / nic_bytes_per_s_per_gpu(hardware)
+    return INTER_NODE_LATENCY_S + max(intra, inter)
+
+
 def tp_exposed_s(t_tp: float, t_compute: float, tp: int, overlap: bool | None) -> float:
     """Seconds a micro-step's tensor-parallel communication ``t_tp`` adds next to ``t_compute``
     seconds of its GEMMs.

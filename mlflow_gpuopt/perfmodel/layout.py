@@ -14,11 +14,10 @@ from mlflow_gpuopt.perfmodel.types import STRATEGIES, Hardware, ParallelConfig
 #: Data-parallel flavours; ``tp``/``pp`` mean "model parallel, replicas (if any) use DDP".
 DP_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 SHARDED_PARAMS = frozenset({"zero3", "fsdp"})
-_PART = re.compile(r"^(tp|pp|vp|dp)(\d*)$")
+_PART = re.compile(r"^(tp|pp|vp|dp|ep)(\d*)$")
 _SEPARATORS = re.compile(r"[x×+,*]")
 
 
-@functools.lru_cache(maxsize=256)  # pure; the recommender asks thousands of times
 def parse_layout(text: str) -> tuple[str, int, int, int, int]:
     """``(strategy, tp, pp, vp, dp)`` from a strategy string as ``--strategy`` takes it:
     ``ddp``, ``zero2``, ``tp``, ``tp4``, ``pp2``, ``tp2xpp2``, ``tp8xpp12xddp``,
@@ -28,26 +27,40 @@ def parse_layout(text: str) -> tuple[str, int, int, int, int]:
     degrees are given: their replicas use DDP). A degree of 0 (``tp`` or ``pp`` without a
     number) means "fill the node" / "fill the job"; absent degrees are 1. ``vp`` is the number
     of virtual stages of an interleaved pipeline schedule; ``dp`` with a number is the
-    data-parallel degree the layout must come to (0 when not given).
+    data-parallel degree the layout must come to (0 when not given). An ``epN`` part (expert
+    parallelism, :func:`expert_degree`) is accepted and left out of the tuple.
     """
+    return _parse(text)[:5]
+
+
+def expert_degree(text: str) -> int:
+    """The expert-parallel degree ``epN`` of a strategy string (``ep8xfsdp``,
+    ``tp2xep8xfsdp``); 1 when it has none (docs/models.md#mixture-of-experts)."""
+    return _parse(text)[5]
+
+
+@functools.lru_cache(maxsize=256)  # pure; the recommender asks thousands of times
+def _parse(text: str) -> tuple[str, int, int, int, int, int]:
     parts = [p for p in _SEPARATORS.split(str(text).strip().lower()) if p]
     if not parts:
         raise PerfModelError(f"empty strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, "
                              "tp, pp or e.g. tp2xpp2xddp")
-    dp_name, tp, pp, vp, dp = None, 1, 1, 1, 0
+    dp_name, tp, pp, vp, dp, ep = None, 1, 1, 1, 0, 1
     seen: dict[str, str] = {}  # kind of part -> the part, so none is given twice
     for part in parts:
         m = None if part in DP_STRATEGIES else _PART.match(part)
         if part not in DP_STRATEGIES and not m:
             raise PerfModelError(
                 f"unknown strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, tp, pp, "
-                "or a combination such as tp2xpp2xddp (vpN: interleaved virtual stages)")
-        kind_name = {"tp": "tensor-parallel", "pp": "pipeline", "vp": "virtual-stage"}.get(
+                "or a combination such as tp2xpp2xddp (vpN: interleaved virtual stages, "
+                "epN: expert parallel)")
+        kind_name = {"tp": "tensor-parallel", "pp": "pipeline", "vp": "virtual-stage",
+                     "ep": "expert-parallel"}.get(
             m.group(1) if m else "", "data-parallel")
         if kind_name in seen:
             raise PerfModelError(
                 f"strategy {text!r} gives the {kind_name} part twice ({seen[kind_name]} and "
-                f"{part}); give each of data-parallel, tp, pp and vp at most once")
+                f"{part}); give each of data-parallel, tp, pp, vp and ep at most once")
         seen[kind_name] = part
         if m is None:
             dp_name = part
@@ -60,13 +73,18 @@ def parse_layout(text: str) -> tuple[str, int, int, int, int]:
             tp = degree
         elif kind == "pp":
             pp = degree
+        elif kind == "ep":
+            if degree < 1:
+                raise PerfModelError(f"strategy {text!r}: ep needs a number of expert-parallel "
+                                     "ranks (ep8)")
+            ep = degree
         else:
             if degree < 1:
                 raise PerfModelError(f"strategy {text!r}: vp needs a number of virtual stages")
             vp = degree
     if dp_name is None:
         dp_name = "tp" if tp != 1 and pp == 1 else ("pp" if pp != 1 else "ddp")
-    return dp_name, tp, pp, vp, dp
+    return dp_name, tp, pp, vp, dp, ep
 
 
 def is_strategy(text: str) -> bool:
@@ -90,6 +108,10 @@ class Layout:
     dp_spans_nodes: bool
     pp_spans_nodes: bool
     vp: int = 1  # virtual stages per pipeline stage (interleaved schedule)
+    #: expert-parallel degree: each MoE layer's experts split over ``ep`` ranks of the
+    #: data-parallel group (Megatron's expert-model-parallel group); divides ``dp``
+    ep: int = 1
+    ep_spans_nodes: bool = False  # the expert-parallel group crosses a node boundary
 
     def gpus_total(self) -> int:
         """GPUs in the job: ``tp × pp × dp``."""
@@ -109,7 +131,7 @@ def resolve_layout(config: ParallelConfig) -> Layout:
     (:func:`parse_layout`), whose degrees apply where ``config.tp``/``pp`` are left at 1.
     ``tp`` without a degree uses the whole node, and ``pp`` without one puts one stage on every
     GPU left after tensor parallel."""
-    name, tp_s, pp_s, vp_s, dp_s = parse_layout(config.strategy)
+    name, tp_s, pp_s, vp_s, dp_s, ep = _parse(config.strategy)
     if name not in STRATEGIES:
         raise PerfModelError(
             f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
@@ -140,12 +162,17 @@ def resolve_layout(config: ParallelConfig) -> Layout:
             raise PerfModelError(f"strategy 'single' runs on 1 GPU, not {gpus}; use ddp")
     elif dp == 1 and dp_strategy == "ddp" and tp * pp == 1:
         dp_strategy = "single"
+    if dp % ep:
+        raise PerfModelError(f"strategy {config.strategy!r}: expert-parallel ep{ep} must divide "
+                             f"the data-parallel degree {dp} (the expert-parallel ranks are "
+                             "data-parallel ranks, as in Megatron)")
     per_node_shards = tp * pp
     dp_in_node = max(1, g // per_node_shards) if per_node_shards <= g else 1
     return Layout(tp=tp, pp=pp, dp=dp, dp_strategy=dp_strategy,
                   dp_ranks_per_node=min(dp, dp_in_node),
                   dp_spans_nodes=config.nodes > 1 and dp > dp_in_node,
-                  pp_spans_nodes=config.nodes > 1 and tp * pp > g, vp=vp)
+                  pp_spans_nodes=config.nodes > 1 and tp * pp > g, vp=vp, ep=ep,
+                  ep_spans_nodes=config.nodes > 1 and ep > dp_in_node)
 
 
 def validate_config(config: ParallelConfig, hardware: Hardware) -> None:

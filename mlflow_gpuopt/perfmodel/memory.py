@@ -69,6 +69,7 @@ from mlflow_gpuopt.perfmodel.activations import (
 )
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
+from mlflow_gpuopt.perfmodel.moe import routed_expert_params
 from mlflow_gpuopt.perfmodel.precision import ELEMENT_BYTES, is_mixed, normalize_precision
 from mlflow_gpuopt.perfmodel.shape import Shape, model_shape
 from mlflow_gpuopt.perfmodel.types import MemoryBreakdown, ParallelConfig, Workload
@@ -370,8 +371,16 @@ def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
     k, _ = optimizer_state_bytes_per_param(workload)
     share = trainable_share(workload)
     params, big = workload.params / shards, shape.largest_layer_params / layout.tp
-    w, g, o = model_states_bytes(params, precision, layout.dp_strategy, layout.dp, k, big,
-                                 share, frozen_weight_bytes(workload, precision))
+    frozen = frozen_weight_bytes(workload, precision)
+    experts = routed_expert_params(workload) / shards if layout.ep > 1 else 0.0
+    w, g, o = model_states_bytes(params - experts, precision, layout.dp_strategy, layout.dp,
+                                 k, big, share, frozen)
+    if experts:
+        # Each expert-parallel rank holds 1/ep of the experts, replicated (or sharded) over
+        # the dp/ep ranks holding the same ones (Megatron's expert data-parallel group)
+        we, ge, oe = model_states_bytes(experts / layout.ep, precision, layout.dp_strategy,
+                                        layout.dp // layout.ep, k, 0.0, share, frozen)
+        w, g, o = w + we, g + ge, o + oe
     m = micro_batch if micro_batch is not None else (config.micro_batch or workload.micro_batch
                                                      or 1)
     act = activation_scale * _activations(workload, config, layout, precision, m, shape)

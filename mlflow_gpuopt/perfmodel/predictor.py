@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from mlflow_gpuopt.perfmodel import moe
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
     GENERATION_MFU,
@@ -237,6 +238,7 @@ class Predictor:
                  ) -> tuple[Layout, str, int]:
         validate_config(config, hardware)
         layout = resolve_layout(config)
+        moe.check_experts(self.workload, layout)
         precision = normalize_precision(config.precision or self.workload.precision)
         m = config.micro_batch or self.workload.micro_batch
         if not m:
@@ -317,6 +319,7 @@ class Predictor:
             notes += self._operator_notes(key, hardware)
         tokens = self.workload.tokens_per_sample
         notes += self._shape_notes(layout, recompute == "full")
+        notes += moe.notes(self.workload, layout, terms.alltoall_s)
         return Prediction(
             gpu=hardware.gpu, config=config, throughput_samples_per_s=throughput,
             low=low, high=high, log_sigma=sigma, step_time_s=terms.step_s,
@@ -327,7 +330,7 @@ class Predictor:
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"),
-            p_fits=chance, memory_usable_bytes=usable)
+            p_fits=chance, memory_usable_bytes=usable, alltoall_s=terms.alltoall_s)
 
     def _operator_notes(self, key: Key, hardware: Hardware) -> tuple[str, ...]:
         """The operator classes that move a calibration carried to ``key`` from the measured

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlflow_gpuopt.perfmodel import comm
+from mlflow_gpuopt.perfmodel import comm, moe
 from mlflow_gpuopt.perfmodel.compute import (
     kernel_count,
     latency_time_s,
@@ -71,6 +71,9 @@ class StepTerms:
     exposed_comm_s: float
     bubble_s: float
     samples_per_step: float
+    #: per step: expert-parallel all-to-alls (dispatch and combine; not overlapped), within
+    #: ``exposed_comm_s``
+    alltoall_s: float = 0.0
 
 
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
@@ -85,7 +88,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     shards = tp * pp
     s = max(1, int(grad_accum))
-    params_shard = workload.params / shards
+    params_shard = moe.params_per_shard(workload, layout)  # experts also split by ep
     k = calib.compute_scale
     kr = k * calib.fixed_scale
     # Each pipeline stage's process dispatches its own layers' kernels; tensor parallelism
@@ -116,7 +119,11 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
     t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
-    t_micro = t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap)
+    t_a2a = kappa * moe.alltoall_s(workload, layout, hardware, micro_batch, shape.seq_len,
+                                   act_bytes)
+    if full_recompute:
+        t_a2a *= 1.5  # the forward's dispatch and combine again
+    t_micro = t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap) + t_a2a
     t_straggle = comm.sync_overhead_s(t_micro, dp)  # a prior share, not fitted
 
     bubble = 0.0
@@ -136,4 +143,4 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     compute = s * t_grad + t_opt
     exposed = max(0.0, step - compute - bubble)
     return StepTerms(step_s=step, compute_s=compute, exposed_comm_s=exposed, bubble_s=bubble,
-                     samples_per_step=micro_batch * s * dp)
+                     samples_per_step=micro_batch * s * dp, alltoall_s=s * t_a2a)

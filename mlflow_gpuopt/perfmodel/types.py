@@ -72,6 +72,18 @@ class Workload:
     #: Storage of the frozen weights (``params − trainable_params``): "bf16", "fp32", "int8",
     #: "nf4" (4-bit QLoRA base)...; None: the compute precision's element.
     frozen_precision: str | None = None
+    #: Mixture of experts (docs/models.md#mixture-of-experts): routed experts per MoE layer
+    #: (None or 1: a dense model). ``params`` counts every expert, ``flops_per_sample`` the
+    #: active ones (``experts_per_token`` of them, the shared experts and the router).
+    num_experts: int | None = None
+    experts_per_token: int | None = None  # top-k: routed experts each token visits
+    num_shared_experts: int | None = None  # experts every token visits (Qwen-MoE, DeepSeek)
+    expert_ffn_hidden_size: int | None = None  # one expert's MLP inner width
+    #: every n-th decoder layer is a MoE layer (1: all; 2: every other); None: 1
+    moe_layer_freq: int | None = None
+    #: tokens an expert takes, over its even share (Switch/GShard); None: dropless, planned
+    #: at 1.0 (no imbalance)
+    capacity_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -202,3 +214,6 @@ class Prediction:
     #: What CUDA can allocate of ``memory_capacity_bytes`` (the datasheet's GB read as GiB,
     #: less the driver's share); None: ``memory_capacity_bytes``.
     memory_usable_bytes: float | None = None
+    #: per step: expert-parallel all-to-all dispatch and combine (within ``exposed_comm_s``;
+    #: 0 without expert parallelism)
+    alltoall_s: float = 0.0

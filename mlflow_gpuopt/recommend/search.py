@@ -17,7 +17,11 @@ The search is pruned so the whole catalog takes well under half a second:
   sequence) is known also get compound layouts: tensor parallel inside a
   node (2, 4, 8) × pipeline stages (powers of two, at most one per layer) × data-parallel
   replicas with ZeRO-1 (Megatron's distributed optimizer) or FSDP. Context parallelism is not
-  searched: the step-time and memory models have no term for it.
+  searched: the step-time and memory models have no term for it;
+* mixtures of experts (``num_experts`` of 2 or more) also get each data-parallel shape with
+  expert parallelism (``fsdpxep8``): every power-of-two ``ep`` from 2 that divides the
+  data-parallel degree and the experts, tried whatever fitted before it (the experts it
+  shards and the all-to-all it costs are what the search weighs).
 
 What makes it quick (the answer is the same as evaluating every offer on its own, which
 ``recommend(..., exhaustive=True)`` does and the tests compare against):
@@ -174,7 +178,8 @@ def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
 
 
 def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
-            num_layers: int | None = None) -> list[tuple[str, int, int]]:
+            num_layers: int | None = None, num_experts: int | None = None
+            ) -> list[tuple[str, int, int]]:
     """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs; with
     ``compound``, also tensor × pipeline × data-parallel layouts (module docstring)."""
     per_node = offer.gpu_count
@@ -193,7 +198,27 @@ def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
         shapes.append(("pp", 1, per_node))
     if compound:
         shapes += _compound_shapes(per_node, total, fast_link, num_layers, set(shapes))
+    if num_experts and num_experts > 1:
+        shapes += _expert_shapes(shapes, total, num_experts)
     return shapes
+
+
+def _expert_shapes(shapes: list[tuple[str, int, int]], total: int, num_experts: int
+                   ) -> list[tuple[str, int, int]]:
+    """Each data-parallel shape again with ``epN`` (powers of two from 2 dividing its
+    data-parallel degree and the experts; Megatron takes the expert group from the
+    data-parallel ranks)."""
+    out = []
+    for strategy, tp, pp in shapes:
+        if strategy not in _DATA_PARALLEL_LADDER:
+            continue
+        dp = total // (tp * pp)
+        ep = 2
+        while ep <= dp:
+            if dp % ep == 0 and num_experts % ep == 0:
+                out.append((f"{strategy}xep{ep}", tp, pp))
+            ep *= 2
+    return out
 
 
 def _compound_shapes(per_node: int, total: int, fast_link: bool, num_layers: int | None,
@@ -400,6 +425,9 @@ class _Search:
         # Pipeline stages need the layer count, tensor parallel's all-reduces the hidden size
         # and sequence: without them the model's terms for those layouts are guesses.
         compound = large and bool(w.num_layers and w.hidden_size and w.tokens_per_sample)
+        # expert parallelism needs the all-to-all's volume: layers and hidden size
+        ep_experts = w.num_experts if (w.num_experts or 0) > 1 and w.num_layers \
+            and w.hidden_size and w.tokens_per_sample else None
         out = []
         for precision in self.precisions(spec):
             steps: list[_Step] = []
@@ -413,11 +441,14 @@ class _Search:
                 best_mb = 0
                 model_best_mb: dict[tuple[int, int], int] = {}
                 for strategy, tp, pp in _shapes(offer, nodes, compound=compound,
-                                                num_layers=self.workload.num_layers):
+                                                num_layers=self.workload.num_layers,
+                                                num_experts=ep_experts):
                     ladder = strategy in _DATA_PARALLEL_LADDER and tp * pp == 1
+                    experts = "xep" in strategy
                     if ladder and data_parallel_fit_full_batch:
                         continue
-                    if not ladder and strategy != "single" and not (large or not any_dp_fit):
+                    if not (ladder or experts) and strategy != "single" \
+                            and not (large or not any_dp_fit):
                         continue
                     if ladder:
                         must_beat = best_mb

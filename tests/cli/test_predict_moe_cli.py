@@ -1,0 +1,76 @@
+"""`predict` on a Mixtral-8x7B-shaped config.json with expert parallelism: the all-to-all
+in the JSON breakdown, the active-parameter FLOPs in the assumptions, bad ep degrees as one
+line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mlflow_gpuopt.cli import gpuopt
+
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+           "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+           "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+           "num_experts_per_tok": 2, "vocab_size": 32000, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16"}
+
+
+@pytest.fixture()
+def config(tmp_path):
+    path = tmp_path / "mixtral" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(MIXTRAL))
+    return str(path)
+
+
+def _predict(config, strategy, *extra):
+    return CliRunner().invoke(gpuopt, ["predict", "--workload", config, "--seq-len", "4096",
+                                       "--gpu", "H100", "--gpus", "8", "--strategy", strategy,
+                                       "--micro-batch", "1", *extra])
+
+
+def test_ep8_shows_the_alltoall_and_the_active_flops(config):
+    r = _predict(config, "ep8xfsdp", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    t = out["time_breakdown"]
+    # 4 all-to-alls × 32 layers of 4096 tokens × 4096 × top-2 × 2 bytes × 7/8 over NVLink
+    # (450 GB/s at 0.75 bus efficiency): ~22 ms, within the exposed communication
+    one = 5e-6 + 4096 * 4096 * 2 * 2 * 7 / 8 / (450e9 * 0.75)
+    assert t["alltoall_s"] == pytest.approx(4 * 32 * one, rel=0.01)
+    assert 0 < t["alltoall_s"] <= t["exposed_comm_s"]
+    words = " ".join(out["assumptions"])
+    assert "12.9 B active parameters" in words and "46.7 B" in words
+    assert "expert parallel ep8" in words and "all-to-alls" in words
+    dense = json.loads(_predict(config, "fsdp", "--json").output)
+    assert dense["time_breakdown"]["alltoall_s"] == 0
+
+
+def test_ep8_text_output_names_the_alltoall(config):
+    r = _predict(config, "ep8xfsdp")
+    assert r.exit_code == 0, r.output
+    assert "expert parallel ep8" in r.output and "inside a node" in r.output
+
+
+@pytest.mark.parametrize("strategy, words", [
+    ("ep3xfsdp", "must divide the data-parallel degree 8"),
+    ("tp4xep4xfsdp", "must divide the data-parallel degree 2"),
+    ("ep", "ep needs a number"),
+])
+def test_bad_ep_is_one_line_and_exit_2(config, strategy, words):
+    r = _predict(config, strategy)
+    assert r.exit_code == 2, r.output
+    assert words in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_ep_on_a_dense_model_is_one_line(tmp_path):
+    dense = {k: v for k, v in MIXTRAL.items() if "expert" not in k}
+    dense.update(model_type="mistral", architectures=["MistralForCausalLM"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dense))
+    r = _predict(str(path), "ep8xfsdp")
+    assert r.exit_code == 2 and "mixture-of-experts workload" in r.output

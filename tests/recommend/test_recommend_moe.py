@@ -1,0 +1,49 @@
+"""recommend searches expert parallelism for a mixture of experts: the ep shapes it
+enumerates, and the plan it picks for a Mixtral-8x7B-shaped config.json through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from recommend_helpers import OFFERS
+
+from mlflow_gpuopt.cli import gpuopt
+from mlflow_gpuopt.recommend.search import _shapes
+
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+           "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+           "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+           "num_experts_per_tok": 2, "vocab_size": 32000, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16"}
+
+
+def _eight_gpu_offer():
+    return next(o for o in OFFERS if o.gpu_count == 8)
+
+
+def test_ep_shapes_divide_the_data_parallel_degree_and_the_experts():
+    offer = _eight_gpu_offer()
+    dense = _shapes(offer, 1)
+    assert not any("xep" in s for s, _, _ in dense)
+    eight = {s for s, tp, pp in _shapes(offer, 1, num_experts=8) if "xep" in s}
+    assert eight == {f"{dp}xep{ep}" for dp in ("ddp", "zero1", "zero2", "fsdp")
+                     for ep in (2, 4, 8)}
+    six = {s for s, _, _ in _shapes(offer, 1, num_experts=6) if "xep" in s}
+    assert six == {f"{dp}xep2" for dp in ("ddp", "zero1", "zero2", "fsdp")}
+    # two nodes: dp 16, but 8 experts cap ep at 8
+    two = {s for s, _, _ in _shapes(offer, 2, num_experts=8) if "xep" in s}
+    assert "fsdpxep8" in two and "fsdpxep16" not in two
+
+
+def test_mixtral_is_recommended_with_expert_parallelism(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(MIXTRAL))
+    r = CliRunner().invoke(gpuopt, ["recommend", "--workload", str(path), "--seq-len", "4096",
+                                    "--tokens", "10B", "--deadline", "30d",
+                                    "--global-batch", "256", "--provider", "aws", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    strategies = [c["strategy"] for c in out["candidates"]]
+    assert any("xep" in s for s in strategies), strategies
+    assert "xep" in out["winner"]["strategy"]

@@ -1,0 +1,130 @@
+"""Mixture-of-experts config.json files as workloads: total and active parameters against the
+published counts and against ``transformers`` building the full-size model, the workload's
+expert keys, and the workload.json checks of those keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlflow_gpuopt.hf_config import decoder_shape
+from mlflow_gpuopt.workload_files import WorkloadFileError, load_workload, read_workload
+
+# config.json of published checkpoints (the keys the layout depends on), with the total and
+# active parameter counts their model cards publish.
+PUBLISHED = {
+    "Mixtral-8x7B-v0.1": ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                           "hidden_size": 4096, "intermediate_size": 14336,
+                           "num_attention_heads": 32, "num_hidden_layers": 32,
+                           "num_key_value_heads": 8, "num_local_experts": 8,
+                           "num_experts_per_tok": 2, "vocab_size": 32000,
+                           "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+                          46.7e9, 12.9e9),
+    "Qwen1.5-MoE-A2.7B": ({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                           "hidden_size": 2048, "intermediate_size": 5632,
+                           "moe_intermediate_size": 1408,
+                           "shared_expert_intermediate_size": 5632,
+                           "num_attention_heads": 16, "num_hidden_layers": 24,
+                           "num_key_value_heads": 16, "num_experts": 60,
+                           "num_experts_per_tok": 4, "decoder_sparse_step": 1,
+                           "vocab_size": 151936, "tie_word_embeddings": False,
+                           "torch_dtype": "bfloat16"}, 14.3e9, 2.7e9),
+    "Qwen3-30B-A3B": ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                       "hidden_size": 2048, "intermediate_size": 6144,
+                       "moe_intermediate_size": 768, "head_dim": 128,
+                       "num_attention_heads": 32, "num_hidden_layers": 48,
+                       "num_key_value_heads": 4, "num_experts": 128,
+                       "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+                       "vocab_size": 151936, "tie_word_embeddings": False,
+                       "torch_dtype": "bfloat16"}, 30.5e9, None),  # "3.3B activated":
+    # the card's one-decimal figure of 3.35 B (1.6 % away); the tiny Qwen3-MoE FLOPs test in
+    # test_hf_config.py checks the active weights exactly instead
+}
+
+
+def _write(tmp_path, doc, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_total_and_active_params_match_the_published_counts(name):
+    doc, total, active = PUBLISHED[name]
+    shape = decoder_shape(doc)
+    assert shape.params == pytest.approx(total, rel=0.01)
+    if active is not None:
+        assert shape.active_params == pytest.approx(active, rel=0.01)
+
+
+def test_mixtral_workload_flops_are_the_active_weights_and_memory_all_of_them(tmp_path):
+    doc, _, _ = PUBLISHED["Mixtral-8x7B-v0.1"]
+    read = read_workload(_write(tmp_path, doc), seq_len=4096)
+    w = read.workload
+    h, f, kv, layers, vocab, t, e, k = 4096, 14336, 8 * 128, 32, 32000, 4096, 8, 2
+    # by hand: attention, the router (h × E), k experts of three h × f matrices, the LM head
+    n_active = layers * (2 * h * h + 2 * h * kv + e * h + k * 3 * h * f) + vocab * h
+    assert w.flops_per_sample == 6 * n_active * t + 12 * layers * t * t * h
+    all_params = (2 * vocab * h + h + layers * (2 * h * h + 2 * h * kv + 2 * h + e * h
+                                               + e * 3 * h * f))
+    assert w.params == all_params == w.trainable_params
+    assert (w.num_experts, w.experts_per_token, w.num_shared_experts) == (8, 2, 0)
+    assert (w.expert_ffn_hidden_size, w.moe_layer_freq) == (f, 1)
+    assert w.ffn_hidden_size == k * f  # what one token's MLP holds, for activations
+    assert any("active parameters" in n for n in read.notes)
+
+
+def test_qwen_moe_shared_experts_and_sparse_step(tmp_path):
+    doc, _, _ = PUBLISHED["Qwen1.5-MoE-A2.7B"]
+    w = read_workload(_write(tmp_path, doc), seq_len=2048).workload
+    assert (w.num_experts, w.experts_per_token, w.num_shared_experts) == (60, 4, 4)
+    every_other = {**doc, "decoder_sparse_step": 2}
+    dense = decoder_shape(every_other)
+    assert dense.moe_layers == 12
+    # 12 layers trade 60 experts, router, shared expert and gate for one dense MLP
+    h = 2048
+    moe_mlp = 60 * h + 60 * 3 * h * 1408 + 3 * h * 5632 + h
+    assert decoder_shape(doc).params - dense.params == 12 * (moe_mlp - 3 * h * 5632)
+
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_params_equal_what_transformers_builds_at_full_size(name):
+    doc, _, _ = PUBLISHED[name]
+    kwargs = {k: v for k, v in doc.items() if k not in ("architectures", "model_type")}
+    config = transformers.AutoConfig.for_model(doc["model_type"], **kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert decoder_shape(doc).params == sum(p.numel() for p in model.parameters())
+
+
+def _base():
+    return {"params": 46_700_000_000, "flops_per_sample": 3.2e14, "precision": "bf16",
+            "num_layers": 32, "hidden_size": 4096}
+
+
+def test_workload_file_expert_keys_and_hf_spellings(tmp_path):
+    w = load_workload(_write(tmp_path, {**_base(), "num_local_experts": 8,
+                                        "num_experts_per_tok": 2,
+                                        "moe_intermediate_size": 14336,
+                                        "capacity_factor": 1.25}, "w.json"))
+    assert (w.num_experts, w.experts_per_token, w.expert_ffn_hidden_size) == (8, 2, 14336)
+    assert w.capacity_factor == 1.25
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"experts_per_token": 2}, "needs 'num_experts'"),
+    ({"num_experts": 8, "experts_per_token": 9}, "at most 'num_experts'"),
+    ({"num_experts": 8, "capacity_factor": 0}, "above 0"),
+    ({"num_experts": "eight"}, "must be a number"),
+])
+def test_bad_expert_keys_are_one_line(tmp_path, extra, words):
+    path = _write(tmp_path, {**_base(), **extra}, "w.json")
+    with pytest.raises(WorkloadFileError) as info:
+        load_workload(path)
+    assert words in str(info.value) and "\n" not in str(info.value)
+    assert str(path) in str(info.value)
