@@ -18,10 +18,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_gpuopt.errors import InputError
+
 __all__ = ["BOUNDS", "Bound", "OutOfRangeError", "check", "short_repr"]
 
 
-class OutOfRangeError(ValueError):
+class OutOfRangeError(InputError):
     """A value no real workload has; the message is one line naming it and the range."""
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.advice.types import RunFacts
-from mlflow_gpuopt.mlflow_io.runs import RunInputError, _int, _read_profile, get_run
+from mlflow_gpuopt.mlflow_io.runs import RunInputError, RunRecord, _int, _read_profile, get_run
 
 
 def _metric(metrics: Mapping[str, float], name: str) -> float | None:
@@ -46,10 +46,18 @@ def load_run_facts(run_id: str, client: Any = None) -> RunFacts:
 
         client = MlflowClient()
     run = get_run(client, run_id)
-    params, metrics = dict(run.data.params), dict(run.data.metrics)
+    params = dict(run.data.params)
     if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
         raise RunInputError(f"run {run_id} has no gpuopt data; run it under gpuopt.track()")
-    profile = _read_profile(client, run) or {}
+    return facts_from_record(RunRecord(run_id, params, dict(run.data.metrics),
+                                       _read_profile(client, run)))
+
+
+def facts_from_record(record: RunRecord) -> RunFacts:
+    """The advice rules' :class:`RunFacts` from what was already read of a run (no store
+    round trip): ``load_run_inputs(...).records`` holds it."""
+    run_id, params, metrics = record.run_id, record.params, record.metrics
+    profile = record.profile or {}
 
     def field(key: str) -> Any:
         value = profile.get(key)
@@ -101,4 +109,4 @@ def log_advice(run_id: str, doc: Mapping[str, Any], client: Any = None) -> None:
                {contract.ADVICE_JSON: json.dumps(doc, indent=2, default=str)})
 
 
-__all__ = ["RunInputError", "load_run_facts", "log_advice"]
+__all__ = ["RunInputError", "facts_from_record", "load_run_facts", "log_advice"]

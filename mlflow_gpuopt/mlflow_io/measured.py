@@ -13,12 +13,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.mlflow_io.runs import _float, _int, experiment_runs
 
 logger = logging.getLogger(__name__)
 
-class MeasuredRunError(ValueError):
+class MeasuredRunError(InputError):
     """An experiment or run that cannot be read as a measured gpuopt run."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.perfmodel.activations import normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
@@ -40,8 +41,19 @@ HOW_TO_TRACK = "run it under gpuopt.track() (e.g. `python examples/train_tiny_gp
 FLOPS_TOLERANCE = 0.15
 
 
-class RunInputError(ValueError):
+class RunInputError(InputError):
     """Runs that cannot feed the models; one line naming the run and what is missing."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What was read of one run (plain values, no MLflow objects): kept so that a second
+    reader of the same run (the advice rules) needs no second round trip to the store."""
+
+    run_id: str
+    params: dict[str, str]
+    metrics: dict[str, float]
+    profile: dict | None
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,8 @@ class RunInputs:
     run_ids: tuple[str, ...]
     #: What the reader had to do differently, in words (e.g. a run without its summary).
     notes: tuple[str, ...] = ()
+    #: What was read of each run, in ``run_ids`` order.
+    records: tuple[RunRecord, ...] = ()
 
 
 def _int(params: dict[str, str], key: str, default: int | None = None) -> int | None:
@@ -335,12 +349,14 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
     first = ""
     observations: list[Observation] = []
     notes: list[str] = []
+    records: list[RunRecord] = []
     for run_id in dict.fromkeys(run_ids):  # keep order, drop repeats
         run = get_run(client, run_id)
         params = dict(run.data.params)
         if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
             raise RunInputError(f"run {run_id} has no gpuopt data; {HOW_TO_TRACK}")
         profile = _read_profile(client, run)
+        records.append(RunRecord(run_id, params, dict(run.data.metrics), profile))
         this = _workload(run_id, params, profile, notes)
         if workload is None:
             workload, first = this, run_id
@@ -354,4 +370,5 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
                                          resolve_gpu, client, notes))
     assert workload is not None
     return RunInputs(workload=workload, observations=tuple(observations),
-                     run_ids=tuple(dict.fromkeys(run_ids)), notes=tuple(notes))
+                     run_ids=tuple(dict.fromkeys(run_ids)), notes=tuple(notes),
+                     records=tuple(records))
