@@ -39,6 +39,12 @@ def _print(doc, out) -> None:
                    f"{plan['instance_type']} × {plan['nodes']} ({plan['gpus']} {plan['gpu']}, "
                    f"{plan['precision']}), {plan['hours']:,.1f} h, "
                    f"{_money(plan['cost_usd'])}", file=out)
+        base = plan.get("baseline")
+        if base:
+            click.echo(f"Savings are measured from the script as it runs now on that plan "
+                       f"({base['precision']}, micro-batch {base['micro_batch']} × "
+                       f"accumulation {base['grad_accum']}): {base['hours']:,.1f} h, "
+                       f"{_money(base['cost_usd'])}", file=out)
     if not doc["findings"]:
         click.echo("No findings: no rule found anything to change in this run.", file=out)
     for i, f in enumerate(doc["findings"], 1):

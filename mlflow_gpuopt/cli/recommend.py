@@ -30,39 +30,6 @@ from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
 from mlflow_gpuopt.validation import BOUNDS
 
 
-def _print_table(doc, out) -> None:
-    from mlflow_gpuopt.recommend.explain import hours_figure as hours
-    from mlflow_gpuopt.recommend.explain import money
-
-    head = ("#", "provider", "instance × nodes", "GPUs", "strategy", "mb × accum", "prec",
-            "pricing", "hours (low–high)", "cost (low–high)", "P(deadline)")
-    rows = []
-    for c in doc["candidates"]:
-        rows.append((
-            str(c["rank"]), c["provider"], f'{c["instance_type"]} × {c["nodes"]}',
-            f'{c["gpus"]} {c["gpu"]}', c["strategy_label"],
-            f'{c["micro_batch"]} × {c["grad_accum"]}', c["precision"],
-            c["pricing"].replace("_", "-"),
-            f'{hours(c["predicted_hours"])} ({hours(c["predicted_hours_low"])}–'
-            f'{hours(c["predicted_hours_high"])})',
-            f'{money(c["predicted_cost_usd"])} ({money(c["cost_low_usd"])}–'
-            f'{money(c["cost_high_usd"])})',
-            f'{c["p_meets_deadline"]:.0%}' + ("" if c["meets_deadline"] else " ✗"),
-        ))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(head)]
-    right = {0, 3, 8, 9, 10}
-
-    def fmt(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    click.echo(fmt(head), file=out)
-    click.echo("  ".join("-" * w for w in widths), file=out)
-    for r in rows:
-        click.echo(fmt(r), file=out)
-
-
 @click.command(name="recommend")
 @click.option("--run-id", "run_ids", multiple=True, metavar="ID",
               help="Measured run(s) to fit (repeat for several).")
@@ -165,7 +132,10 @@ def _print_human(doc, out, logged) -> None:
         click.echo("No plan fits: " + "; ".join(
             n.removeprefix("no plan fits: ") for n in doc["notes"]), file=out)
         return
-    _print_table(doc, out)
+    from mlflow_gpuopt.report.table import text_table
+
+    for line in text_table(doc["candidates"]):
+        click.echo(line, file=out)
     click.echo("", file=out)
     if doc["winner"]:
         for line in doc["explanation"]:

@@ -74,7 +74,10 @@ def price_on_plan(facts: Any, rec: Any, predictor: Any, catalog: Any):
                       target=rec.target, costing=Costing(),
                       measured_hardware=None if measured is None else hardware_for_gpu(
                           measured, gpus_per_node=max(1, facts.world_size)))
-    return advise_plan(facts, ctx), plan_summary(plan)
+    from mlflow_gpuopt.advice.worth import baseline_summary
+
+    return advise_plan(facts, ctx), {**plan_summary(plan),
+                                     "baseline": baseline_summary(ctx, facts)}
 
 
 def advice_on_plan(inputs: PlanInputs, rec: Any, predictor: Any, catalog: Any):
