@@ -3,16 +3,19 @@ real ``mlflow server``, what it costs the training steps, and where planted secr
 
 Each scenario trains a small real PyTorch MLP under ``gpuopt.track()`` against ``mlflow
 server`` (sqlite store, served artifacts) on 127.0.0.1, with the server killed (SIGKILL),
-frozen (SIGSTOP) or not yet started at the points named; afterwards the server runs again and
+frozen (SIGSTOP) or not yet started at the points named, or with a misbehaving proxy in front
+of it (``tests/_bad_proxy.py``: a login page as ``200 text/html``, a ``302 -> /login``, the
+answer dripped one byte a second); afterwards the server (and proxy) behave again and
 ``mlflow gpuopt replay`` delivers any journal left. Printed per scenario: metric values
 produced by tracking, delivered (distinct), lost, duplicated, the p99 of the training step
-time against the undisturbed run, and the seconds spent leaving the ``with`` block.
+time against the undisturbed run, the seconds spent entering (``start``) and leaving
+(``exit``) the ``with`` block.
 A password in the tracking URI and provider keys in the environment are planted in every
 scenario; every output line, journal and server file is searched for them afterwards.
 Then ``benchmarks/bench_bad_input.py`` runs (bad CLI inputs and how each ended).
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/bench_faults.py [steps_per_phase]`` (about 3 min
-on one core, CPU only).
+Run: ``OMP_NUM_THREADS=1 python benchmarks/bench_faults.py [steps_per_phase [scenario,...]]``
+(about 6 min on one core, CPU only).
 """
 
 from __future__ import annotations
@@ -51,10 +54,16 @@ class _Scenario:
         self.root = root / name
         self.server = MlflowServer(self.root / "server")
         self.step_s: list[float] = []
+        self.proxy = None
+        if name.startswith(("html", "redirect", "drip")):
+            from _bad_proxy import BadProxy
+
+            self.proxy = BadProxy(self.server.port).start()
 
     @property
     def uri(self) -> str:
-        return f"http://gpuopt:{PASSWORD}@127.0.0.1:{self.server.port}"
+        port = self.proxy.port if self.proxy is not None else self.server.port
+        return f"http://gpuopt:{PASSWORD}@127.0.0.1:{port}"
 
     def train(self, training, n: int) -> None:
         for _ in range(n):
@@ -82,19 +91,32 @@ def _run(sc: _Scenario, steps: int, plan: str) -> dict:
     mlflow.set_tracking_uri(sc.uri)
     training = TinyTraining()
     frozen = False
+    proxy = sc.proxy
+    bad = {"html-mid-run": "html", "redirect-mid-run": "redirect", "html-at-start": "html",
+           "drip-at-start": "drip_status", "drip-mid-run-until-exit": "drip_body"}.get(plan)
+    if plan in ("html-at-start", "drip-at-start"):
+        proxy.mode = bad
     try:
+        t_enter = time.monotonic()
         with track(training.model, training.opt, interval_s=0.1, flush_timeout_s=5.0,
                    print_summary=False) as tracker:
+            start_s = time.monotonic() - t_enter
+            if plan == "drip-at-start":
+                proxy.mode = "pass"
             sc.train(training, steps)
             if plan in ("killed-mid-run", "killed-until-exit"):
                 sc.server.kill()
             elif plan == "frozen-until-exit":
                 os.killpg(sc.server.proc.pid, signal.SIGSTOP)
                 frozen = True
+            elif plan in ("html-mid-run", "redirect-mid-run", "drip-mid-run-until-exit"):
+                proxy.mode = bad
             sc.train(training, steps)
             if plan in ("killed-mid-run", "down-at-start"):
                 sc.server.launch()
                 sc.train_until(training, sc.server.healthy)
+            elif plan in ("html-mid-run", "redirect-mid-run", "html-at-start"):
+                proxy.mode = "pass"
             sc.train(training, steps)
             writer = tracker._writer
             t_exit = time.monotonic()
@@ -104,6 +126,8 @@ def _run(sc: _Scenario, steps: int, plan: str) -> dict:
     produced = writer._produced_metrics if writer is not None else 0
     if frozen:
         os.killpg(sc.server.proc.pid, signal.SIGCONT)
+    if proxy is not None:
+        proxy.mode = "pass"
     if not sc.server.healthy():
         sc.server.start()
     replays = []
@@ -117,7 +141,7 @@ def _run(sc: _Scenario, steps: int, plan: str) -> dict:
     client = MlflowClient(sc.uri)
     run_id = tracker.run_id
     runs = client.search_runs(["0"])
-    if plan in ("down-at-start", "down-throughout"):
+    if plan in ("down-at-start", "down-throughout", "html-at-start"):
         run_id = runs[0].info.run_id if runs else None
     total = distinct = 0
     status = None
@@ -129,18 +153,23 @@ def _run(sc: _Scenario, steps: int, plan: str) -> dict:
             total += len(hist)
             distinct += len({(m.step, m.timestamp, m.value) for m in hist})
     sc.server.kill()
+    if proxy is not None:
+        proxy.stop()
     return {"scenario": sc.name, "produced": produced, "delivered": distinct,
             "lost": produced - distinct, "duplicated": total - distinct,
-            "p99_step_ms": 1000 * _p99(sc.step_s), "exit_s": exit_s, "status": status,
+            "p99_step_ms": 1000 * _p99(sc.step_s), "start_s": start_s, "exit_s": exit_s,
+            "status": status,
             "runs": len(runs), "replays": [rc for rc, _ in replays],
             "replay_output": "\n".join(out for _, out in replays)}
 
 
 SCENARIOS = ["undisturbed", "killed-mid-run", "down-at-start", "down-throughout",
-             "killed-until-exit", "frozen-until-exit"]
+             "killed-until-exit", "frozen-until-exit", "html-mid-run", "redirect-mid-run",
+             "html-at-start", "drip-at-start", "drip-mid-run-until-exit"]
 
 
-def main(steps: int = 300) -> int:
+def main(steps: int = 300, only: str = "") -> int:
+    names = [n for n in SCENARIOS if not only or n == "undisturbed" or n in only.split(",")]
     os.environ.update(PLANTED_ENV)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     log = io.StringIO()
@@ -150,13 +179,14 @@ def main(steps: int = 300) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpuopt-faults-") as tmp:
         root = Path(tmp)
-        for name in SCENARIOS:
+        for name in names:
             with redirect_stdout(out):
                 rows.append(_run(_Scenario(root, name), steps, name))
             r = rows[-1]
-            print(f"{name:18s} produced {r['produced']:5d}  delivered {r['delivered']:5d}  "
+            print(f"{name:23s} produced {r['produced']:5d}  delivered {r['delivered']:5d}  "
                   f"lost {r['lost']:3d}  duplicated {r['duplicated']:3d}  "
-                  f"step p99 {r['p99_step_ms']:6.2f} ms  exit {r['exit_s']:5.2f} s  "
+                  f"step p99 {r['p99_step_ms']:6.2f} ms  start {r['start_s']:5.2f} s  "
+                  f"exit {r['exit_s']:5.2f} s  "
                   f"run {r['status']}  runs {r['runs']}  replay exits {r['replays']}",
                   flush=True)
         texts = [log.getvalue(), out.getvalue(), *(r["replay_output"] for r in rows)]
@@ -186,4 +216,4 @@ def main(steps: int = 300) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*(int(a) for a in sys.argv[1:2])))
+    sys.exit(main(*(int(a) for a in sys.argv[1:2]), *sys.argv[2:3]))

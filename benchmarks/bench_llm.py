@@ -16,34 +16,40 @@ Everything else is the report set: Megatron-Bridge (H100 and B200, FP8), torchti
 and 2025-06 (H100 96 GB, bf16 and FP8), torchtitan 2024-08's Llama 3 rows (A100) and its
 Llama 3.1 405B rows (H100 95 GB).
 
-Each row becomes the workload file a user would write for the model: FLOPs per token
-``6·N + 12·L·h·s`` (PaLM's model FLOPs, attention included, as torchtitan counts them) and
-the published architecture (layers, hidden, heads, FFN width, SwiGLU, vocabulary 128,256, no
-dropout for Llama 3: ``ARCHITECTURES``; its 8 key/value heads where the attention kernel takes
-them as they are: Megatron / NeMo, not torchtitan, which expands them), SDPA attention and the
-recomputation the source states, so ``perfmodel.activations`` decides the memory (no
-activation figure is given).
+Each row becomes the workload file a user would write for the model (``workload_doc``: only
+keys docs/metrics.md marks user-supplied; ``tests/test_benchmark_workloads.py`` checks it),
+and every prediction is ``mlflow gpuopt predict`` on it, invoked in-process
+(``cli_path.run_predict``), with an observations CSV of the reference rows where a task has
+them. The file: FLOPs per token ``6·N + 12·L·h·s`` (PaLM's model FLOPs, attention included, as
+torchtitan counts them) and the published architecture (layers, hidden, heads, FFN width,
+SwiGLU, vocabulary 128,256, no dropout for Llama 3: ``ARCHITECTURES``; its 8 key/value heads
+where the attention kernel takes them as they are: Megatron / NeMo, not torchtitan, which
+expands them), SDPA attention, the recomputation the source states, the FP8 recipe and, with
+tensor parallelism, whether its collectives overlap the GEMMs (``Row.tp_comm_overlap``); DRAM
+traffic, kernels per micro-step, largest layer and activations are the model's defaults from
+that architecture (docs/models.md#defaults).
 torchtitan's "selective" is its per-op policy (``selective_ac_option = 'op'``, saving every
 other matmul output: recompute ``selective-op``); its "selective-layer" (checkpoint every
-n-th block) is not modelled and kept as Megatron's selective. DRAM traffic: 6 × the same
-formula's activations without recomputation. FP8: Transformer Engine for NVIDIA's rows (recipe
-``te``), torchao tensor-wise for torchtitan's "fp8-linear"/"fp8-tensorwise" and row-wise for
-"fp8-rowwise" (``compute.FP8_RECIPE_EFFICIENCY``, derived from torchao's README, not from
-these rows: ``--derive-fp8`` prints the solution). AdamW. Layouts: tp × pp × dp as the source
-gives them; FSDP for torchtitan and Megatron-FSDP rows, ZeRO-1 (Megatron's distributed
-optimizer) for the rest; Megatron's interleaved ``vp`` from the notes. torchtitan's pipeline
-splits the local batch into pp × (stages per rank) micro-batches (1 stage per rank for 1F1B,
-2 for interleaved: torchtitan ``pipeline_llama.py`` defaults, 2024-12), so 405B's local
-batch 32 runs as 8 micro-batches of 4 (1F1B) or 16 of 2 (interleaved). Context parallelism
-is not modelled: rows with cp > 1 are skipped (counted). Networks: 8 × 400 Gbit/s per node
-(DGX H100/B200 InfiniBand, Grand Teton RDMA), 8 × 200 Gbit/s for the A100 cluster (not stated
-in the source: DGX A100's HCAs). The Grand Teton H100 (96 GB HBM2e, and the 95 GB "lower
-TDP" part of the 2024-08 page, the same platform) is modelled as the H100 SXM spec with its
-memory, its stated 2.4 TB/s bandwidth and the 500 W default power limit the torchtitan pages
-state, FLOP/s scaled by the clock the cap leaves, ``(500/700)^(1/3)`` (dynamic power ∝ f·V²,
-V ∝ f; a first-order physical estimate, not a fit). A TFLOP/s row whose tokens/s row is in
-the table (the same configuration) is dropped, as it would be a duplicate in another FLOPs
-convention.
+n-th block) is not modelled and kept as Megatron's selective. FP8: Transformer Engine for
+NVIDIA's rows (recipe ``te``), torchao tensor-wise for torchtitan's "fp8-linear"/
+"fp8-tensorwise" and row-wise for "fp8-rowwise" (``compute.FP8_RECIPE_EFFICIENCY``, derived
+from torchao's README, not from these rows: ``--derive-fp8`` prints the solution). AdamW.
+Layouts (``--strategy``): tp × pp × the data-parallel strategy as the source gives them;
+FSDP for torchtitan and Megatron-FSDP rows, ZeRO-1 (Megatron's distributed optimizer) for
+the rest; Megatron's interleaved ``vp`` from the notes (``--virtual-stages``). torchtitan's
+pipeline splits the local batch into pp × (stages per rank) micro-batches (1 stage per rank
+for 1F1B, 2 for interleaved: torchtitan ``pipeline_llama.py`` defaults, 2024-12), so 405B's
+local batch 32 runs as 8 micro-batches of 4 (1F1B) or 16 of 2 (interleaved). Context
+parallelism is not modelled: rows with cp > 1 are skipped (counted). Networks
+(``--inter-node-gbps``): 8 × 400 Gbit/s per node (DGX H100/B200 InfiniBand, Grand Teton
+RDMA), 8 × 200 Gbit/s for the A100 cluster (not stated in the source: DGX A100's HCAs). The
+Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, 700 W TDP held at a 500 W default limit; the 95 GB
+"lower TDP" part of the 2024-08 page is the same platform) is named as a user would,
+``--gpu "NVIDIA H100 96GB"`` (the catalog's ``H100-SXM5-96GB``, pricing/README.md), predicted
+with ``--power-limit-w 500``, and its measured rows say ``power_limit_w = 500`` in the
+observations CSV; the runs on the target's GPU type ran on the network the target is given.
+A TFLOP/s row whose tokens/s row is in the table (the same configuration) is dropped, as it
+would be a duplicate in another FLOPs convention.
 
 Tasks (median and p90 absolute % error of tokens/s per GPU, and coverage of the 90%
 interval):
@@ -63,44 +69,42 @@ Derivation set vs report set, for every constant the model takes from published 
 rows above; ``compute.FP8_RECIPE_EFFICIENCY`` from torchao's README (not in this table); nothing
 is set from a report row.
 
-Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only).
+Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--derive-fp8`` and
+``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and
+``uncertainty.SIGMA_PRIOR_TRANSFORMER``.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mlflow_gpuopt.catalog import load_gpus
-from mlflow_gpuopt.hardware import hardware_for_gpu
-from mlflow_gpuopt.perfmodel import Observation, ParallelConfig, PerfModelError, Workload, fit
-from mlflow_gpuopt.perfmodel.activations import (
-    DROPOUT_MASK_BYTES_CUDA,
-    TransformerDims,
-    activation_bytes,
-)
+from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "llm_training_throughput.tsv"
 
 DERIVATION_SOURCES = ("megatron_readme_2024_h100", "nemo_24.07_perf")
-#: tsv GPU -> (catalog spec, memory GB, node network Gbit/s, power limit W or None,
-#: memory bandwidth TB/s or None for the spec's)
+#: tsv GPU -> (the ``--gpu`` name a user gives, memory GB, node network Gbit/s, board power
+#: limit W or None for the TDP)
 GPUS = {
-    "H100-SXM-80GB": ("H100-SXM5-80GB", 80, 3200.0, None, None),
+    "H100-SXM-80GB": ("NVIDIA H100 80GB HBM3", 80, 3200.0, None),
     # torchtitan benchmarks/llama3_h100_202412_torchtitan.md (and the 2025-06 async-TP page):
-    # "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power limit".
-    "H100-SXM-96GB-HBM2e-500W": ("H100-SXM5-80GB", 96, 3200.0, 500.0, 2.4),
+    # "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power limit"
+    # (the catalog's H100-SXM5-96GB, pricing/README.md).
+    "H100-SXM-96GB-HBM2e-500W": ("NVIDIA H100 96GB", 96, 3200.0, 500.0),
     # torchtitan docs/performance.md @3faaa1a: "HBM2e-based SXM H100 with lower TDP", the same
     # Grand Teton part; its limit is taken as the later page's default 500 W.
-    "H100-HBM2e-95GB-lowTDP": ("H100-SXM5-80GB", 95, 3200.0, 500.0, 2.4),
-    "A100-80GB": ("A100-80GB-SXM4", 80, 1600.0, None, None),
-    "B200": ("B200-SXM-180GB", 180, 3200.0, None, None),
+    "H100-HBM2e-95GB-lowTDP": ("NVIDIA H100 96GB", 95, 3200.0, 500.0),
+    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 80, 1600.0, None),
+    "B200": ("NVIDIA B200", 180, 3200.0, None),
 }
 #: Architecture of the models in the report set, from their published configurations
 #: (Llama 3: torchtitan ``torchtitan/models/llama/__init__.py`` llama3_configs and Meta's model
@@ -112,14 +116,6 @@ ARCHITECTURES = {
     (80, 8192): (64, 28672, 128256, "swiglu", 0.0, 8),   # Llama 3 / 3.1 70B
     (126, 16384): (128, 53248, 128256, "swiglu", 0.0, 8),  # Llama 3.1 405B
 }
-
-
-def power_capped_clock(limit_w: float | None, tdp_w: float) -> float:
-    """Clock (so FLOP/s) share left under a power limit: dynamic power ∝ f·V² with V ∝ f in
-    the DVFS range, so f ∝ P^(1/3) (a first-order physical estimate, not a fit)."""
-    if not limit_w or limit_w >= tdp_w:
-        return 1.0
-    return (limit_w / tdp_w) ** (1.0 / 3.0)
 
 
 GOALS = "goal with a measurement: median <= 10%, p90 <= 25%, coverage >= 80%; none: median <= 25%"
@@ -184,6 +180,28 @@ class Row:
             return heads, ffn, vocab, mlp, dropout, kv_heads
         heads = int(_note(self.variant_notes, "heads") or max(1, self.hidden // 128))
         return heads, 4 * self.hidden, self.vocab, "gelu", None, None
+
+    @property
+    def tp_comm_overlap(self) -> bool | None:
+        """Whether the source's runs overlap tensor-parallel communication with the GEMMs
+        (None without tensor parallelism): NVIDIA's stacks do (Megatron-LM's README: "overlap
+        of DP/TP/PP comm"; NeMo's launcher configs ``ub_tp_comm_overlap: True``, e.g.
+        NeMo-Framework-Launcher ``conf/training/gpt3/175b.yaml``; Megatron-Bridge's performance
+        recipes ``CommOverlapConfig(tp_comm_overlap=True)``); torchtitan's only in its
+        "AsyncTP" variants (vanilla TP waits on each collective)."""
+        if self.tp <= 1:
+            return None
+        if self.family == "nvidia":
+            return True
+        return "asynctp" in self.variant_notes.replace(" ", "").lower()
+
+    @property
+    def attention_kernel(self) -> str | None:
+        """The fused attention kernel the source runs: NVIDIA's stacks (Megatron-LM, NeMo,
+        Megatron-Bridge) Transformer Engine's ``DotProductAttention``, cuDNN's fused attention on
+        Hopper and Blackwell (``te``); torchtitan PyTorch SDPA, whose flash backend is
+        FlashAttention-2 (None: the default, ``fa2``)."""
+        return "te" if self.family == "nvidia" else None
 
     @property
     def family(self) -> str:
@@ -291,81 +309,89 @@ def load_rows() -> tuple[list[Row], int]:
     return out, skipped
 
 
-def transformer(row: Row, recompute: str = "none") -> TransformerDims:
-    """The model's architecture as the activation formula takes it."""
-    heads, ffn, vocab, mlp, _, kv_heads = row.architecture
-    return TransformerDims(num_layers=row.layers, hidden_size=row.hidden, seq_len=row.seq,
-                           num_heads=heads, ffn_hidden_size=ffn, gated_mlp=mlp == "swiglu",
-                           vocab_size=vocab, num_kv_heads=kv_heads)
-
-
-def workload(row: Row) -> Workload:
-    """The workload file a user would write for this model: its published architecture
-    (layers, hidden, heads, key/value heads, FFN width, MLP kind, vocabulary, dropout), SDPA
-    attention and the recomputation the source states, so :mod:`perfmodel.activations`
-    decides the memory.
-    DRAM traffic per sample: 6 × the activations the same formula gives without recomputation
-    (written in forward, read in backward, gradients written and read, normalisation passes:
-    ``compute.TRAFFIC_PER_ACTIVATION_BYTE``)."""
+def workload_doc(row: Row) -> dict:
+    """The workload file a user writes for this model from its card / ``config.json`` and how
+    the job runs: only keys docs/metrics.md lists as user-supplied
+    (``tests/test_benchmark_workloads.py`` checks it). The published architecture (layers,
+    hidden, heads, key/value heads, FFN width, MLP kind, vocabulary, dropout), SDPA attention,
+    the recomputation the source states, the FP8 recipe, the attention kernel and the
+    tensor-parallel overlap the source runs; everything derived (DRAM traffic,
+    kernels per micro-step, largest layer, activations) is the model's own default."""
     heads, ffn, vocab, mlp, dropout, kv_heads = row.architecture
-    dims = transformer(row)
-    act = activation_bytes(dims, 1, 2.0, DROPOUT_MASK_BYTES_CUDA if dropout is None or dropout
-                           else 0.0, attention="sdpa", recompute="none").stored_bytes
-    return Workload(params=int(row.params), flops_per_sample=row.flops_per_token * row.seq,
-                    precision="bf16", name=row.model, micro_batch=row.micro_batch,
-                    optimizer="adamw", memory_traffic_bytes_per_sample=6.0 * act,
-                    tokens_per_sample=row.seq, num_layers=row.layers, hidden_size=row.hidden,
-                    num_heads=heads, num_kv_heads=kv_heads, ffn_hidden_size=ffn,
-                    vocab_size=vocab, mlp=mlp,
-                    attention="sdpa", dropout=dropout, recompute=row.recompute,
-                    trainable_params=int(row.params), fp8_recipe=row.fp8_recipe)
+    doc = {"name": row.model, "params": int(row.params),
+           "flops_per_sample": row.flops_per_token * row.seq, "precision": "bf16",
+           "optimizer": "AdamW", "micro_batch": row.micro_batch, "tokens_per_sample": row.seq,
+           "num_layers": row.layers, "hidden_size": row.hidden, "num_heads": heads,
+           "num_kv_heads": kv_heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "mlp": mlp,
+           "attention": "sdpa", "dropout": dropout, "recompute": row.recompute,
+           "fp8_recipe": row.fp8_recipe, "tp_comm_overlap": row.tp_comm_overlap,
+           "attention_kernel": row.attention_kernel}
+    return {k: v for k, v in doc.items() if v is not None}
 
 
-def hardware(row: Row):
-    spec_name, mem_gb, net, limit_w, bandwidth_tb = GPUS[row.gpu]
-    spec = load_gpus()[spec_name]
-    hw = hardware_for_gpu(spec, gpus_per_node=8, inter_node_gbps=net)
-    clock = power_capped_clock(limit_w, spec.tdp_w)
-    return replace(hw, memory_bytes=mem_gb * 1e9,
-                   memory_bandwidth_bytes_per_s=(bandwidth_tb * 1e12 if bandwidth_tb
-                                                 else hw.memory_bandwidth_bytes_per_s),
-                   peak_flops_per_s={p: v * clock for p, v in hw.peak_flops_per_s.items()})
+def catalog_gpu(row: Row) -> str:
+    """The ``--gpu`` name a user gives for the row's GPU (as nvidia-smi or the source says
+    it; the command resolves it to the catalog's)."""
+    return GPUS[row.gpu][0]
 
 
-def config(row: Row) -> ParallelConfig:
-    per_node = min(8, row.gpus)
-    accum = row.grad_accum or 1
-    if row.grad_accum is None and row.global_batch:
-        accum = max(1, round(row.global_batch / (row.dp * row.micro_batch)))
-    return ParallelConfig(gpus_per_node=per_node, nodes=max(1, row.gpus // per_node),
-                          strategy=row.dp_strategy if row.gpus > 1 else "single",
-                          micro_batch=row.micro_batch, grad_accum=accum,
-                          precision=row.precision, tp=row.tp, pp=row.pp,
-                          recompute=row.recompute, virtual_stages=row.vp)
+def strategy(row: Row) -> str:
+    """The ``--strategy`` layout string of the row (tp × pp × the data-parallel strategy)."""
+    if row.gpus == 1:
+        return "single"
+    parts = ([f"tp{row.tp}"] if row.tp > 1 else []) + ([f"pp{row.pp}"] if row.pp > 1 else [])
+    return "x".join(parts + [row.dp_strategy])
 
 
-def observation(row: Row) -> Observation:
-    c = config(row)
+def grad_accum(row: Row) -> int:
+    if row.grad_accum:
+        return row.grad_accum
+    if row.global_batch:
+        return max(1, round(row.global_batch / (row.dp * row.micro_batch)))
+    return 1
+
+
+def nodes(row: Row) -> int:
+    return max(1, row.gpus // min(8, row.gpus))
+
+
+def cli_args(row: Row) -> list[str]:
+    """``mlflow gpuopt predict`` flags for the row's configuration."""
+    args = ["--gpu", catalog_gpu(row), "--gpus", str(row.gpus), "--nodes", str(nodes(row)),
+            "--strategy", strategy(row), "--micro-batch", str(row.micro_batch),
+            "--grad-accum", str(grad_accum(row)), "--precision", row.precision,
+            "--recompute", row.recompute, "--inter-node-gbps", str(GPUS[row.gpu][2])]
+    if row.vp > 1:
+        args += ["--virtual-stages", str(row.vp)]
+    limit = GPUS[row.gpu][3]
+    if limit:
+        args += ["--power-limit-w", str(limit)]
+    return args
+
+
+def observation_line(row: Row) -> list:
+    """One observations-CSV row (docs/metrics.md#the-observations-csv) of a published row."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
-    kw = dict(gpu=hardware(row).gpu, gpu_count=row.gpus, throughput_samples_per_s=samples,
-              nodes=c.nodes, micro_batch=row.micro_batch, strategy=c.strategy,
-              precision=row.precision, grad_accum=c.grad_accum, recompute=row.recompute)
-    if {"tp", "pp"} <= {f.name for f in fields(Observation)}:
-        kw.update(tp=row.tp, pp=row.pp)
-    return Observation(**kw)
+    return [catalog_gpu(row), row.gpus, nodes(row), row.micro_batch, samples, strategy(row),
+            row.precision, grad_accum(row), row.recompute, GPUS[row.gpu][3] or ""]
 
 
-def predict(target: Row, refs: list[Row]):
-    """(predicted tokens/s/GPU, low, high, fits) for ``target`` from ``refs``."""
-    w = workload(target)
-    hw_t = hardware(target)
-    hws = {hardware(r).gpu: hardware(r) for r in refs}
-    # Several tsv GPU names map to one catalog spec (H100 80/96 GB): keep the target's.
-    if hw_t.gpu in hws:
-        hws[hw_t.gpu] = replace(hws[hw_t.gpu], memory_bytes=hw_t.memory_bytes)
-    pred = fit(w, [observation(r) for r in refs], hws).predict(config(target), hw_t)
+def predict(target: Row, refs: list[Row], tmp: Path):
+    """(predicted tokens/s/GPU, low, high, fits) for ``target`` from ``refs``, through
+    ``mlflow gpuopt predict`` with the workload file and observations CSV a user writes."""
+    wl = tmp / "workload.json"
+    wl.write_text(json.dumps(workload_doc(target)))
+    args = ["--workload", str(wl)]
+    if refs:
+        obs = tmp / "observations.csv"
+        with obs.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(OBSERVATION_COLUMNS)
+            writer.writerows(observation_line(r) for r in refs)
+        args += ["--observations", str(obs)]
+    out = run_predict(args + cli_args(target))
     k = target.seq / target.gpus
-    return (pred.throughput_samples_per_s * k, pred.low * k, pred.high * k, pred.fits)
+    return (out["throughput_samples_per_s"] * k, out["low"] * k, out["high"] * k, out["fits"])
 
 
 def same_shape(a: Row, b: Row) -> bool:
@@ -458,19 +484,18 @@ def derive_fp8_recipe_efficiency() -> dict[str, float]:
               seq=8192, gpu="H100-SXM-80GB", gpus=8, tp=1, pp=1, dp=8, micro_batch=1,
               global_batch=8, precision="bf16", recompute="selective-op",
               tokens_per_s_per_gpu=0.0, variant="FSDP", cp=1, variant_notes="fsdp=8")
-    hw = hardware(row)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_fp8_"))
 
     def speedup(recipe: str, factor: float) -> float:
         table = dict(compute.FP8_RECIPE_EFFICIENCY)
         compute.FP8_RECIPE_EFFICIENCY[recipe] = factor
         try:
-            pred = fit(replace(workload(row), fp8_recipe=recipe), [], {})
-            fp8 = pred.predict(replace(config(row), precision="fp8"), hw)
-            bf16 = pred.predict(config(row), hw)
+            fp8 = predict(replace(row, precision="fp8", fp8_recipe=recipe), [], tmp)[0]
+            bf16 = predict(row, [], tmp)[0]
         finally:
             compute.FP8_RECIPE_EFFICIENCY.clear()
             compute.FP8_RECIPE_EFFICIENCY.update(table)
-        return fp8.throughput_samples_per_s / bf16.throughput_samples_per_s
+        return fp8 / bf16
 
     out = {}
     for recipe in ("tensorwise", "rowwise"):
@@ -483,7 +508,26 @@ def derive_fp8_recipe_efficiency() -> dict[str, float]:
     return out
 
 
+def derive_prior_width(rows: list[Row]) -> None:
+    """``uncertainty.SIGMA_PRIOR_TRANSFORMER``: the root-mean-square of log(published /
+    predicted) over the derivation rows, each from its workload file alone (the CLI path)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_width_"))
+    logs: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.derivation:
+            logs[r.source].append(math.log(r.tokens_per_s_per_gpu / predict(r, [], tmp)[0]))
+    every = [x for v in logs.values() for x in v]
+    for source, v in logs.items():
+        print(f"  {source:28s} {len(v):3d} rows  mean {statistics.fmean(v):+.3f}  "
+              f"rms {math.sqrt(statistics.fmean(x * x for x in v)):.3f}")
+    print(f"SIGMA_PRIOR_TRANSFORMER = {math.sqrt(statistics.fmean(x * x for x in every)):.3f} "
+          f"(rms over {len(every)} derivation rows)")
+
+
 def main() -> None:
+    if "--derive-prior-width" in sys.argv[1:]:
+        derive_prior_width(load_rows()[0])
+        return
     if "--derive-fp8" in sys.argv[1:]:
         for recipe, factor in derive_fp8_recipe_efficiency().items():
             print(f"FP8_RECIPE_EFFICIENCY[{recipe!r}] = {factor:.3f} (torchao README speed-up "
@@ -495,13 +539,14 @@ def main() -> None:
           f"{len(rows) - len(report)} derivation set, never scored); {skipped} skipped "
           "(context parallel > 1, tp/pp unknown)")
     lines = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_"))
     for name, pairs in tasks(rows).items():
         res = []
         print(f"\n== Task {name}")
         for target, refs in pairs:
             try:
-                got, low, high, _ = predict(target, refs)
-            except PerfModelError as exc:
+                got, low, high, _ = predict(target, refs, tmp)
+            except PredictError as exc:
                 print(f"  {target.model} {target.gpus}x{target.gpu}: not predicted ({exc})")
                 continue
             err = 100.0 * abs(got - target.tokens_per_s_per_gpu) / target.tokens_per_s_per_gpu
@@ -515,8 +560,8 @@ def main() -> None:
     infeasible = []
     for r in report:
         try:
-            _, _, _, fits = predict(r, [])
-        except PerfModelError:
+            _, _, _, fits = predict(r, [], tmp)
+        except PredictError:
             continue
         if not fits:
             infeasible.append(r)

@@ -47,6 +47,15 @@ PARAM_FP8_RECIPE = "gpuopt.fp8_recipe"  # te | tensorwise | rowwise
 #: The tracked model's wrapper class: "DataParallel", "DistributedDataParallel",
 #: "FullyShardedDataParallel", "compiled" (a torch.compile'd module) or "none".
 PARAM_MODEL_WRAPPER = "gpuopt.model_wrapper"
+#: "true" when compiled (Inductor) graphs ran the training step; then
+#: ``gpuopt.kernels_per_micro_step`` is their launches and this the eager operator count
+PARAM_COMPILED = "gpuopt.compiled"
+#: Share of the profiled step's token positions that were padding (attention-mask zeros);
+#: throughput in tokens counts the real tokens only
+PARAM_PADDING_FRACTION = "gpuopt.padding_fraction"
+#: Parameter-efficient adapters the model holds: "lora" or "qlora" (not logged: none)
+PARAM_ADAPTER = "gpuopt.adapter"
+PARAM_EAGER_KERNELS_PER_MICRO_STEP = "gpuopt.eager_kernels_per_micro_step"
 
 #: The tracked model's architecture, as its ``config`` declares it (Hugging Face, nanoGPT,
 #: litgpt; :mod:`mlflow_gpuopt.tracking.architecture`): not logged when not declared.
@@ -85,7 +94,7 @@ def param_field(param: str) -> str:
 
 # -- tags --------------------------------------------------------------------------------------
 TAG_TRACKED = "gpuopt.tracked"  # "true" on runs track() wrote into
-TAG_LOCAL_RUN_ID = "gpuopt.local_run_id"  # id minted by track() while MLflow was unreachable
+TAG_LOCAL_RUN_ID = "gpuopt.local_run_id"  # id minted by track() for a run it creates over REST
 TAG_KIND = "gpuopt.kind"  # KIND_RECOMMENDATION | KIND_CANDIDATE
 TAG_SOURCE_RUN_IDS = "gpuopt.source_run_ids"  # comma-separated
 TAG_WHY = "gpuopt.why"  # a candidate's one-line reason
@@ -100,6 +109,9 @@ TAG_PLAN_RUN_ID = "gpuopt.plan_run_id"
 #: On a plan's run (its child run, else the recommendation run): the job runs launched as
 #: it, comma-separated, appended by each job.
 TAG_JOB_RUN_IDS = "gpuopt.job_run_ids"
+#: Also on the plan's run, one per job: ``gpuopt.job_run.<job run id>`` = "1" (a tag of its
+#: own is never overwritten by another job's append).
+TAG_JOB_RUN_PREFIX = "gpuopt.job_run."
 #: Hardware fingerprint tags set on every new run by the run-context plugin.
 TAG_HW_GPU = "gpuopt.hw.gpu"
 TAG_HW_GPU_COUNT = "gpuopt.hw.gpu_count"

@@ -112,6 +112,7 @@ def hardware_for_gpu(spec: GpuSpec, *, gpus_per_node: int, offer: Offer | None =
         intra_node_bytes_per_s=_intra_node_gb_per_s(spec, offer) * 1e9,
         inter_node_bytes_per_s=inter_gbps * 1e9 / 8.0,
         gpus_per_node=int(offer.gpu_count if offer is not None else gpus_per_node),
+        tdp_w=float(spec.tdp_w) if spec.tdp_w else None,
     )
 
 

@@ -34,6 +34,9 @@ _KNOWN_SECRET_VARS = frozenset({
 _SECRET_NAME = re.compile(
     r"(?:^|[_.\-/])(API_?KEY|APIKEY|SECRET|SECRETS|TOKEN|PASSWORD|PASSWD|PWD|CREDENTIALS?|"
     r"PRIVATE_?KEY|ACCESS_?KEY|SECRET_?KEY|AUTH|AUTHORIZATION)(?:$|[_.\-/])", re.I)
+#: Names the shell sets to working directories (``PWD`` is a word of ``DB_PWD``, a password):
+#: never secrets, or the working directory would be masked wherever a path shows it.
+_NOT_SECRET_VARS = frozenset({"PWD", "OLDPWD"})
 #: Prefixes whose every variable is treated as a secret (Azure puts keys under many names).
 _SECRET_PREFIXES = ("AZURE_",)
 #: Values shorter than this are not treated as secrets (masking "1" or "true" everywhere
@@ -49,7 +52,10 @@ _QUERY_SECRET = re.compile(r"(token|key|password|secret|sig|signature|credential
 
 def is_secret_name(name: str) -> bool:
     """True when a variable, param or tag name says its value is a credential."""
-    return name.upper() in _KNOWN_SECRET_VARS or bool(_SECRET_NAME.search(name))
+    upper = name.upper()
+    if upper in _NOT_SECRET_VARS:
+        return False
+    return upper in _KNOWN_SECRET_VARS or bool(_SECRET_NAME.search(name))
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -1,4 +1,5 @@
-"""Reading a user's ``workload.json`` and observations CSV into the models' records.
+"""Reading a user's ``workload.json`` (or a Hugging Face ``config.json``:
+:mod:`mlflow_gpuopt.hf_config`) and observations CSV into the models' records.
 
 Every problem becomes a :class:`WorkloadFileError` (a ``ValueError``) whose message is one
 line naming the file, the row or key, and what was expected, so the CLI can print it as is.
@@ -11,15 +12,18 @@ import io
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt import contract
+from mlflow_gpuopt.hf_config import HfConfigError, is_hf_config
+from mlflow_gpuopt.hf_config import workload_doc as hf_workload_doc
+from mlflow_gpuopt.bounded_read import read_capped
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-from mlflow_gpuopt.perfmodel.compute import normalize_fp8_recipe
+from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel, normalize_fp8_recipe
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
@@ -27,7 +31,9 @@ from mlflow_gpuopt.validation import BOUNDS, OutOfRangeError, check, short_repr
 
 REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
 OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
-                       "strategy", "precision", "grad_accum", "recompute")
+                       "strategy", "precision", "grad_accum", "recompute", "power_limit_w")
+#: A board power limit above this is a typo (the largest boards, B200 / MI325X, are 1,000 W).
+MAX_POWER_LIMIT_W = 2000.0
 REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
 
 _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_layers",
@@ -38,7 +44,8 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
                "recompute_flops_per_sample"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
-             "fp8_recipe"}
+             "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel"}
+_BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
 #: ``config`` by these names (:mod:`mlflow_gpuopt.tracking.architecture`).
@@ -52,8 +59,35 @@ _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
 
 
+#: Largest workload file read (bytes): a workload or Hugging Face config.json is a few KiB.
+MAX_WORKLOAD_FILE_BYTES = 16 * 1024**2
+#: Largest observations CSV read (bytes): a million rows of measurements is about 50 MiB.
+MAX_OBSERVATIONS_BYTES = 64 * 1024**2
+#: Longest CSV cell accepted (characters): far beyond any GPU name or layout.
+MAX_CSV_FIELD_CHARS = 4096
+
+
 class WorkloadFileError(InputError):
     """A workload or observations file that cannot be used; one line, names where."""
+
+
+def read_text_capped(path: str | Path, cap_bytes: int, what: str) -> str:
+    """The UTF-8 text of ``path`` (a byte-order mark dropped: Excel writes one), reading at
+    most ``cap_bytes`` + 1 bytes: a larger file, or an endless one (``/dev/zero``, a FIFO
+    that never ends), is one :class:`WorkloadFileError` instead of a read until memory runs
+    out."""
+    p = Path(path)
+    try:
+        data = read_capped(p, cap_bytes)
+    except OSError as exc:
+        raise WorkloadFileError(f"cannot read {what} file {p}: {exc.strerror or exc}") from None
+    if len(data) > cap_bytes:
+        raise WorkloadFileError(f"{p}: over the {cap_bytes // 1024**2} MiB limit for {what} "
+                                "files (or a file that never ends)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise WorkloadFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _number(value: Any, key: str, where: str, cast: Callable[[float], Any]) -> Any:
@@ -151,6 +185,11 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
             kwargs[key] = _number(value, key, where, float)
         elif key in _STR_KEYS:
             kwargs[key] = str(value)
+        elif key in _BOOL_KEYS:
+            if not isinstance(value, bool):
+                raise WorkloadFileError(f"{where}: {key!r} must be true or false, got "
+                                        f"{short_repr(value)}")
+            kwargs[key] = value
     if kwargs["params"] <= 0 or kwargs["flops_per_sample"] <= 0:
         raise WorkloadFileError(f"{where}: 'params' and 'flops_per_sample' must be positive")
     try:
@@ -177,6 +216,8 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
             kwargs["strategy"] = _strategy(kwargs["strategy"])
         if "fp8_recipe" in kwargs:
             kwargs["fp8_recipe"] = normalize_fp8_recipe(kwargs["fp8_recipe"])
+        if "attention_kernel" in kwargs:
+            kwargs["attention_kernel"] = normalize_attention_kernel(kwargs["attention_kernel"])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:
@@ -214,16 +255,56 @@ def _strategy(text: str) -> str:
     return cleaned
 
 
+
+@dataclass(frozen=True)
+class WorkloadInput:
+    """A workload as read from a file, with what reading it derived or assumed, in words
+    (a ``config.json``'s parameter count and FLOPs, the precision it defaulted to)."""
+
+    workload: Workload
+    notes: tuple[str, ...] = ()
+    hf_config: bool = False  # True: read from a Hugging Face config.json
+
+
+def read_workload(path: str | Path, *, seq_len: int | None = None) -> WorkloadInput:
+    """Read ``workload.json``, or a Hugging Face ``config.json`` (told apart by its keys:
+    :func:`mlflow_gpuopt.hf_config.is_hf_config`) trained at ``seq_len`` tokens per sample.
+
+    A ``config.json`` without ``seq_len``, or ``seq_len`` with a workload file (which states
+    its own ``tokens_per_sample`` and the FLOPs that go with it), is a
+    :class:`WorkloadFileError`.
+    """
+    p = Path(path)
+    text = read_text_capped(p, MAX_WORKLOAD_FILE_BYTES, "workload")
+    doc = parse_json_document(text, str(p))
+    if not is_hf_config(doc):
+        if seq_len is not None:
+            raise WorkloadFileError(
+                f"{p}: --seq-len goes with a Hugging Face config.json; a workload file states "
+                "tokens_per_sample (and the flops_per_sample that go with it)")
+        return WorkloadInput(workload_from_dict(doc, where=str(p)))
+    if seq_len is None:
+        raise WorkloadFileError(
+            f"{p} is a Hugging Face config.json: give the training sequence length with "
+            "--seq-len N (max_position_embeddings is the longest it can take, not what it "
+            "trains on)")
+    try:
+        check("tokens_per_sample", seq_len, where="--seq-len", label="the sequence length")
+    except OutOfRangeError as exc:
+        raise WorkloadFileError(str(exc)) from None
+    name = doc.get("_name_or_path")
+    if not isinstance(name, str) or not name.strip():
+        name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    try:
+        converted, notes = hf_workload_doc(doc, int(seq_len), name=name.strip(), where=str(p))
+    except HfConfigError as exc:
+        raise WorkloadFileError(str(exc)) from None
+    return WorkloadInput(workload_from_dict(converted, where=str(p)), notes, hf_config=True)
+
+
 def load_workload(path: str | Path) -> Workload:
     """Read ``workload.json`` (see :func:`workload_from_dict`)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadFileError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise WorkloadFileError(f"{p}: not UTF-8 text") from None
-    return workload_from_dict(parse_json_document(text, str(p)), where=str(p))
+    return read_workload(path).workload
 
 
 def parse_observations_csv(text: str, where: str = "observations",
@@ -237,8 +318,19 @@ def parse_observations_csv(text: str, where: str = "observations",
     ``resolve_gpu`` maps NVML/short names to canonical ones (``cpu`` is kept as ``cpu``); a
     ``ValueError`` it raises is reported with the row.
     """
+    try:
+        return _parse_observations(text.removeprefix("\ufeff"), where, resolve_gpu)
+    except csv.Error as exc:  # a cell over csv's field limit, a NUL byte...
+        raise WorkloadFileError(f"{where}: not a readable CSV ({exc})") from None
+
+
+def _parse_observations(text: str, where: str,
+                        resolve_gpu: Callable[[str], str] | None) -> list[Observation]:
     reader = csv.DictReader(io.StringIO(text))
     header = [h.strip() for h in (reader.fieldnames or [])]
+    twice = sorted({h for h in header if h and header.count(h) > 1})
+    if twice:  # DictReader would keep the last cell and drop the other silently
+        raise WorkloadFileError(f"{where}: column(s) {', '.join(twice)} given twice")
     missing = [c for c in REQUIRED_OBSERVATION_COLUMNS if c not in header]
     if missing:
         raise WorkloadFileError(
@@ -249,6 +341,9 @@ def parse_observations_csv(text: str, where: str = "observations",
         at = f"{where}, row {line}"
         if None in raw:  # csv.DictReader files surplus cells under the key None
             raise WorkloadFileError(f"{at}: more cells than the header has columns")
+        if any(len(v or "") > MAX_CSV_FIELD_CHARS for v in raw.values()):
+            raise WorkloadFileError(f"{at}: a cell longer than {MAX_CSV_FIELD_CHARS} "
+                                    "characters")
         row = {k.strip(): (v or "").strip() for k, v in raw.items()}
         if not any(row.values()):
             continue
@@ -274,6 +369,12 @@ def parse_observations_csv(text: str, where: str = "observations",
             recompute = normalize_recompute(row["recompute"]) if row.get("recompute") else None
         except (ValueError, PerfModelError) as exc:
             raise WorkloadFileError(f"{at}: {exc}") from None
+        power = None
+        if row.get("power_limit_w"):
+            power = _number(row["power_limit_w"], "power_limit_w", at, float)
+            if not 0 < power <= MAX_POWER_LIMIT_W:
+                raise WorkloadFileError(f"{at}: power_limit_w must be a board power limit in W, "
+                                        f"> 0 and <= {MAX_POWER_LIMIT_W:g}, got {power:g}")
         precision = None
         if row.get("precision"):
             try:
@@ -286,7 +387,7 @@ def parse_observations_csv(text: str, where: str = "observations",
             if row.get("micro_batch") else None,
             strategy=strategy, precision=precision, recompute=recompute,
             grad_accum=max(1, _number(row["grad_accum"], "grad_accum", at, int))
-            if row.get("grad_accum") else 1))
+            if row.get("grad_accum") else 1, power_limit_w=power))
     if not out:
         raise WorkloadFileError(f"{where}: no observations (only a header?)")
     return out
@@ -296,13 +397,7 @@ def load_observations(path: str | Path, resolve_gpu: Callable[[str], str] | None
                       ) -> list[Observation]:
     """Read an observations CSV (see :func:`parse_observations_csv`)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadFileError(
-            f"cannot read observations file {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise WorkloadFileError(f"{p}: not UTF-8 text") from None
+    text = read_text_capped(p, MAX_OBSERVATIONS_BYTES, "observations")
     return parse_observations_csv(text, where=str(p), resolve_gpu=resolve_gpu)
 
 
@@ -326,5 +421,6 @@ def observations_to_csv(observations: list[Observation]) -> str:
     for o in observations:
         writer.writerow([o.gpu, o.gpu_count, o.nodes, o.micro_batch or "",
                          repr(float(o.throughput_samples_per_s)), o.strategy, o.precision or "",
-                         o.grad_accum, o.recompute or ""])
+                         o.grad_accum, o.recompute or "",
+                         "" if o.power_limit_w is None else repr(float(o.power_limit_w))])
     return out.getvalue()

@@ -60,10 +60,12 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 #: The package's layers, lowest first: a module imports only its own layer or lower ones, so
 #: the pure model never reaches for I/O and the MLflow edge never for the tracker.
 LAYERS = (
-    ("contract.py", "errors.py", "redact.py", "validation.py", "quantities.py"),  # names, checks
+    # names and checks
+    ("contract.py", "errors.py", "redact.py", "validation.py", "quantities.py",
+     "bounded_read.py"),
     ("devices", "catalog"),  # readings; prices and GPU specs
     ("perfmodel",),  # pure scaling models
-    ("hardware.py", "workload_files.py", "recommend"),  # model inputs; pure search
+    ("hardware.py", "workload_files.py", "hf_config.py", "recommend"),  # model inputs; search
     ("advice", "launch", "report"),  # pure rules; launch artefacts; charts and HTML
     ("mlflow_io",),  # the MLflow edge
     ("planning",),  # use cases: read, fit, search, advise, log, emit

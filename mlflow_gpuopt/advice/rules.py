@@ -256,7 +256,7 @@ def compile_dispatch(f: RunFacts, step_time_s: float | None = None,
     plan's predicted step; default the measured one, which only means something on a GPU)."""
     from mlflow_gpuopt.perfmodel.compute import KERNEL_DISPATCH_S
 
-    if f.model_wrapper == "compiled":
+    if f.model_wrapper == "compiled" or f.compiled:
         return []
     if not f.kernels_per_micro_step:
         return [NotEvaluated("compile", "the profile has no kernels-per-micro-step count")]

@@ -27,6 +27,7 @@ class RunFacts:
     #: distinct (M, K, N) of the matmuls of the profiled step, with their FLOPs share
     gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
     model_wrapper: str | None = None  # contract.PARAM_MODEL_WRAPPER's value
+    compiled: bool = False  # compiled graphs ran the step (contract.PARAM_COMPILED)
     kernels_per_micro_step: float | None = None
     exposed_comm_fraction: float | None = None  # distributed jobs only
     world_size: int = 1

@@ -23,8 +23,12 @@ user's target is the finding's worth. How each fix changes the prediction:
 * ``exposed_comm`` — the measured exposed communication beyond the model's share for the
   measured configuration (a share of the step) is added to the plan's predicted step as the
   script runs now, and removed by the fix.
-* ``dispatch`` — the counted kernels' host dispatch (``KERNEL_DISPATCH_S`` each) taken off
-  each micro-step, as CUDA graphs do (an upper bound: compile keeps some launches).
+* ``dispatch`` — the plan predicted by the same fitted model for the workload compiled:
+  ``COMPILED_LAUNCHES_PER_MICRO_STEP`` launches per micro-step (the fix's
+  ``mode="reduce-overhead"`` replays one CUDA graph for the forward and one for the
+  backward) in place of the eager count; the saving is the difference of the two
+  predictions, so a compiled run of the script, measured and predicted as compiled, lands
+  where the advice said.
 
 Pure: predictor, plan and costing in, :class:`~.types.Finding` with hours/dollars out.
 """
@@ -72,6 +76,11 @@ class PlanContext:
     #: perfmodel Hardware of the measured GPU in a node of the run's world size (``None``:
     #: measured on a CPU or a GPU the catalog lacks: the run cannot be predicted as measured)
     measured_hardware: Any = None
+
+
+#: Launches per micro-step of a model compiled with ``mode="reduce-overhead"``: a CUDA
+#: graph replay for the forward and one for the backward.
+COMPILED_LAUNCHES_PER_MICRO_STEP = 2.0
 
 
 def _scaled(pred: Any, step_s: float) -> Any:
@@ -215,11 +224,15 @@ def price(f: Finding, ctx: PlanContext, facts: RunFacts, base: Any) -> Finding:
                        f"{e:.1%} of the step beyond the modelled share, on the plan's "
                        f"{step * 1e3:.1f} ms step")
     if f.change == "dispatch":
-        d = f.params["dispatch_s"]
-        if d >= step:
-            return replace(f, worth_note="the counted dispatch exceeds the predicted step")
-        return _priced(f, before, _hours_usd(ctx, base, _scaled(pred, step - d)),
-                       "all host dispatch removed (CUDA graphs): an upper bound")
+        compiled = replace(ctx, predictor=ctx.predictor.with_kernels_per_micro_step(
+            COMPILED_LAUNCHES_PER_MICRO_STEP))
+        after = _predict(compiled, base)
+        if after is None:
+            return replace(f, worth_note="the plan cannot be predicted compiled")
+        return _priced(f, before, _hours_usd(ctx, base, after),
+                       f"the model's step compiled ({COMPILED_LAUNCHES_PER_MICRO_STEP:g} "
+                       f"launches per micro-step, CUDA graphs): {after.step_time_s * 1e3:.2f} "
+                       f"ms against {step * 1e3:.2f} ms eager")
     return replace(f, worth_note="not priced: the models have no term for this change")
 
 

@@ -9,7 +9,8 @@ Names are compared as a *set of tokens*, case-insensitively: vendor words (``NVI
 
 A name may leave out the memory or the form factor when only one catalog GPU fits. Where
 several fit, :data:`SHORT_NAME_DEFAULTS` decides (``A100`` is the original 40 GB SXM4,
-``V100`` the 16 GB SXM2, ``H100`` the SXM5): these are what GCP's ``nvidia-tesla-a100``, a
+``V100`` the 16 GB SXM2, ``H100`` and ``H100 SXM5`` the 80 GB SXM5, not the 96 GB part of
+Meta's Grand Teton hosts): these are what GCP's ``nvidia-tesla-a100``, a
 bare ``V100`` or ``H100`` mean at the providers in the catalog. ``V100-32GB-SXM3`` (DGX-2's
 part, ~5% higher clocks) resolves to ``V100-SXM2-32GB``, its closest catalog part.
 
@@ -48,6 +49,7 @@ SHORT_NAME_DEFAULTS = {
     "v100 sxm": "V100-SXM2-16GB",
     "h100": "H100-SXM5-80GB",
     "h100 80gb": "H100-SXM5-80GB",
+    "h100 sxm": "H100-SXM5-80GB",
 }
 
 

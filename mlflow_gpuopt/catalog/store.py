@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlflow_gpuopt.bounded_read import read_capped
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.errors import CatalogError
 from mlflow_gpuopt.catalog.rows import parse_gpus_csv, parse_offers_csv
@@ -132,9 +133,15 @@ def not_regular_file(path: Path) -> str | None:
     return "not a file"
 
 
+#: Largest cached price file read (bytes). A provider's refreshed offers are a few thousand
+#: rows (about 120 bytes each); a file far larger is not a price list this package wrote, and
+#: parsing a million rows would take over a minute and gigabytes.
+MAX_CACHE_FILE_BYTES = 16 * 1024**2
+
+
 def _user_files(cache_dir: Path) -> tuple[dict[str, Path], list[str]]:
     """The cached ``<provider>.csv`` files, and one warning per cache path that is skipped
-    because it is not a regular file."""
+    because it is not a regular file or is over :data:`MAX_CACHE_FILE_BYTES`."""
     files, skipped = {}, []
     for provider in PROVIDERS:
         path = cache_dir / f"{provider}.csv"
@@ -143,6 +150,12 @@ def _user_files(cache_dir: Path) -> tuple[dict[str, Path], list[str]]:
             skipped.append(f"ignoring {path}: not a regular file ({kind}); using the shipped "
                            f"{provider} prices")
         elif path.is_file():
+            size = path.stat().st_size
+            if size > MAX_CACHE_FILE_BYTES:
+                skipped.append(f"ignoring {path}: {size / 1024**2:.0f} MiB, over the "
+                               f"{MAX_CACHE_FILE_BYTES // 1024**2} MiB a price cache may be; "
+                               f"using the shipped {provider} prices")
+                continue
             files[provider] = path
     return files, skipped
 
@@ -193,7 +206,11 @@ def _read(
             sources[provider] = SHIPPED
             continue
         try:
-            text = path.read_text(encoding="utf-8")
+            data = read_capped(path, MAX_CACHE_FILE_BYTES)  # it may have grown meanwhile
+            if len(data) > MAX_CACHE_FILE_BYTES:
+                raise CatalogError(f"over the {MAX_CACHE_FILE_BYTES // 1024**2} MiB a price "
+                                   "cache may be", file=str(path))
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CatalogError(f"cannot read: {exc}", file=str(path)) from None
         rows = parse_offers_csv(text, gpus, str(path), provider)

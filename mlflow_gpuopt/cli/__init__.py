@@ -93,6 +93,11 @@ class _LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+#: MLflow's HTTP settings for the commands' own MLflow calls (docs/reliability.md#replay).
+_MLFLOW_HTTP_FOR_COMMANDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+                             "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
 @click.group(name="gpuopt", cls=_LazyGroup)
 @click.version_option(package_name="mlflow-gpuopt")
 def gpuopt() -> None:
@@ -100,12 +105,19 @@ def gpuopt() -> None:
     # The commands read small artifacts (gpuopt/profile.json); MLflow's download progress
     # bars would interleave with the table and the one-line errors on stderr.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's own retries (7, 120 s timeout) held a command against an unreachable server
+    # ~2.5 min: 1 retry and 10 s per request for the command, unless the user set them.
+    ctx = click.get_current_context()
+    for name, value in _MLFLOW_HTTP_FOR_COMMANDS.items():
+        if name not in os.environ:
+            os.environ[name] = value
+            ctx.call_on_close(lambda name=name: os.environ.pop(name, None))
     # Everything imported so far (MLflow, click, SQLAlchemy: a few hundred thousand objects)
     # lives until the process exits; frozen, the collector stops re-walking it in every full
     # collection the command's allocations trigger (each ~0.1-0.2 s of CPU here). Thawed
     # when the command ends, so a caller that stays (a test's CliRunner) collects as before.
     gc.freeze()
-    click.get_current_context().call_on_close(gc.unfreeze)
+    ctx.call_on_close(gc.unfreeze)
 
 
 def main() -> None:

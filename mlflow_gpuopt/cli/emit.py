@@ -41,7 +41,7 @@ def print_lines(doc: dict[str, Any], out: Any) -> None:
     if cands and cands[0].get("plan_id"):
         first = cands[0]["plan_id"]
         scheme = ("<recommendation run>:<rank>" if ":" in first
-                  else "the rank (not logged: --no-log)")
+                  else "the rank (not logged)")
         click.echo(f"Plan ids: {scheme}, e.g. #1 = {first}; launch one with "
                    "--emit torchrun|skypilot --plan K", file=out)
     e = doc.get("emitted")

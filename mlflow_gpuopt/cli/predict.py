@@ -23,6 +23,22 @@ from mlflow_gpuopt.cli.options import (
 from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
 from mlflow_gpuopt.validation import BOUNDS
 
+
+def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> None:
+    """The input flags' combinations: runs, a workload file (with observations), or a proxy
+    (runs, or ``--proxy-workload`` with its ``--observations``) planning ``--workload``."""
+    if run_ids and (observations_path or proxy_path):
+        raise UsageError("give --run-id or --observations/--proxy-workload, not both (with "
+                         "--run-id, --workload is the model to plan from that proxy run)")
+    if not run_ids and not workload_path:
+        raise UsageError("give --run-id ID, or --workload W.json [--observations O.csv]")
+    if observations_path and not workload_path:
+        raise UsageError("--observations needs --workload W.json")
+    if proxy_path and not observations_path:
+        raise UsageError("--proxy-workload needs --observations O.csv (the proxy's "
+                         "measurements)")
+
+
 def _fmt_hours(h: float) -> str:
     from mlflow_gpuopt.quantities import format_hours
 
@@ -50,9 +66,9 @@ def _human(result: dict) -> str:
                  f"{t['exposed_comm_s'] * 1e3:,.2f} ms, pipeline bubble "
                  f"{t['bubble_s'] * 1e3:,.2f} ms)")
     m = result["memory"]
-    fits = "fits" if result["fits"] else "DOES NOT FIT"
+    fits = ("fits" if result["fits"] else "DOES NOT FIT") + f", P(fits) {result['p_fits']:.0%}"
     lines.append(f"  memory/GPU   {_fmt_bytes(result['memory_per_gpu_bytes'])} of "
-                 f"{_fmt_bytes(result['memory_capacity_bytes'])} ({fits}; weights "
+                 f"{_fmt_bytes(result['memory_usable_bytes'])} usable ({fits}; weights "
                  f"{_fmt_bytes(m['weights_bytes'])}, gradients {_fmt_bytes(m['gradients_bytes'])}"
                  f", optimizer {_fmt_bytes(m['optimizer_bytes'])}, activations "
                  f"{_fmt_bytes(m['activations_bytes'])}, workspace "
@@ -80,6 +96,11 @@ def _human(result: dict) -> str:
     lines.append(f"  based on     {basis}")
     for note in result["assumptions"]:
         lines.append(f"  assumption   {note}")
+    top = next((d for d in result.get("defaults", ()) if d["throughput_change"]), None)
+    if top is not None:
+        lines.append(f"  decided most by  {top['quantity']} ({top['source']}): moved by its "
+                     f"own spread (x{math.exp(top['log_spread']):.2f}) it changes throughput "
+                     f"{100 * top['throughput_change']:+.0f}%")
     return "\n".join(lines)
 
 
@@ -87,10 +108,16 @@ def _human(result: dict) -> str:
 @click.option("--run-id", "run_ids", multiple=True,
               help="Run tracked with gpuopt.track() (repeatable).")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="workload.json (params, flops_per_sample, precision, ...).")
+              help="workload.json (params, flops_per_sample, precision, ...) or a Hugging "
+                   "Face config.json (with --seq-len).")
+@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
+              help="With a Hugging Face config.json: the training sequence length (tokens).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
               help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
                    "precision.")
+@click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
+              help="workload.json of the smaller model --observations measured (a proxy); "
+                   "--workload is the model to predict.")
 @click.option("--gpu", required=True, help="GPU to predict on (NVML or catalog name).")
 @click.option("--gpus", type=click.IntRange(min=1, max=int(BOUNDS["gpu_count"].high)),
               required=True, help="Total GPUs.")
@@ -115,12 +142,15 @@ def _human(result: dict) -> str:
               help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Node network, Gbit/s per node (default: the catalog's multi-node offers).")
+@click.option("--power-limit-w", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The GPUs' power limit (nvidia-smi -pl), W, for the target and the runs "
+                   "on the same GPU type (default: the board's TDP).")
 @target_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strategy, micro_batch,
-            grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
-            instance_type, inter_node_gbps, samples, epochs, dataset_size, tokens, steps,
-            as_json) -> None:
+def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, nodes, strategy,
+            micro_batch, grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
+            instance_type, inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens,
+            steps, as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.planning.predicting import PredictRequest
@@ -129,19 +159,17 @@ def predict(run_ids, workload_path, observations_path, gpu, gpus, nodes, strateg
     reject_empty_values(click.get_current_context())
     training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
                                    tokens=tokens, steps=steps, required=False)
-    if run_ids and (workload_path or observations_path):
-        raise UsageError("give either --run-id or --workload/--observations, not both")
-    if not run_ids and not workload_path:
-        raise UsageError("give --run-id ID, or --workload W.json [--observations O.csv]")
-    if observations_path and not workload_path:
-        raise UsageError("--observations needs --workload W.json")
+    check_proxy_flags(run_ids, workload_path, observations_path, proxy_path)
+    if run_ids and seq_len is not None and not workload_path:
+        raise UsageError("--seq-len goes with --workload CONFIG.json, not --run-id")
     if activation_checkpointing and recompute not in (None, "full"):
         raise UsageError("--activation-checkpointing means --recompute full; give one of them")
     result = run_predict(PredictRequest(
         gpu=gpu, gpus=gpus, run_ids=tuple(run_ids), workload_path=workload_path,
-        observations_path=observations_path, nodes=nodes, strategy=strategy,
-        micro_batch=micro_batch, grad_accum=grad_accum, precision=precision,
-        recompute=recompute, activation_checkpointing=activation_checkpointing,
-        virtual_stages=virtual_stages, instance_type=instance_type,
-        inter_node_gbps=inter_node_gbps, target=training_target), load_catalog_or_fail())
+        observations_path=observations_path, proxy_path=proxy_path, seq_len=seq_len,
+        nodes=nodes, strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum,
+        precision=precision, recompute=recompute,
+        activation_checkpointing=activation_checkpointing, virtual_stages=virtual_stages,
+        instance_type=instance_type, inter_node_gbps=inter_node_gbps,
+        power_limit_w=power_limit_w, target=training_target), load_catalog_or_fail())
     click.echo(_json.dumps(result) if as_json else _human(result))

@@ -36,9 +36,15 @@ from mlflow_gpuopt.validation import BOUNDS
 @click.option("--experiment", metavar="NAME",
               help="Fit all measured runs of the newest run's workload in this experiment.")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="Plan before a run exists: workload.json (as predict takes); not logged.")
+              help="Plan before a run exists: workload.json or a Hugging Face config.json "
+                   "(as predict takes); not logged.")
+@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
+              help="With a Hugging Face config.json: the training sequence length (tokens).")
 @click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
               help="With --workload: measured throughputs CSV (as predict takes).")
+@click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
+              help="workload.json of the smaller model --observations measured (a proxy); "
+                   "--workload is the model to plan.")
 @target_options
 @click.option("--deadline", metavar="DURATION", help="Wall-clock deadline: 24h, 90m, 2d, 1d12h.")
 @click.option("--provider", "providers", multiple=True,
@@ -58,7 +64,8 @@ from mlflow_gpuopt.validation import BOUNDS
               help="How many ranked plans to show / return.")
 @click.option("--global-batch", "global_batch", type=click.IntRange(min=1), metavar="N",
               help="Samples per optimizer step every plan keeps (default: the measured "
-                   "run's micro-batch × accumulation × GPUs).")
+                   "run's micro-batch × accumulation × GPUs; for a language model's "
+                   "workload file, LLM pre-training practice: docs/metrics.md).")
 @click.option("--keep-micro-batch", is_flag=True,
               help="Keep the measured per-GPU batch on every GPU instead, so the global "
                    "batch grows with the GPU count.")
@@ -69,11 +76,16 @@ from mlflow_gpuopt.validation import BOUNDS
                    "none); plans that fit only with full recomputation still get it.")
 @click.option("--activation-checkpointing", is_flag=True,
               help="Same as --recompute full.")
+@click.option("--memory-headroom", type=click.FloatRange(0.0, 0.9), default=0.10,
+              show_default=True, metavar="SHARE",
+              help="Share of each GPU's usable memory a plan must leave free at its predicted "
+                   "peak (0 keeps every plan likely to fit).")
 @launch_emit.emit_options
-def recommend(run_ids, experiment, workload_path, observations_path, samples, epochs,
+def recommend(run_ids, experiment, workload_path, observations_path, proxy_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
-              recompute, activation_checkpointing, emit, plan_rank, out_path, force, script):
+              recompute, activation_checkpointing, memory_headroom, emit, plan_rank, out_path,
+              force, script, seq_len):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -91,23 +103,31 @@ def recommend(run_ids, experiment, workload_path, observations_path, samples, ep
     if not (run_ids or experiment or workload_path):
         raise UsageError("give --run-id ID or --experiment NAME (or --workload W.json before "
                          "any run exists)")
-    if workload_path and (run_ids or experiment):
-        raise UsageError("give one of --run-id ID (one or more), --experiment NAME or "
-                         "--workload W.json, not both")
-    if not workload_path:
+    if proxy_path and (run_ids or experiment or not observations_path):
+        raise UsageError("--proxy-workload goes with --observations O.csv (the proxy's "
+                         "measurements) and --workload, not with --run-id / --experiment")
+    if (run_ids or experiment) and observations_path:
+        raise UsageError("give --run-id / --experiment or --observations, not both (with "
+                         "runs, --workload is the model to plan from those proxy runs)")
+    if run_ids or experiment or not workload_path:
         check_run_source(run_ids, experiment)
+        if seq_len is not None and not workload_path:
+            raise UsageError("--seq-len goes with --workload CONFIG.json (a Hugging Face "
+                             "config), not measured runs")
     if global_batch is not None and keep_micro_batch:
         raise UsageError("give --global-batch N or --keep-micro-batch, not both")
     request = RecommendRequest(
         target=parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
                             tokens=tokens, steps=steps, required=True),
         run_ids=tuple(run_ids), experiment=experiment, workload_path=workload_path,
-        observations_path=observations_path, deadline_hours=parse_deadline(deadline),
+        observations_path=observations_path, proxy_path=proxy_path, seq_len=seq_len,
+        deadline_hours=parse_deadline(deadline),
         confidence=confidence, providers=tuple(providers), region=region, spot=spot,
         max_gpus=max_gpus, max_nodes=max_nodes, top=top, global_batch=global_batch,
         keep_micro_batch=keep_micro_batch,
         recompute=recompute or ("full" if activation_checkpointing else None),
-        log=not no_log, emit=check_request(emit, plan_rank, out_path, force, script, top))
+        memory_headroom=memory_headroom, log=not no_log,
+        emit=check_request(emit, plan_rank, out_path, force, script, top))
 
     result = plan(request, load_catalog_or_fail())
     if as_json:
@@ -148,6 +168,8 @@ def _print_human(doc, out, logged) -> None:
                        f"launch: {c['launch']}", file=out)
     for note in doc["notes"]:
         click.echo(f"Note: {note}", file=out)
+    for assumed in doc.get("model_assumptions") or ():
+        click.echo(f"Assumed: {assumed}", file=out)
     if logged is not None:
         click.echo(f"Logged to MLflow run {logged.run_id} (experiment {logged.experiment_id}) "
                    f"with {len(logged.child_run_ids)} candidate runs; open it with "

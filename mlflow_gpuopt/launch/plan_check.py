@@ -18,7 +18,7 @@ from mlflow_gpuopt.validation import finite_float
 
 #: Memory may exceed the prediction by this share before it is called out: the model's own
 #: allowance for allocator fragmentation and temporary buffers
-#: (:data:`mlflow_gpuopt.perfmodel.memory.FRAGMENTATION`).
+#: (:data:`mlflow_gpuopt.perfmodel.memory.ALLOCATOR_OVERHEAD` and its spread).
 MEMORY_MARGIN = 0.10
 #: GPU utilisation (mean %) below which, with a busy host, the input pipeline is suspect.
 LOW_GPU_UTILIZATION_PERCENT = 70.0

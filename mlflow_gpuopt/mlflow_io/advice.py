@@ -88,6 +88,7 @@ def facts_from_record(record: RunRecord) -> RunFacts:
         cpu_utilization_mean_percent=_metric(metrics, contract.SUMMARY_CPU_UTILIZATION),
         gemm_shapes=_shapes(profile),
         model_wrapper=params.get(contract.PARAM_MODEL_WRAPPER) or None,
+        compiled=params.get(contract.PARAM_COMPILED) == "true",
         kernels_per_micro_step=num("kernels_per_micro_step"),
         exposed_comm_fraction=_metric(metrics, contract.SUMMARY_EXPOSED_COMM_FRACTION),
         world_size=param_int(params, contract.PARAM_WORLD_SIZE, 1) or 1,

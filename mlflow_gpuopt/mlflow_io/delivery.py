@@ -18,6 +18,15 @@ re-send is the same (key, timestamp, step, value) — which MLflow's SQL stores 
 connection reset, 5xx), the batch is *uncertain*: before sending it again the sender reads the
 run's metric history for the batch's keys and drops the values already there, so stores that
 do not de-duplicate (the file store) also end up with each value once.
+
+What counts as an answer: a 2xx whose body is a JSON object. A tracking request never follows
+a redirect (a login proxy's ``302 -> /login`` would turn a POST into a GET of the login page),
+and a 2xx that is an HTML page or any other body is a failed send, *uncertain* (something in
+between may have forwarded it), so its records stay in the journal and are checked against the
+run before they go again. Each request has one deadline as a whole, connecting, the headers
+and the whole body (:func:`_within`), so a server that drips its answer a byte at a time holds
+a send no longer than a dead one; a client-side deadline can be given for a series of requests
+too (the run's creation at the start of training).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import json
 import logging
 import math
 import posixpath
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol
 
@@ -38,6 +49,11 @@ MAX_BATCH_PARAMS = 100
 MAX_BATCH_TAGS = 100
 
 _RETRYABLE_STATUS = {401, 403, 408, 409, 425, 429}
+#: Request threads still hanging past their deadline (a dripping server) before new
+#: requests are refused without being sent, so a drip cannot pile up threads.
+MAX_HANGING_REQUESTS = 4
+_hanging: list[threading.Thread] = []
+_hanging_lock = threading.Lock()
 
 
 class DeliveryError(Exception):
@@ -48,9 +64,12 @@ class DeliveryError(Exception):
     """
 
     def __init__(self, message: str, *, permanent: bool = False, ambiguous: bool = False,
-                 not_found: bool = False, status: int | None = None) -> None:
+                 not_found: bool = False, status: int | None = None,
+                 cause: str | None = None) -> None:
         super().__init__(message)
         self.status = status  # the HTTP status when the server answered
+        #: what answered that is not MLflow ("html", "redirect", "not-json") or "deadline"
+        self.cause = cause
         self.permanent = permanent
         self.ambiguous = ambiguous
         self.not_found = not_found  # the run (or experiment) does not exist in this store
@@ -103,30 +122,61 @@ def _classify_exception(exc: BaseException, what: str) -> DeliveryError:
 
 
 class RestTransport:
-    """Direct REST calls to an MLflow tracking server, no retries, short timeout."""
+    """Direct REST calls to an MLflow tracking server: no retries, no redirects, one deadline
+    per request (``timeout_s``, the whole request), and when ``deadline_s`` is given, one for
+    every request this transport makes in all (counted from its creation)."""
 
-    def __init__(self, tracking_uri: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, tracking_uri: str, timeout_s: float = 5.0,
+                 deadline_s: float | None = None) -> None:
         from mlflow.utils import rest_utils  # noqa: F401 - imported here, not on the first send
         from mlflow.utils.credentials import get_default_host_creds
 
         self._uri = tracking_uri
         self._creds = get_default_host_creds(tracking_uri)
         self._timeout_s = timeout_s
+        self._deadline = None if deadline_s is None else time.monotonic() + deadline_s
         self._artifact_uri: dict[str, str] = {}
 
-    def _call(self, endpoint: str, method: str, what: str, creds: Any = None, **kwargs: Any):
+    def _budget(self, what: str) -> float:
+        if self._deadline is None:
+            return self._timeout_s
+        left = self._deadline - time.monotonic()
+        if left <= 0.01:
+            raise DeliveryError(f"{what} not sent: the time for tracking requests ran out",
+                                cause="deadline")
+        return min(self._timeout_s, left)
+
+    def _call(self, endpoint: str, method: str, what: str, creds: Any = None,
+              empty_ok: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """One request; its answer's JSON object, or :class:`DeliveryError`. ``empty_ok``: an
+        empty body is an answer too (the artifact upload's)."""
         from mlflow.utils.rest_utils import http_request
 
+        budget = self._budget(what)
         try:
-            resp = http_request(creds or self._creds, endpoint, method, max_retries=0,
-                                backoff_factor=0, backoff_jitter=0, timeout=self._timeout_s,
-                                raise_on_status=False, **kwargs)
+            resp = _within(budget, what, lambda: http_request(
+                creds or self._creds, endpoint, method, max_retries=0, backoff_factor=0,
+                backoff_jitter=0, timeout=budget, raise_on_status=False, allow_redirects=False,
+                **kwargs))
+        except DeliveryError:
+            raise
         except Exception as exc:  # connection errors, timeouts: decide if it may have landed
             raise _classify_exception(exc, what) from exc
         status = resp.status_code
         if 200 <= status < 300:
-            return resp
+            if empty_ok and not (resp.content or b"").strip():
+                return {}
+            return _json_object(resp, what)
+        if 300 <= status < 400:
+            from urllib.parse import urlsplit
+
+            where = urlsplit(resp.headers.get("Location", "")).path[:80] or "?"
+            raise DeliveryError(f"{what} failed: the tracking server answered with a redirect "
+                                f"(HTTP {status} to {where}): a login proxy?", status=status,
+                                cause="redirect")
         body = resp.text[:300] if resp.text else ""
+        if _looks_html(resp):
+            body = "(an HTML page)"
         message = f"{what} failed: HTTP {status} {body}".strip()
         if status >= 500:
             raise DeliveryError(message, ambiguous=True, status=status)
@@ -154,10 +204,13 @@ class RestTransport:
             if token:
                 params["page_token"] = token
             data = self._call("/api/2.0/mlflow/metrics/get-history", "GET", "get-history",
-                              params=params).json()
-            for m in data.get("metrics", []):
-                seen.add((int(m.get("step", 0)), int(m.get("timestamp", 0)),
-                          _float(m.get("value", 0.0))))
+                              params=params)
+            try:
+                for m in data.get("metrics", []):
+                    seen.add((int(m.get("step", 0)), int(m.get("timestamp", 0)),
+                              _float(m.get("value", 0.0))))
+            except (AttributeError, TypeError, ValueError) as exc:
+                raise _not_mlflow("get-history", exc) from exc
             token = data.get("next_page_token")
             if not token:
                 return seen
@@ -169,15 +222,16 @@ class RestTransport:
         payload = json.dumps(obj, indent=2).encode()
         if run_id not in self._artifact_uri:
             run = self._call("/api/2.0/mlflow/runs/get", "GET", "get-run",
-                             params={"run_id": run_id}).json()
-            self._artifact_uri[run_id] = run["run"]["info"]["artifact_uri"]
+                             params={"run_id": run_id})
+            self._artifact_uri[run_id] = str(_field(run, "get-run", "run", "info",
+                                                    "artifact_uri"))
         try:
             repo = get_artifact_repository(self._artifact_uri[run_id], tracking_uri=self._uri)
         except Exception as exc:
             raise DeliveryError(f"artifact store for {artifact_file}: {exc}") from exc
         if isinstance(repo, HttpArtifactRepository):  # served by the tracking server: PUT
             self._call(posixpath.join("/", artifact_file), "PUT", f"upload {artifact_file}",
-                       creds=repo._host_creds, data=payload,
+                       creds=repo._host_creds, empty_ok=True, data=payload,
                        extra_headers={"Content-Type": "application/json"})
             return
         _log_with_repo(repo, payload, artifact_file)
@@ -188,28 +242,28 @@ class RestTransport:
                 "tags": [{"key": k, "value": str(v)} for k, v in tags.items()]}
         if run_name:
             body["run_name"] = run_name
-        data = self._call("/api/2.0/mlflow/runs/create", "POST", "create-run", json=body).json()
-        return str(data["run"]["info"]["run_id"])
+        data = self._call("/api/2.0/mlflow/runs/create", "POST", "create-run", json=body)
+        return str(_field(data, "create-run", "run", "info", "run_id"))
 
     def experiment_id(self, name) -> str:
         """The id of experiment ``name``, created when missing (as ``mlflow.start_run`` does)."""
         try:
             data = self._call("/api/2.0/mlflow/experiments/get-by-name", "GET",
-                              "get-experiment", params={"experiment_name": name}).json()
-            return str(data["experiment"]["experiment_id"])
+                              "get-experiment", params={"experiment_name": name})
+            return str(_field(data, "get-experiment", "experiment", "experiment_id"))
         except DeliveryError as exc:
             if not exc.not_found:
                 raise
         data = self._call("/api/2.0/mlflow/experiments/create", "POST", "create-experiment",
-                          json={"name": name}).json()
-        return str(data["experiment_id"])
+                          json={"name": name})
+        return str(_field(data, "create-experiment", "experiment_id"))
 
     def find_run(self, experiment_id, tag_key, tag_value) -> str | None:
         body = {"experiment_ids": [str(experiment_id)], "max_results": 1,
                 "filter": f"tags.`{tag_key}` = '{tag_value}'"}
-        data = self._call("/api/2.0/mlflow/runs/search", "POST", "search-runs", json=body).json()
+        data = self._call("/api/2.0/mlflow/runs/search", "POST", "search-runs", json=body)
         runs = data.get("runs") or []
-        return str(runs[0]["info"]["run_id"]) if runs else None
+        return str(_field({"r": runs}, "search-runs", "r", 0, "info", "run_id")) if runs else None
 
     def update_run(self, run_id, status, end_time_ms) -> None:
         self._call("/api/2.0/mlflow/runs/update", "POST", "update-run",
@@ -218,12 +272,84 @@ class RestTransport:
     def run_exists(self, run_id) -> bool:
         try:
             data = self._call("/api/2.0/mlflow/runs/get", "GET", "get-run",
-                              params={"run_id": run_id}).json()
+                              params={"run_id": run_id})
         except DeliveryError as exc:
             if exc.not_found or (exc.permanent and "INVALID_PARAMETER_VALUE" in str(exc)):
                 return False
             raise
-        return data["run"]["info"].get("lifecycle_stage", "active") == "active"
+        info = _field(data, "get-run", "run", "info")
+        stage = info.get("lifecycle_stage", "active") if isinstance(info, dict) else None
+        if stage is None:
+            raise _not_mlflow("get-run", TypeError("run.info is not an object"))
+        return stage == "active"
+
+
+def _within(budget_s: float, what: str, request: Any) -> Any:
+    """``request()`` on a daemon thread, waited for at most ``budget_s`` (connect, headers and
+    body together: the socket timeout alone restarts with every byte a dripping server sends).
+    A request still running then is abandoned (it may have landed: *ambiguous*); while
+    :data:`MAX_HANGING_REQUESTS` of those still run, new requests are refused unsent."""
+    with _hanging_lock:
+        _hanging[:] = [t for t in _hanging if t.is_alive()]
+        if len(_hanging) >= MAX_HANGING_REQUESTS:
+            raise DeliveryError(f"{what} not sent: {len(_hanging)} earlier tracking requests "
+                                "are still waiting for their answers", cause="deadline")
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["resp"] = request()
+        except BaseException as exc:  # handed to the caller
+            out["exc"] = exc
+
+    t = threading.Thread(target=run, name="GpuOptRequest", daemon=True)
+    t.start()
+    t.join(budget_s)
+    if t.is_alive():
+        with _hanging_lock:
+            _hanging.append(t)
+        raise DeliveryError(f"{what} failed: no complete answer within {budget_s:g} s "
+                            "(a server dripping its answer?)", ambiguous=True, cause="deadline")
+    if "exc" in out:
+        raise out["exc"]
+    return out["resp"]
+
+
+def _looks_html(resp: Any) -> bool:
+    kind = (resp.headers.get("Content-Type") or "").lower()
+    return "html" in kind or (resp.content or b"")[:200].lstrip()[:1] == b"<"
+
+
+def _not_mlflow(what: str, exc: BaseException | None = None) -> DeliveryError:
+    return DeliveryError(f"{what} failed: the tracking server's answer is not MLflow's JSON"
+                         + (f" ({type(exc).__name__}: {str(exc)[:80]})" if exc else ""),
+                         ambiguous=True, cause="not-json")
+
+
+def _json_object(resp: Any, what: str) -> dict[str, Any]:
+    """The JSON object of a 2xx answer; anything else (an HTML login page, a proxy's text, a
+    JSON list) is an uncertain failed send: something in between answered, not MLflow."""
+    if _looks_html(resp):
+        raise DeliveryError(f"{what} failed: the tracking server answered with an HTML page "
+                            f"(HTTP {resp.status_code}): a login proxy?", ambiguous=True,
+                            status=resp.status_code, cause="html")
+    try:
+        data = json.loads(resp.content or b"")
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _not_mlflow(what, exc) from None
+    if not isinstance(data, dict):
+        raise _not_mlflow(what, TypeError(f"a JSON {type(data).__name__}"))
+    return data
+
+
+def _field(data: Any, what: str, *keys: Any) -> Any:
+    """``data[k1][k2]...``; a missing or mistyped field is :func:`_not_mlflow`."""
+    for key in keys:
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise _not_mlflow(what, exc) from None
+    return data
 
 
 def _log_with_repo(repo: Any, payload: bytes, artifact_file: str) -> None:
@@ -331,13 +457,17 @@ class ClientTransport:
         return run.info.lifecycle_stage == "active"
 
 
-def make_transport(tracking_uri: str | None, timeout_s: float = 5.0) -> Transport:
-    """A transport for ``tracking_uri`` (``None``: MLflow's current tracking URI)."""
+def make_transport(tracking_uri: str | None, timeout_s: float = 5.0,
+                   deadline_s: float | None = None) -> Transport:
+    """A transport for ``tracking_uri`` (``None``: MLflow's current tracking URI).
+
+    ``timeout_s``: each request's deadline, as a whole; ``deadline_s``: all of this transport's
+    requests together (REST only: other URIs involve no network)."""
     import mlflow
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     if uri.startswith(("http://", "https://")):
-        return RestTransport(uri, timeout_s)
+        return RestTransport(uri, timeout_s, deadline_s)
     return ClientTransport(uri)
 
 

@@ -143,19 +143,42 @@ def logged_plan_row(plan_id: str, workload: Any, client: Any = None) -> dict[str
     return dict(cands[rank - 1])
 
 
-def link_job(plan: PlanPrediction, job_run_id: str, client: Any = None) -> str:
-    """Append ``job_run_id`` to ``gpuopt.job_run_ids`` of the plan's run; returns that run.
+#: Times ``link_job`` writes the list tag and reads it back before giving up on it (the
+#: job's own tag holds the link anyway).
+LINK_TRIES = 6
 
-    The plan's run is its child run where one was logged, else the recommendation run.
-    (Two jobs linking at the same instant may lose one id: a tag has no atomic append.)
+
+def _job_ids(tags: dict[str, str]) -> list[str]:
+    """The job runs linked in ``tags``: the list tag's, then those only their own tag names."""
+    listed = [i for i in (tags.get(contract.TAG_JOB_RUN_IDS) or "").split(",") if i]
+    own = sorted(k[len(contract.TAG_JOB_RUN_PREFIX):] for k in tags
+                 if k.startswith(contract.TAG_JOB_RUN_PREFIX))
+    return listed + [i for i in own if i not in listed]
+
+
+def link_job(plan: PlanPrediction, job_run_id: str, client: Any = None) -> str:
+    """Link ``job_run_id`` to the plan's run; returns that run.
+
+    The plan's run is its child run where one was logged, else the recommendation run. The
+    job gets a tag of its own there (``gpuopt.job_run.<id>``, never lost), and
+    ``gpuopt.job_run_ids`` is rewritten as every linked job (the list and the own tags) and
+    read back, with a short random pause, until it holds this job: a tag has no atomic
+    append, so two jobs linking at once each keep the other's id.
     """
+    import random
+    import time
+
     client = _client(client)
     target = plan.plan_run_id or plan.recommendation_run_id
-    run = client.get_run(target)
-    ids = [i for i in (run.data.tags.get(contract.TAG_JOB_RUN_IDS) or "").split(",") if i]
-    if job_run_id not in ids:
-        ids.append(job_run_id)
+    client.set_tag(target, f"{contract.TAG_JOB_RUN_PREFIX}{job_run_id}", "1")
+    for attempt in range(LINK_TRIES):
+        tags = client.get_run(target).data.tags
+        listed = (tags.get(contract.TAG_JOB_RUN_IDS) or "").split(",")
+        ids = _job_ids(tags)
+        if job_run_id in listed and len(ids) == len([i for i in listed if i]):
+            return target
         client.set_tag(target, contract.TAG_JOB_RUN_IDS, ",".join(ids)[:5000])
+        time.sleep(random.uniform(0.02, 0.1) * (attempt + 1))  # another job's write may race
     return target
 
 

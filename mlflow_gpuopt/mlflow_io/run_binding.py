@@ -9,8 +9,12 @@ whose retries hold the caller for minutes when the server is down. When the serv
 answer, the run gets a locally minted id (``uuid4().hex``, the shape of MLflow's own ids) and
 a description of the run to create (:attr:`RunBinding.create_run`); the writer journals it and
 creates the run when the server answers, or ``mlflow gpuopt replay`` does (see
-:mod:`.journal`). Training is held up by at most one request timeout
-(:data:`START_TIMEOUT_S`).
+:mod:`.journal`). Training is held up by at most :data:`START_TIMEOUT_S` in all: one deadline
+covers every request of the start (finding the experiment, creating the run), each request
+as a whole, so a server that drips its answer costs no more than a dead one. An answer that
+is not MLflow's (a login proxy's HTML page or redirect) is an outage too: journaled. The run
+created at start carries ``gpuopt.local_run_id`` as well, so that when its answer is lost the
+writer finds it instead of creating a second one.
 
 Tags at run start: pass them to :func:`bind_run` (``tags=``); they go into the create request
 (or the journaled create record), with MLflow's context tags (source, user, git commit) and
@@ -117,14 +121,19 @@ def _create_over_rest(uri: str, run_name: str | None, tags: dict[str, str],
     exp_id, exp_name = _experiment()
     local_id = uuid.uuid4().hex
     start_ms = int(time.time() * 1000)
-    transport = delivery.make_transport(uri, timeout_s)
+    from mlflow_gpuopt import contract
+
+    transport = delivery.make_transport(uri, timeout_s, deadline_s=timeout_s)
     try:
         if exp_id is None:
             exp_id = transport.experiment_id(exp_name)
-        real_id = transport.create_run(exp_id, run_name, start_ms, tags)
-    except delivery.DeliveryError as exc:
+        real_id = transport.create_run(exp_id, run_name, start_ms,
+                                       {**tags, contract.TAG_LOCAL_RUN_ID: local_id})
+    except (delivery.DeliveryError, KeyError, TypeError, ValueError) as exc:
+        if not isinstance(exc, delivery.DeliveryError):  # an answer that is not MLflow's
+            exc = delivery.DeliveryError(f"{type(exc).__name__}: {exc}", ambiguous=True)
         if exc.permanent or exc.status in (401, 403):  # it answered, and refused: no outage
-            raise
+            raise exc
         from mlflow_gpuopt.redact import redact, redact_uri, uri_secrets
 
         logger.warning("gpuopt: MLflow at %s did not answer (%s); training goes on, tracking "

@@ -28,6 +28,9 @@ Interface (stable; other modules code against it; names from :mod:`mlflow_gpuopt
 one warning says how to deliver it later (``mlflow gpuopt replay PATH``). A record is lost
 only if the queue (``max_queue`` records) overflows, i.e. the pump can't keep up with local
 disk writes; that is counted and warned about.
+
+A forked child inherits the writer but not its threads: there ``log_*`` and ``close`` do
+nothing (one warning), so a child never journals, ends or logs into the parent's run.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class RunWriter:
         self._abort = threading.Event()  # close's deadline passed: stop sending
         self._kick = threading.Event()  # close() began: retry now, not after the backoff
         self._report: CloseReport | None = None
+        self._pid = os.getpid()  # the process whose threads deliver (a fork's child has none)
         self._pump = threading.Thread(target=self._pump_loop, name="GpuOptWriterPump",
                                       daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="GpuOptWriter", daemon=True)
@@ -184,7 +188,17 @@ class RunWriter:
     def log_dict(self, obj: Any, artifact_file: str) -> None:
         self._put(("dict", obj, str(artifact_file)))
 
+    def _forked_child(self, what: str) -> bool:
+        if os.getpid() == self._pid:
+            return False
+        self._warn_once("fork", "gpuopt: a forked child process (pid %d) %s the tracking "
+                        "writer of pid %d, whose run it is; ignored", os.getpid(), what,
+                        self._pid)
+        return True
+
     def _put(self, item: tuple) -> None:
+        if self._forked_child("logged into"):
+            return
         if self._stop.is_set():
             self._warn_once("closed", "gpuopt: tracking writer is closed; ignoring a record")
             return
@@ -490,7 +504,13 @@ class RunWriter:
                 with contextlib.suppress(OSError, ValueError):
                     self._journal.mark_uncertain(self._verify_through)
             where = self._journal.path if self._journal is not None else "memory"
-        if first:
+        if exc.cause in ("html", "redirect", "not-json", "deadline"):
+            # what answered is not MLflow (or drips): said once per cause, whenever it shows
+            self._warn_once(f"cause-{exc.cause}", "gpuopt: %s; keeping tracking records in %s "
+                            "and retrying in the background (values are checked against the "
+                            "run before they are sent again)", redact(str(exc), self._secrets),
+                            where)
+        elif first:
             logger.warning("gpuopt: cannot write to MLflow at %s (%s); keeping tracking records "
                            "in %s and retrying in the background", redact_uri(self._uri),
                            redact(str(exc), self._secrets), where)
@@ -526,6 +546,8 @@ class RunWriter:
         """
         if self._report is not None:
             return self._report
+        if self._forked_child("closed"):
+            return CloseReport(0, 0, None)
         deadline = time.monotonic() + max(0.0, timeout_s)
         end_ms = int(time.time() * 1000)
         self._stop.set()
@@ -622,7 +644,7 @@ class RunWriter:
         return done.is_set()
 
     def _close_at_exit(self) -> None:
-        if self._report is None:
+        if self._report is None and os.getpid() == self._pid:  # a child's exit: not its run
             try:
                 self.close(timeout_s=5.0)
             except Exception as exc:  # at interpreter exit: a warning, never a traceback

@@ -62,18 +62,37 @@ tensors are rebuilt one layer at a time, as under full recomputation.
 
 Outside the layers (Sec. 4.3): the first pipeline stage keeps the embedding's dropout mask
 (``d``) and the token ids; the last keeps the final norm's input and the output projection's
-input (``2e``), and the fp32 log-probabilities of the cross-entropy (``4·v`` bytes per token,
-split over ``t`` by a vocabulary-parallel loss) and the targets. With 1F1B pipelining the
-first stage holds ``min(p, accumulation steps)`` micro-batches of its ``L/p`` layers in
-flight (Sec. 4.2.3); an interleaved schedule with ``v`` virtual stages multiplies that by
-``1 + (p − 1)/(p·v)``.
+input (``2e``), the targets, and what the cross-entropy keeps of the ``v``-wide logits, by
+implementation (``cross_entropy``, split over ``t`` by a vocabulary-parallel loss):
+
+- ``fp32``: ``F.cross_entropy`` on fp32 logits (an explicit ``.float()``, as torchtitan's loss
+  does, or autocast, which runs the loss in fp32): ``log_softmax`` saves its fp32 output
+  (``4·v`` per token); at the start of the backward ``nll_loss``'s gradient and
+  ``log_softmax``'s (fp32, ``4·v`` each) are held beside it, so the peak at the loss is
+  ``12·v`` per token;
+- ``fused``: a fused loss that keeps one fp32 softmax and writes its gradient in place
+  (Megatron's vocabulary-parallel cross-entropy, Transformer Engine's, flash-attn's):
+  ``4·v`` per token, no more at the backward;
+- ``chunked``: a loss that never holds the whole logits (Liger's fused linear cross-entropy,
+  cut-cross-entropy, torchtune's chunked loss): nothing ``v``-wide is kept.
+
+The backward's extra over what is stored (the loss's gradients, or one layer rebuilt under
+full recomputation) is ``ActivationBytes.recompute_bytes``; the two are not held at once (the
+loss's gradients are freed before the first layer is rebuilt), so the larger counts.
+
+With 1F1B pipelining the first stage holds ``min(p, accumulation steps)`` micro-batches of
+its ``L/p`` layers in flight (Sec. 4.2.3); an interleaved schedule with ``v`` virtual stages
+multiplies that by ``1 + (p − 1)/(p·v)``.
 """
 
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.perfmodel.types import Workload
 
 ATTENTION_KERNELS = ("flash", "eager")
 RECOMPUTE_MODES = ("none", "selective", "full", "selective-op")
@@ -96,6 +115,14 @@ NORM_STATS_BYTES = 8.0
 INDEX_BYTES = 8.0
 #: The cross-entropy's log-probabilities are kept in fp32 whatever the activation precision.
 LOGIT_BYTES = 4.0
+#: Cross-entropy implementations (module docstring): (bytes per logit kept for the backward,
+#: bytes per logit held beside them at the start of the backward).
+CROSS_ENTROPY_BYTES = {"fp32": (LOGIT_BYTES, 2.0 * LOGIT_BYTES), "fused": (LOGIT_BYTES, 0.0),
+                       "chunked": (0.0, 0.0)}
+_CROSS_ENTROPY_ALIASES = {"float32": "fp32", "plain": "fp32", "torch": "fp32",
+                          "materialised": "fp32", "materialized": "fp32", "liger": "chunked",
+                          "cce": "chunked", "fused_crossentropy": "fused",
+                          "vocab_parallel": "fused"}
 
 
 @functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
@@ -122,6 +149,17 @@ def normalize_recompute(mode: str | None) -> str:
     return key
 
 
+def normalize_cross_entropy(name: str | None) -> str | None:
+    """``fp32``, ``fused`` or ``chunked`` (module docstring); None when not known."""
+    if name is None or not str(name).strip():
+        return None
+    key = str(name).strip().lower()
+    key = _CROSS_ENTROPY_ALIASES.get(key, key)
+    if key not in CROSS_ENTROPY_BYTES:
+        raise ValueError(f"unknown cross_entropy {name!r}; expected fp32, fused or chunked")
+    return key
+
+
 @dataclass(frozen=True)
 class TransformerDims:
     """The architecture the formula needs; ``vocab_size`` None leaves the logits out."""
@@ -145,12 +183,33 @@ class TransformerDims:
         return min(1.0, float(self.num_kv_heads) / float(self.num_heads))
 
 
+@functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
+def transformer_dims(workload: Workload) -> TransformerDims | None:
+    """The architecture for the activation formula, or None when the profile does not give
+    layers, hidden size and sequence length (heads default to hidden / 128, the common head
+    width; the MLP to GELU at 4 × hidden, or SwiGLU at 8/3 × hidden)."""
+    if not (workload.num_layers and workload.hidden_size and workload.tokens_per_sample):
+        return None
+    h = float(workload.hidden_size)
+    gated = (workload.mlp or "gelu").strip().lower() in ("swiglu", "geglu", "gated", "glu")
+    ffn = workload.ffn_hidden_size or (8.0 / 3.0 * h if gated else 4.0 * h)
+    return TransformerDims(num_layers=int(workload.num_layers), hidden_size=h,
+                           seq_len=float(workload.tokens_per_sample),
+                           num_heads=int(workload.num_heads or max(1, round(h / 128))),
+                           ffn_hidden_size=float(ffn), gated_mlp=gated,
+                           vocab_size=float(workload.vocab_size) if workload.vocab_size else None,
+                           num_kv_heads=int(workload.num_kv_heads) if workload.num_kv_heads
+                           else None)
+
+
 @dataclass(frozen=True)
 class ActivationBytes:
     """Activation bytes on the busiest GPU for one micro-step, split by when they are held."""
 
     stored_bytes: float  # saved by the forward for the backward
-    recompute_bytes: float  # one layer's activations rebuilt during the backward (full recompute)
+    #: held beside them during the backward: one layer rebuilt (full/per-op recomputation) or
+    #: the loss's gradients, whichever is larger
+    recompute_bytes: float
 
     @property
     def peak_bytes(self) -> float:
@@ -218,13 +277,18 @@ def activation_bytes(dims: TransformerDims, micro_batch: float, element_bytes: f
                      mask_bytes: float, *, attention: str = "flash",
                      attention_dropout: bool = True, recompute: str = "none", tp: int = 1,
                      pp: int = 1, grad_accum: int = 1, virtual_stages: int = 1,
-                     sequence_parallel: bool = True) -> ActivationBytes:
+                     sequence_parallel: bool = True, cross_entropy: str = "fused",
+                     ) -> ActivationBytes:
     """Activation bytes of the busiest GPU (first or last pipeline stage) for ``micro_batch``
     samples of ``dims.seq_len`` tokens.
 
     ``mask_bytes`` is 0 for a model without dropout; ``attention_dropout`` says whether the
-    scores are dropped out too (eager attention then keeps a mask and the dropped-out copy).
+    scores are dropped out too (eager attention then keeps a mask and the dropped-out copy);
+    ``cross_entropy`` is the loss's implementation (module docstring; ``fused`` keeps the
+    fp32 log-probabilities the paper counts).
     """
+    kept_logit, loss_logit = CROSS_ENTROPY_BYTES[normalize_cross_entropy(cross_entropy)
+                                                 or "fused"]
     attention = normalize_attention(attention)
     recompute = normalize_recompute(recompute)
     t, p = max(1, tp), max(1, pp)
@@ -244,17 +308,20 @@ def activation_bytes(dims: TransformerDims, micro_batch: float, element_bytes: f
     layers_per_stage = dims.num_layers / p
     embed = d * h / (t if sequence_parallel else 1) + INDEX_BYTES
     head = 2.0 * e * h / (t if sequence_parallel else 1) + NORM_STATS_BYTES + INDEX_BYTES
+    loss = 0.0
     if dims.vocab_size:
-        head += LOGIT_BYTES * float(dims.vocab_size) / t
+        head += kept_logit * float(dims.vocab_size) / t
+        loss = tokens * loss_logit * float(dims.vocab_size) / t
     if p == 1:
         stored = tokens * (dims.num_layers * kept_layer + embed + head)
-    else:
-        in_flight = min(p, max(1, int(grad_accum)))
-        interleave = 1.0 + (p - 1) / (p * virtual_stages) if virtual_stages > 1 else 1.0
-        first = tokens * in_flight * (layers_per_stage * kept_layer * interleave + embed)
-        last = tokens * (layers_per_stage * kept_layer + head)
-        stored = max(first, last)
-    return ActivationBytes(stored_bytes=stored, recompute_bytes=working)
+        return ActivationBytes(stored_bytes=stored, recompute_bytes=max(working, loss))
+    in_flight = min(p, max(1, int(grad_accum)))
+    interleave = 1.0 + (p - 1) / (p * virtual_stages) if virtual_stages > 1 else 1.0
+    first = tokens * in_flight * (layers_per_stage * kept_layer * interleave + embed)
+    last = tokens * (layers_per_stage * kept_layer + head)
+    stored = max(first, last)
+    peak = max(first + working, last + max(working, loss))
+    return ActivationBytes(stored_bytes=stored, recompute_bytes=peak - stored)
 
 
 #: Share of a training micro-step's work that is the forward pass: the backward costs about

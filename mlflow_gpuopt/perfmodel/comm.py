@@ -34,6 +34,12 @@ BUS_EFFICIENCY = 0.75
 #: Per ring step latency inside a node (NVLink/PCIe) and across nodes.
 INTRA_NODE_LATENCY_S = 5e-6
 INTER_NODE_LATENCY_S = 20e-6
+#: Share of the SMs the overlapped tensor-parallel communication kernels hold while they run,
+#: slowing the GEMMs beneath them: NeMo's H100 userbuffers configurations give the pipelined and
+#: bulk overlaps 16-24 of the 132 SMs (``num_sm``, with ``set_sm_margin``) and the ring
+#: exchanges one (NVIDIA/NeMo ``nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py``,
+#: e.g. ``userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192``): 16 / 132.
+TP_OVERLAP_SM_SHARE = 16.0 / 132.0
 #: Pollux's overlap exponent prior: 1 = communication adds to compute, large = fully hidden.
 GAMMA_PRIOR = 2.0
 #: Compute time lost per doubling of data-parallel replicas to stragglers, synchronisation
@@ -164,6 +170,27 @@ def tp_allreduce_s(num_layers: int, micro_batch: float, seq_len: float, hidden: 
     nbytes = micro_batch * seq_len * hidden * act_bytes
     bw = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
     return 4.0 * num_layers * ring_allreduce_s(nbytes, tp, bw, INTRA_NODE_LATENCY_S)
+
+
+def tp_exposed_s(t_tp: float, t_compute: float, tp: int, overlap: bool | None) -> float:
+    """Seconds a micro-step's tensor-parallel communication ``t_tp`` adds next to ``t_compute``
+    seconds of its GEMMs.
+
+    Without overlap all of it (each collective waits for its GEMM and the next GEMM waits for
+    it). With overlap (Transformer Engine's userbuffers under Megatron / NeMo
+    ``tp_comm_overlap``, torchtitan's async TP) each collective of sequence parallelism is
+    split into ``tp`` chunks, chunk i's transfer running under chunk i−1's GEMM (ring exchange,
+    pipelined all-gather-matmul / matmul-reduce-scatter): the first chunk stays exposed, and
+    what the GEMMs cannot cover adds. The hidden part is not free: the communication kernels
+    hold ``TP_OVERLAP_SM_SHARE`` of the SMs while they run, and the GEMMs under them slow by
+    that share (docs/models.md#communication-commpy).
+    """
+    if t_tp <= 0:
+        return 0.0
+    if not overlap or tp <= 1:
+        return t_tp
+    hidden = min(t_tp * (1.0 - 1.0 / tp), t_compute)
+    return t_tp - hidden + TP_OVERLAP_SM_SHARE * hidden
 
 
 def pp_p2p_s(boundary_bytes: float, layout: Layout, hardware: Hardware) -> float:

@@ -41,8 +41,14 @@ training on each, relative to Ampere's (``GENERATION_MFU``). Those figures come 
 
 from __future__ import annotations
 
+import functools
+import math
+from dataclasses import replace
+
+from mlflow_gpuopt.perfmodel.activations import DROPOUT_MASK_BYTES_CUDA, activation_bytes
 from mlflow_gpuopt.perfmodel.precision import (
     ACTIVATION_BYTES,
+    ELEMENT_BYTES,
     is_mixed,
     normalize_precision,
     peak_flops_per_s,
@@ -116,7 +122,32 @@ MEMORY_EFFICIENCY = 0.75
 #: solving this module's FP8 time split (linear layers at FP8, attention at bf16, traffic
 #: and the rest unchanged) for those speed-ups; ``benchmarks/bench_llm.py --derive-fp8``
 #: prints the solution.
-FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.765, "rowwise": 0.633}
+FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.773, "rowwise": 0.636}
+#: Share of the dense 16-bit tensor-core peak attention's fused kernel reaches, forward +
+#: backward, per GPU generation and kernel (:func:`attention_efficiency`). Attention's two
+#: batched matmuls (``QKᵀ``, ``AV``, :func:`attention_flops_share`) run inside one fused kernel
+#: with the softmax between them, and how much of the tensor cores it keeps busy depends on the
+#: kernel's design per generation, not on the linear layers' GEMM efficiency:
+#: - ``fa2`` (FlashAttention-2, PyTorch SDPA's flash backend on both Ampere and Hopper): on
+#:   A100 50-73% of peak, "close to the efficiency of GEMM operations" (Dao 2023, FlashAttention-
+#:   2 paper, abstract): 0.6, Ampere's GEMM figure (``COMPUTE_EFFICIENCY_TENSOR``); on H100
+#:   35% (Shah et al. 2024, FlashAttention-3 paper, abstract: FA2 "achieves only 35%
+#:   utilization on the H100", written for Ampere's synchronous pipeline, it uses neither TMA
+#:   nor warp-specialised ``wgmma``);
+#: - ``fa3`` (FlashAttention-3; Transformer Engine's cuDNN fused attention, ``te``/``cudnn``, is
+#:   of the same design and what Megatron-LM / NeMo run on Hopper): 1.5-2.0× FA2 on H100, up to
+#:   75% of peak in the forward (FlashAttention-3 paper): 0.35 × 1.75 = 0.61.
+#: Blackwell takes Hopper's figures (as ``GENERATION_MFU``); a generation or kernel without a
+#: figure (Volta, Turing, Ada, AMD; eager attention, which runs as ``bmm`` GEMMs) times the
+#: attention FLOPs with the linear layers' efficiency.
+ATTENTION_KERNEL_EFFICIENCY = {("ampere", "fa2"): 0.6, ("hopper", "fa2"): 0.35,
+                               ("hopper", "fa3"): 0.61}
+ATTENTION_KERNELS = ("fa2", "fa3")
+_ATTENTION_KERNEL_ALIASES = {"fa2": "fa2", "flash2": "fa2", "flash-attention-2": "fa2",
+                             "flash_attention_2": "fa2", "sdpa": "fa2",
+                             "fa3": "fa3", "flash3": "fa3", "flash-attention-3": "fa3",
+                             "flash_attention_3": "fa3", "te": "fa3", "cudnn": "fa3",
+                             "transformer_engine": "fa3", "transformer-engine": "fa3"}
 _FP8_RECIPE_ALIASES = {"te": "te", "transformer_engine": "te", "transformer-engine": "te",
                        "delayed": "te", "current": "te", "fp8-cs": "te",
                        "tensorwise": "tensorwise", "torchao": "tensorwise",
@@ -135,28 +166,90 @@ def activation_bytes_per_sample(workload: Workload, precision: str) -> tuple[flo
         own = normalize_precision(workload.precision)
         return (workload.activation_bytes_per_sample * ACTIVATION_BYTES[p]
                 / ACTIVATION_BYTES[own], False)
-    traffic = (workload.flops_per_sample / DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32
-               * ACTIVATION_BYTES[p] / 4.0)
-    return traffic / TRAFFIC_PER_ACTIVATION_BYTE, True
+    return memory_traffic_bytes_per_sample(workload, p) / TRAFFIC_PER_ACTIVATION_BYTE, True
+
+
+#: Where a sample's DRAM traffic comes from (:func:`traffic_source`): the profile's measured
+#: figure, the measured activations × ``TRAFFIC_PER_ACTIVATION_BYTE``, the transformer
+#: architecture's activation formula × the same, or FLOPs / ``DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32``.
+TRAFFIC_SOURCES = ("measured", "measured activations", "architecture", "flops")
+
+
+def traffic_source(workload: Workload) -> str:
+    """Which of ``TRAFFIC_SOURCES`` :func:`memory_traffic_bytes_per_sample` uses: the most
+    specific information the workload has."""
+    if workload.memory_traffic_bytes_per_sample:
+        return "measured"
+    if workload.activation_bytes_per_sample:
+        return "measured activations"
+    if formula_activation_bytes_per_sample(workload, "bf16") is not None:
+        return "architecture"
+    return "flops"
+
+
+@functools.lru_cache(maxsize=256)  # pure; asked for every plan of a search
+def formula_activation_bytes_per_sample(workload: Workload, precision: str) -> float | None:
+    """Activations one sample stores without recomputation at ``precision``, from the
+    transformer activation formula (:mod:`.activations`), or None where the workload does not
+    give the architecture (layers, hidden size, sequence length). FP8 is the bf16 figure ×
+    27/34 (only the linear layers' inputs are FP8: ``ACTIVATION_BYTES``)."""
+    from mlflow_gpuopt.perfmodel.activations import transformer_dims
+
+    dims = transformer_dims(workload)
+    if dims is None:
+        return None
+    p = normalize_precision(precision)
+    dropout = workload.dropout is None or workload.dropout > 0
+    element = 2.0 if p == "fp8" else float(ELEMENT_BYTES[p])
+    stored = activation_bytes(
+        dims, 1, element, DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
+        attention=workload.attention, attention_dropout=dropout,
+        recompute="none").stored_bytes
+    return stored * (ACTIVATION_BYTES[p] / 2.0 if p == "fp8" else 1.0)
 
 
 def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float:
-    """DRAM bytes one sample moves in forward+backward at ``precision``."""
+    """DRAM bytes one sample moves in forward+backward at ``precision``: the measured figure;
+    else ``TRAFFIC_PER_ACTIVATION_BYTE`` × the stored activations, measured or, for a
+    transformer whose architecture is given, from the activation formula; only without either,
+    FLOPs / ``DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32`` (:func:`traffic_source` says which)."""
     p = normalize_precision(precision)
+    own = normalize_precision(workload.precision)
     if workload.memory_traffic_bytes_per_sample:
-        own = normalize_precision(workload.precision)
         return (workload.memory_traffic_bytes_per_sample * ACTIVATION_BYTES[p]
                 / ACTIVATION_BYTES[own])
-    act, _ = activation_bytes_per_sample(workload, p)
-    return act * TRAFFIC_PER_ACTIVATION_BYTE
+    if workload.activation_bytes_per_sample:
+        return (workload.activation_bytes_per_sample * ACTIVATION_BYTES[p]
+                / ACTIVATION_BYTES[own] * TRAFFIC_PER_ACTIVATION_BYTE)
+    formula = formula_activation_bytes_per_sample(workload, p)
+    if formula is not None:
+        return formula * TRAFFIC_PER_ACTIVATION_BYTE
+    return (workload.flops_per_sample / DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32
+            * ACTIVATION_BYTES[p] / 4.0)
 
 
-#: DRAM bytes moved per byte of stored activations in a training step: written in forward,
-#: read in backward, activation gradients written and read, plus normalisation passes.
+#: DRAM bytes moved per byte of stored activations in a training step, counted per pass over
+#: each saved tensor: written by its producer in the forward (1) and read by its consumer
+#: (1); read back in the backward for the gradients (1); its gradient written (1) and read by
+#: the backward of its producer twice, once for the input gradient and once for the weight
+#: gradient of a matmul (2). Fused kernels (FlashAttention's, a compiled norm) move less,
+#: unfused fp32 norm intermediates more; the spread of this count is
+#: ``uncertainty.SIGMA_TRAFFIC_ARCHITECTURE``.
 TRAFFIC_PER_ACTIVATION_BYTE = 6.0
-#: Arithmetic intensity assumed when the profile says nothing about memory (FLOPs per byte
-#: of DRAM traffic with fp32 activations; halves the bytes at 16-bit).
+#: Arithmetic intensity assumed when the profile says nothing about memory and the
+#: architecture is not known (FLOPs per byte of DRAM traffic with fp32 activations; halves the
+#: bytes at 16-bit). Its spread is ``uncertainty.SIGMA_TRAFFIC_FROM_FLOPS``.
 DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32 = 30.0
+#: Operators one forward + backward of a transformer decoder layer dispatches in eager
+#: PyTorch, counted from how the layer runs: forward ~36 (two RMS/LayerNorms of ~8 element-wise
+#: operators each with their casts, 7 projections, rotary embedding ~6, SDPA and its layout
+#: copies ~2, two residual adds, the MLP's activation and gate product), backward about twice
+#: that (two matmuls per projection, one or two operators per element-wise one): ~108, taken as
+#: ``KERNELS_PER_LAYER_STEP`` (100). Outside the layers (embedding, final norm, output
+#: projection, cross-entropy, forward and backward) ``KERNELS_OUTSIDE_LAYERS``. The profiler's
+#: own count of a BERT-large-shaped model on CPU (no autocast casts) is 1,661 for 24 layers,
+#: ~65 per layer (``benchmarks/workloads/measure_gemm_kernels.py``), the same order.
+KERNELS_OUTSIDE_LAYERS = 40
 #: Host-side cost of one micro-step (kernel launches, Python and framework overhead) when the
 #: profile did not count the kernels: a guess, of the order of 100 operators at
 #: ``KERNEL_DISPATCH_S``. With a count, count × ``KERNEL_DISPATCH_S`` replaces it
@@ -175,6 +268,18 @@ def normalize_fp8_recipe(name: str | None) -> str:
     return _FP8_RECIPE_ALIASES[key]
 
 
+def normalize_attention_kernel(name: str | None) -> str | None:
+    """``fa2`` or ``fa3`` from the usual spellings (``sdpa`` is FA2, PyTorch's flash backend;
+    ``te`` / ``cudnn`` are FA3-class); None stays None (FA2 where the attention is fused)."""
+    if name is None or not str(name).strip():
+        return None
+    key = str(name).strip().lower()
+    if key not in _ATTENTION_KERNEL_ALIASES:
+        raise ValueError(f"unknown attention_kernel {name!r}; expected fa2, fa3, te, cudnn "
+                         "or sdpa")
+    return _ATTENTION_KERNEL_ALIASES[key]
+
+
 def architecture(gpu: str) -> str:
     """``volta|turing|ampere|ada|hopper|blackwell|cdna2|cdna3`` from a catalog GPU name,
     ``unknown`` for anything else."""
@@ -183,6 +288,13 @@ def architecture(gpu: str) -> str:
         if name.startswith(prefix.upper()):
             return arch
     return "unknown"
+
+
+def transformer_mfu_group(group: tuple[str, str]) -> tuple[str, str]:
+    """The ``GENERATION_MFU`` key an (architecture, precision) pair takes its figure from
+    (Blackwell takes Hopper's)."""
+    arch, precision = group
+    return _SAME_AS.get(arch, arch), precision
 
 
 def tensor_efficiency(gpu: str, precision: str) -> float:
@@ -215,18 +327,48 @@ def attention_flops_share(workload: Workload) -> float:
     return min(0.5, 12.0 * layers * h * s * s / workload.flops_per_sample)
 
 
-def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
-    """Seconds for ``flops`` of matmuls: on the tensor cores at the vendor's attainable share
-    of peak (:func:`.vendor.attainable_fraction`, AMD) or the generation's
-    (:func:`tensor_efficiency`, NVIDIA); off them at ``COMPUTE_EFFICIENCY_SIMT``."""
-    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
+def attention_kernel(workload: Workload) -> str | None:
+    """The fused attention kernel the workload runs (``ATTENTION_KERNELS``): its
+    ``attention_kernel``, else ``fa2`` where its attention is fused (SDPA, the default); None
+    for eager attention (``bmm`` GEMMs at the linear layers' efficiency)."""
+    if workload.attention == "eager":
+        return None
+    return workload.attention_kernel or "fa2"
+
+
+def attention_efficiency(workload: Workload, hardware: Hardware,
+                         precision: str) -> float | None:
+    """Share of the 16-bit dense peak the workload's attention kernel reaches on ``hardware``
+    (``ATTENTION_KERNEL_EFFICIENCY``), or None where there is no figure (the attention FLOPs
+    then take the linear layers' efficiency). Only on NVIDIA tensor cores at 16 bit or FP8
+    (whose attention runs at bf16)."""
+    kernel = attention_kernel(workload)
+    p = normalize_precision(precision)
+    if kernel is None or p not in ("bf16", "fp16", "fp8") or vendor.is_amd(hardware.gpu):
+        return None
+    if not uses_tensor_cores(hardware.peak_flops_per_s, "bf16" if p == "fp8" else p):
+        return None
+    arch = architecture(hardware.gpu)
+    return ATTENTION_KERNEL_EFFICIENCY.get((_SAME_AS.get(arch, arch), kernel))
+
+
+def matmul_efficiency(hardware: Hardware, precision: str) -> tuple[float, str]:
+    """(share of the dense peak the matmuls reach, where the figure comes from): on the tensor
+    cores the vendor's attainable share (:func:`.vendor.attainable_fraction`, AMD) or the
+    generation's (:func:`tensor_efficiency`, NVIDIA); off them ``COMPUTE_EFFICIENCY_SIMT``."""
     if uses_tensor_cores(hardware.peak_flops_per_s, precision):
         eff = vendor.attainable_fraction(hardware.gpu)
-        if eff is None:
-            eff = tensor_efficiency(hardware.gpu, precision)
-    else:
-        eff = COMPUTE_EFFICIENCY_SIMT
-    return flops / (peak * eff)
+        if eff is not None:
+            return eff, "the vendor's attainable share of peak (perfmodel.vendor)"
+        return (tensor_efficiency(hardware.gpu, precision),
+                "compute.GENERATION_MFU of the GPU's generation")
+    return COMPUTE_EFFICIENCY_SIMT, "compute.COMPUTE_EFFICIENCY_SIMT (no tensor cores)"
+
+
+def _tensor_time_s(flops: float, hardware: Hardware, precision: str) -> float:
+    """Seconds for ``flops`` of matmuls at :func:`matmul_efficiency` of the dense peak."""
+    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
+    return flops / (peak * matmul_efficiency(hardware, precision)[0])
 
 
 def memory_efficiency(hardware: Hardware) -> float:
@@ -236,7 +378,28 @@ def memory_efficiency(hardware: Hardware) -> float:
     return MEMORY_EFFICIENCY if frac is None else frac
 
 
-def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
+def attention_term(workload: Workload, hardware: Hardware,
+                   precision: str) -> tuple[float, str] | None:
+    """(log of how much the attention kernel's own figure speeds up the matmul time against
+    timing attention at the linear layers' efficiency, the figure in words), or None where
+    the workload has no attention share or the GPU no kernel figure. Negative: the kernel
+    is slower than the GEMMs (FlashAttention-2 on Hopper). For the explanation of a
+    cross-GPU prediction (the difference between target and source moves it)."""
+    p = normalize_precision(precision)
+    eff = attention_efficiency(workload, hardware, p)
+    if eff is None or attention_flops_share(workload) <= 0:
+        return None
+    with_kernel = matmul_time_s(workload, hardware, p)
+    without = matmul_time_s(workload, hardware, p, attention_kernel_figure=False)
+    linear = matmul_efficiency(hardware, "bf16" if p == "fp8" else p)[0]
+    return (math.log(without / with_kernel),
+            f"attention ({attention_kernel(workload)}, {attention_flops_share(workload):.0%} of "
+            f"the FLOPs) at {eff:.0%} of {hardware.gpu}'s peak against the linear layers' "
+            f"{linear:.0%}")
+
+
+def matmul_time_s(workload: Workload, hardware: Hardware, precision: str,
+                  attention_kernel_figure: bool = True) -> float:
     """Seconds per sample of the FLOP-heavy kernels at the precision's dense peak, at the
     efficiency the GPU's generation reaches (:func:`tensor_efficiency`).
 
@@ -244,14 +407,28 @@ def matmul_time_s(workload: Workload, hardware: Hardware, precision: str) -> flo
     matmuls in bf16 (FlashAttention), so the attention share (:func:`attention_flops_share`)
     is timed at bf16: the attainable speed-up over bf16 is below the 2× of the peaks. The
     linear layers run at the speed of the workload's scaling recipe
-    (``FP8_RECIPE_EFFICIENCY``)."""
+    (``FP8_RECIPE_EFFICIENCY``).
+
+    Attention's share runs at its fused kernel's efficiency on the GPU's generation
+    (:func:`attention_efficiency`: FlashAttention-2 reaches 60% of an A100's peak but 35% of an
+    H100's), where there is a figure; otherwise at the linear layers'."""
     flops = workload.flops_per_sample
-    if normalize_precision(precision) == "fp8":
-        a = attention_flops_share(workload)
-        recipe = FP8_RECIPE_EFFICIENCY[normalize_fp8_recipe(workload.fp8_recipe)]
-        return (_tensor_time_s(flops * (1.0 - a), hardware, "fp8") / recipe
-                + _tensor_time_s(flops * a, hardware, "bf16"))
-    return _tensor_time_s(flops, hardware, precision)
+    p = normalize_precision(precision)
+    fp8 = p == "fp8"
+    attn_eff = (attention_efficiency(workload, hardware, p) if attention_kernel_figure
+                else None)
+    a = attention_flops_share(workload) if fp8 or attn_eff is not None else 0.0
+    linear_p = "fp8" if fp8 else p
+    attn_p = "bf16" if fp8 else p
+    linear = _tensor_time_s(flops * (1.0 - a), hardware, linear_p)
+    if fp8:
+        linear /= FP8_RECIPE_EFFICIENCY[normalize_fp8_recipe(workload.fp8_recipe)]
+    if attn_eff is None:
+        attention = _tensor_time_s(flops * a, hardware, attn_p)
+    else:
+        attention = flops * a / (peak_flops_per_s(hardware.peak_flops_per_s, attn_p)
+                                 * attn_eff)
+    return linear + attention
 
 
 def traffic_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
@@ -287,9 +464,47 @@ def latency_time_s(fixed_flops: float, per_sample_flops: float, micro_batch: flo
     return (fixed_flops + per_sample_flops * micro_batch) / latency_rate_flops_per_s(hardware)
 
 
+def power_capped_clock(limit_w: float | None, tdp_w: float) -> float:
+    """Share of the clock (so of every FLOP/s figure) a power limit below the board's TDP
+    leaves: dynamic power ∝ f·V² with V ∝ f in the DVFS range, so f ∝ P^(1/3) (a first-order
+    physical estimate, not a fit; memory bandwidth is left as it is)."""
+    if not limit_w or not tdp_w or limit_w >= tdp_w:
+        return 1.0
+    return (limit_w / tdp_w) ** (1.0 / 3.0)
+
+
+def power_capped(hardware: Hardware, limit_w: float | None,
+                 tdp_w: float | None = None) -> Hardware:
+    """``hardware`` with its FLOP/s at the clock :func:`power_capped_clock` gives
+    ``limit_w`` on a board of ``tdp_w`` (default: ``hardware.tdp_w``). A ``hardware`` already
+    capped is rescaled from its own limit, so capping twice (``predict --power-limit-w`` and
+    an observation's ``power_limit_w``) gives the second limit, not the product."""
+    tdp = tdp_w or hardware.tdp_w
+    if not limit_w or not tdp:
+        return hardware
+    clock = power_capped_clock(limit_w, tdp) / power_capped_clock(hardware.power_limit_w, tdp)
+    if clock == 1.0 and hardware.power_limit_w == limit_w:
+        return hardware
+    return replace(hardware, tdp_w=tdp, power_limit_w=float(limit_w),
+                   peak_flops_per_s={p: v * clock for p, v in hardware.peak_flops_per_s.items()})
+
+
 def weight_bytes_per_param(precision: str) -> int:
     """Bytes of the weights the forward/backward reads (16-bit copies in mixed precision)."""
     return 2 if is_mixed(precision) else 4
+
+
+def kernel_count(workload: Workload) -> tuple[float | None, str]:
+    """(operators one forward+backward of a micro-batch dispatches, where the number comes
+    from): the profile's count (``measured``); for a transformer whose architecture is given,
+    ``KERNELS_PER_LAYER_STEP`` × layers + ``KERNELS_OUTSIDE_LAYERS`` (``architecture``); else
+    (None, ``flat``): the flat ``MICRO_STEP_OVERHEAD_S`` applies."""
+    if workload.kernels_per_micro_step and workload.kernels_per_micro_step > 0:
+        return float(workload.kernels_per_micro_step), "measured"
+    if formula_activation_bytes_per_sample(workload, "bf16") is not None:
+        return (float(KERNELS_PER_LAYER_STEP * int(workload.num_layers)
+                      + KERNELS_OUTSIDE_LAYERS), "architecture")
+    return None, "flat"
 
 
 def micro_step_overhead_s(kernels_per_micro_step: float | None) -> float:

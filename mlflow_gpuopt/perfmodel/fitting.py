@@ -34,9 +34,11 @@ from mlflow_gpuopt.perfmodel.compute import (
     KERNEL_DISPATCH_S,
     KERNELS_PER_LAYER_STEP,
     LATENCY_FIXED_SHARE,
+    kernel_count,
     fixed_time_prior_s,
     latency_rate_flops_per_s,
     per_sample_time_prior_s,
+    power_capped,
 )
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
@@ -126,6 +128,9 @@ def prepare(workload: Workload, observations: Sequence[Observation],
         hw = hardware.get(obs.gpu)
         if hw is None:
             raise PerfModelError(f"no hardware description given for GPU {obs.gpu!r}")
+        # A run under a board power limit ran at a lower clock: its efficiency is measured
+        # against the FLOP/s that clock gives (docs/models.md#power-limits).
+        hw = power_capped(hw, obs.power_limit_w)
         nodes = max(1, int(obs.nodes or 1))
         if obs.gpu_count < 1 or obs.gpu_count % nodes:
             raise PerfModelError(
@@ -156,10 +161,32 @@ def _throughput(workload: Workload, obs: PreparedObservation, shape: Shape, k_op
     return t.samples_per_step / t.step_s
 
 
+def _config_groups(prepared: Sequence[PreparedObservation]
+                   ) -> tuple[list[PreparedObservation], np.ndarray]:
+    """One observation per distinct configuration (what the model predicts from: all but the
+    measured throughput), and each observation's group index: the model is evaluated once per
+    configuration, so repeated measurements cost one prediction (a 100k-row CSV of a few
+    hundred setups fits in seconds)."""
+    groups: dict[tuple, int] = {}
+    reps: list[PreparedObservation] = []
+    index: list[int] = []
+    for o in prepared:
+        cfg = (o.key, id(o.hardware), repr(o.layout), o.micro_batch, o.grad_accum, o.nodes,
+               o.recompute)
+        g = groups.setdefault(cfg, len(groups))
+        if g == len(reps):
+            reps.append(o)
+        index.append(g)
+    return reps, np.asarray(index, dtype=int)
+
+
 def fit_calibration(workload: Workload, observations: Sequence[Observation],
                     hardware: Mapping[str, Hardware]) -> FitResult:
     """Fit what the observations identify (see the module docstring)."""
     prepared, n_cpu = prepare(workload, observations, hardware)
+    reps, group_of = _config_groups(prepared)
+    log_measured = np.log(np.asarray([o.throughput_samples_per_s for o in prepared],
+                                     dtype=float))
     shape = model_shape(workload)
     k_opt, _ = optimizer_state_bytes_per_param(workload)
     keys = sorted({o.key for o in prepared})
@@ -177,9 +204,10 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     n_k, n_r = len(keys), len(split_keys)
     x0 = np.zeros(len(names))
     # Start the compute scales at observed / prior so the solver starts near the answer.
+    prior = [_throughput(workload, o, shape, k_opt, Calibration()) for o in reps]
     for i, key in enumerate(keys):
-        ratios = [math.log(_throughput(workload, o, shape, k_opt, Calibration())
-                           / o.throughput_samples_per_s) for o in prepared if o.key == key]
+        ratios = [math.log(prior[g] / o.throughput_samples_per_s)
+                  for o, g in zip(prepared, group_of, strict=True) if o.key == key]
         x0[i] = float(np.mean(ratios))
     if fit_gamma:
         x0[-1] = comm.GAMMA_PRIOR
@@ -201,8 +229,10 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
         return Calibration(compute_scale=k, fixed_scale=r, comm_scale=kappa, gamma=gamma)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        res = [(math.log(_throughput(workload, o, shape, k_opt, calib_for(x, o.key)))
-                - math.log(o.throughput_samples_per_s)) / SIGMA_OBSERVATION for o in prepared]
+        predicted = np.asarray([math.log(_throughput(workload, o, shape, k_opt,
+                                                     calib_for(x, o.key))) for o in reps],
+                               dtype=float)
+        res = list((predicted[group_of] - log_measured) / SIGMA_OBSERVATION) if reps else []
         res.extend(x[:n_k] / SIGMA_PRIOR_COMPUTE)
         res.extend(x[n_k:n_k + n_r] / SIGMA_PRIOR_FIXED)
         if fit_kappa:
@@ -294,8 +324,7 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     micro-batch (two measured) or at the measured one (one measured) the result equals the fit
     on ``hardware``.
     """
-    a = fixed_time_prior_s(workload.params, hardware, precision,
-                           workload.kernels_per_micro_step)
+    a = fixed_time_prior_s(workload.params, hardware, precision, kernel_count(workload)[0])
     b = per_sample_time_prior_s(workload, hardware, precision)
     fitted_a, fitted_b = compute_scale * fixed_scale * a, compute_scale * b
     excess = fitted_a + fitted_b * micro_batch - (a + b * micro_batch)
@@ -323,7 +352,8 @@ def dispatch_bound_s(workload: Workload) -> float:
     bounded by the same per-kernel figure. Additive rather than max(dispatch, GPU): host
     dispatch and GPU-side latency are spent one after the other for kernels too small to
     overlap, and the additive form predicts ``benchmarks/bench_accuracy.py`` better."""
-    if workload.kernels_per_micro_step:
-        return workload.kernels_per_micro_step * KERNEL_DISPATCH_S
+    count, _ = kernel_count(workload)
+    if count:
+        return count * KERNEL_DISPATCH_S
     layers = model_shape(workload).num_layers
     return layers * KERNELS_PER_LAYER_STEP * KERNEL_DISPATCH_S

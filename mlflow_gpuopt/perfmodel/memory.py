@@ -1,50 +1,72 @@
-"""Memory per GPU: DeepSpeed's model-state formulas per strategy and precision, activations
-× micro-batch (less with checkpointing), and headroom for workspace and fragmentation.
+"""Memory per GPU as a distribution: model states by strategy and precision (exact, given the
+parameter counts), activations × micro-batch (an estimate: measured, from the transformer's
+formula, or from FLOPs), the CUDA context and the caching allocator's share (estimates), and
+the probability that the peak fits the GPU (``p_fits``). See docs/models.md, "Memory".
 
-Model states for Ψ parameters, N data-parallel ranks, K optimizer-state bytes per parameter
-(8 for Adam's m and v), L parameters in the largest layer:
+Model states for Ψ parameters of which Ψₜ are trainable (``trainable_params``; all of them
+unless given) and Ψ_f = Ψ − Ψₜ frozen, N data-parallel ranks, K optimizer-state bytes per
+parameter (8 for Adam's m and v), L parameters in the largest layer, mixed precision:
 
-| strategy   | mixed precision (fp16/bf16)                        | fp32/tf32                   |
-|---|---|---|
-| single/ddp | 2Ψ + 2Ψ + (4+K)Ψ  (16 B/param for Adam)            | 4Ψ + 4Ψ + KΨ                |
-| zero1      | 2Ψ + 2Ψ + (4+K)Ψ/N                                 | 4Ψ + 4Ψ + KΨ/N              |
-| zero2      | 2Ψ + (2Ψ + 4Ψ/N) + (4+K)Ψ/N = 4Ψ + 16Ψ/N (a)       | 4Ψ + 4Ψ/N + KΨ/N            |
-| zero3/fsdp | (2Ψ/N + 2L) + (4Ψ/N + 2L) + (4+K)Ψ/N               | (4Ψ/N + 4L) + (4Ψ/N + 4L)   |
-|            | = 4L + 18Ψ/N (b)                                   | + KΨ/N                      |
+| strategy   | weights                      | gradients              | optimizer      |
+|---|---|---|---|
+| single/ddp | 2Ψₜ + b·Ψ_f                  | 2Ψₜ                    | (4+K)Ψₜ        |
+| zero1      | 2Ψₜ + b·Ψ_f                  | 2Ψₜ                    | (4+K)Ψₜ/N      |
+| zero2      | 2Ψₜ + b·Ψ_f                  | 2Ψₜ + 4Ψₜ/N            | (4+K)Ψₜ/N      |
+| zero3      | (2Ψₜ + b·Ψ_f)/N + 2L         | 4Ψₜ/N + 2L·Ψₜ/Ψ        | (4+K)Ψₜ/N      |
+| fsdp       | (4Ψₜ + b·Ψ_f)/N + 2·2L       | 4Ψₜ/N + 4L·Ψₜ/Ψ        | KΨₜ/N          |
 
-(a) DeepSpeed ``estimate_zero2_model_states_mem_needs``; (b) DeepSpeed ``estimate_zero3…``.
-(The ``4`` inside ``4+K`` is the fp32 master copy; the ``4Ψ/N`` in ZeRO-2/3 gradients is the
-fp32 gradient partition DeepSpeed keeps next to the 16-bit buffers.) Tensor and pipeline
-parallel divide Ψ and L by ``tp·pp`` first.
+With every parameter trainable, single/ddp is the ZeRO paper's 16 bytes per parameter for
+Adam, ZeRO-2 DeepSpeed's ``estimate_zero2_model_states_mem_needs`` (4Ψ + 16Ψ/N) and ZeRO-3
+its ``estimate_zero3…`` (4L + 18Ψ/N): DeepSpeed keeps 16-bit parameter shards and an fp32
+master copy inside the optimizer (the ``4`` of ``4+K``). PyTorch FSDP with mixed precision
+keeps the fp32 shard itself as the master (no second copy: 16Ψ/N), all-gathers 16-bit units
+for compute and holds two at once (the one computing and the one prefetched,
+``FSDP_GATHERED_UNITS``), and reduce-scatters a unit's gradient in fp32 (``reduce_dtype``,
+torchtitan's default): 4L. fp32 training: 4 bytes where the table has 2, no master copy.
 
-Activations: a measured figure where the profile has one; else, where the profile gives the
-transformer's layers, hidden size and sequence length, the per-layer formula of Korthikanti et
-al. 2022 (:mod:`.activations`) with the attention kernel, dropout, recomputation, tensor
-(sequence) parallel and pipeline stage in use; else a FLOPs-based guess (traffic / 6). An
-``activation_scale`` below 1 is the calibration that makes observed configurations fit
-(:mod:`.predictor`).
+Frozen weights (LoRA/QLoRA's base model, frozen embeddings) have no gradient and no optimizer
+state, and are stored at ``b`` bytes each (``frozen_precision``: the compute precision's
+element, bf16's 2 for a LoRA base loaded in bf16, ½ + quantisation constants for a 4-bit
+QLoRA base, ``FROZEN_WEIGHT_BYTES``); ZeRO-3/FSDP shard them as they shard the rest. Tensor
+and pipeline parallel divide Ψ and L by ``tp·pp`` first.
 
-FP8 (Transformer Engine, torchao float8) trains as bf16 mixed precision does: bf16 weights and
-gradients, fp32 master weights and optimizer states, so the table's mixed-precision column
-holds; on top, the FP8 copy of each weight the forward casts is kept for the backward (1 byte
-per parameter of the shard, or of the gathered layer under ZeRO-3/FSDP). FP8 saves memory
-only in the activations (linear-layer inputs, ``precision.ACTIVATION_BYTES``), not in the
-model states.
+FP8 (Transformer Engine, torchao float8) trains as bf16 mixed precision does; on top, the FP8
+copy of each weight the forward casts is kept for the backward (1 byte per parameter of the
+shard, or of the gathered layers under ZeRO-3/FSDP). FP8 saves memory only in the
+activations (``precision.ACTIVATION_BYTES``).
+
+Activations: a measured figure where the profile has one; else, with the transformer's
+layers, hidden size and sequence length, the per-layer formula (:mod:`.activations`: the
+attention kernel, dropout, recomputation, tensor/sequence parallel, pipeline stage and the
+cross-entropy's logits); else a FLOPs-based guess. An ``activation_scale`` below 1 is the
+calibration that makes observed configurations fit (:mod:`.predictor`).
+
+Around them: the CUDA context with cuBLAS workspaces and NCCL buffers (``CONTEXT_BYTES``), and
+what PyTorch's caching allocator reserves beyond what it has allocated at the peak
+(``ALLOCATOR_OVERHEAD`` of the allocated bytes: ``torch_reserved_bytes`` over
+``torch_allocated_bytes`` in a tracked run's series). Each estimate carries a spread
+(``ACTIVATION_SIGMA``, ``ALLOCATOR_SIGMA``, ``CONTEXT_SIGMA_BYTES``, the loss's logits where
+its implementation is not given); added in quadrature they give the peak's standard
+deviation, and ``p_fits`` is the normal probability that the peak is within the GPU's usable
+memory (:func:`usable_memory_bytes`: the datasheet's "80 GB" is 80 GiB of HBM, less what the
+driver keeps).
 """
 
 from __future__ import annotations
 
 import functools
-
 import math
 
 from mlflow_gpuopt.perfmodel.activations import (
     DROPOUT_MASK_BYTES_CUDA,
+    LOGIT_BYTES,
     TransformerDims,
     activation_bytes,
     normalize_attention,
+    normalize_cross_entropy,
     normalize_recompute,
     recompute_time_factor,
+    transformer_dims,
 )
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
@@ -52,15 +74,90 @@ from mlflow_gpuopt.perfmodel.precision import ELEMENT_BYTES, is_mixed, normalize
 from mlflow_gpuopt.perfmodel.shape import Shape, model_shape
 from mlflow_gpuopt.perfmodel.types import MemoryBreakdown, ParallelConfig, Workload
 
-#: CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers, per GPU.
+#: CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers, per GPU: median and spread (1σ).
 CONTEXT_BYTES = 0.75e9
-#: Allocator fragmentation and temporary buffers, as a share of everything else.
-FRAGMENTATION = 0.10
+CONTEXT_SIGMA_BYTES = 0.25e9
+#: PyTorch's caching allocator reserves more than it has allocated at the peak (blocks rounded
+#: to 512 B / 2 MiB, large segments split and cached by size): that excess as a share of the
+#: allocated peak, median and spread (1σ). ``track()`` logs both series per GPU
+#: (``gpuopt/gpu_<i>_torch_reserved_bytes`` and ``_torch_allocated_bytes``).
+ALLOCATOR_OVERHEAD = 0.05
+ALLOCATOR_SIGMA = 0.03
+#: Relative spread (1σ) of the activation estimate by where it comes from: a figure the
+#: profile measured (saved tensors of the real step), the transformer formula (checked within
+#: 0.2 % against what PyTorch saves for the modelled kernels; the spread is for kernels that
+#: save otherwise: fused norms, compiled graphs, another SDPA backend) or the FLOPs-based guess.
+ACTIVATION_SIGMA = {"measured": 0.05, "formula": 0.10, "flops": 0.5}
+#: Relative spread (1σ) of the gathered ZeRO-3/FSDP buffers when the largest layer is not
+#: given: from the shape's estimate (2Ψ / layers), or from the architecture (one block or
+#: the embedding; how a framework groups the embedding, norm and output into units varies).
+GATHERED_SIGMA_ESTIMATED = 0.5
+GATHERED_SIGMA_ARCHITECTURE = 0.25
+#: FSDP units all-gathered at once: the one computing and the one prefetched (PyTorch FSDP's
+#: forward/backward prefetch, one unit ahead).
+FSDP_GATHERED_UNITS = 2
+#: Bytes per frozen (``requires_grad=False``) weight by ``frozen_precision``: 4-bit formats
+#: carry a quantisation constant per block of 64 (bitsandbytes NF4: 4.5 bits a weight).
+FROZEN_WEIGHT_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0,
+                       "int8": 1.0, "nf4": 0.5625, "fp4": 0.5625, "int4": 0.5625,
+                       "4bit": 0.5625, "8bit": 1.0}
+#: What CUDA can allocate of a GPU's stated memory: datasheet capacities are binary (an
+#: "80 GB" A100 has 80 GiB of HBM) and the driver keeps about 1 % (PyTorch reports 79.2 GiB
+#: of an 80 GB H100, 31.75 GiB of a 32 GB V100); GDDR cards with ECC on by default (T4, A10,
+#: A10G, L4, L40S) keep about 8 % (14.75 GiB of a T4's 16).
+USABLE_SHARE_HBM = 0.99
+USABLE_SHARE_GDDR_ECC = 0.92
+_GDDR_ECC_GPUS = ("T4", "A10", "A10G", "L4", "L40S", "L40")
 #: Optimizer state bytes per parameter by optimizer name (fp32 states).
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "fusedadam": 8, "lamb": 8, "fusedlamb": 8,
                          "lion": 4, "sgd": 4, "adagrad": 4, "rmsprop": 4, "adafactor": 4}
 #: Assumed when the optimizer is not known: Adam (the common and the larger case).
 DEFAULT_OPTIMIZER_STATE_BYTES = 8.0
+
+
+def usable_memory_bytes(gpu: str, stated_bytes: float) -> float:
+    """Bytes CUDA can allocate on ``gpu`` whose datasheet states ``stated_bytes`` (GB × 1e9,
+    as the catalog holds it): the stated figure read as GiB, × the share the driver leaves."""
+    name = (gpu or "").upper().replace(" ", "-")
+    gddr = any(name == g or name.startswith(g + "-") for g in _GDDR_ECC_GPUS)
+    share = USABLE_SHARE_GDDR_ECC if gddr else USABLE_SHARE_HBM
+    return float(stated_bytes) / 1e9 * 2**30 * share
+
+
+def p_fits(memory: MemoryBreakdown, usable_bytes: float) -> float:
+    """Probability that the peak (normal: median ``memory.total_bytes``, standard deviation
+    ``memory.sigma_bytes``) is within ``usable_bytes``."""
+    over = usable_bytes - memory.total_bytes
+    if memory.sigma_bytes <= 0:
+        return 1.0 if over >= 0 else 0.0
+    return 0.5 * (1.0 + math.erf(over / (memory.sigma_bytes * math.sqrt(2.0))))
+
+
+def frozen_weight_bytes(workload: Workload, precision: str) -> float:
+    """Bytes per frozen weight: ``frozen_precision`` where given, else the compute
+    precision's element (bf16/fp16: 2, fp8: bf16's 2, as its weights are kept; fp32: 4)."""
+    if workload.frozen_precision:
+        return FROZEN_WEIGHT_BYTES[normalize_frozen_precision(workload.frozen_precision)]
+    return 2.0 if is_mixed(precision) else 4.0
+
+
+def normalize_frozen_precision(name: str) -> str:
+    """A ``FROZEN_WEIGHT_BYTES`` key from ``bf16``, ``nf4``, ``4bit``, ``int8``..."""
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8": "fp8",
+           "qlora": "nf4", "4bits": "4bit", "8bits": "8bit"}.get(key, key)
+    if key not in FROZEN_WEIGHT_BYTES:
+        raise ValueError(f"unknown frozen_precision {name!r}; expected one of "
+                         + ", ".join(FROZEN_WEIGHT_BYTES))
+    return key
+
+
+def trainable_share(workload: Workload) -> float:
+    """Trainable parameters over all of them (1 when ``trainable_params`` is not given)."""
+    t = workload.trainable_params
+    if not t or t <= 0 or not workload.params:
+        return 1.0
+    return min(1.0, float(t) / float(workload.params))
 
 
 def optimizer_state_bytes_per_param(workload: Workload) -> tuple[float, bool]:
@@ -75,56 +172,64 @@ def optimizer_state_bytes_per_param(workload: Workload) -> tuple[float, bool]:
 
 def model_states_bytes(params: float, precision: str, dp_strategy: str, dp: int,
                        optimizer_state_bytes: float, largest_layer_params: float = 0.0,
+                       trainable_share: float = 1.0, frozen_bytes: float | None = None,
                        ) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per GPU for one model shard of ``params``."""
+    """(weights, gradients, optimizer) bytes per GPU for one model shard of ``params``, of
+    which ``trainable_share`` are trainable and the rest frozen at ``frozen_bytes`` each
+    (module docstring's table)."""
     n = max(1, dp)
     k = float(optimizer_state_bytes)
-    psi = float(params)
+    share = min(1.0, max(0.0, float(trainable_share)))
+    psi_t = float(params) * share
+    psi_f = float(params) - psi_t
     big = float(largest_layer_params)
-    if is_mixed(precision):
-        opt = (4.0 + k) * psi
+    mixed = is_mixed(precision)
+    b = float(frozen_bytes) if frozen_bytes is not None else (2.0 if mixed else 4.0)
+    if mixed:
         # FP8: the cast copy of the weights, kept from forward to backward (module doc).
         f8 = 1.0 if normalize_precision(precision) == "fp8" else 0.0
+        frozen = (b + f8) * psi_f
+        opt = (4.0 + k) * psi_t
         if dp_strategy in ("single", "ddp"):
-            return (2 + f8) * psi, 2 * psi, opt
+            return (2 + f8) * psi_t + frozen, 2 * psi_t, opt
         if dp_strategy == "zero1":
-            return (2 + f8) * psi, 2 * psi, opt / n
+            return (2 + f8) * psi_t + frozen, 2 * psi_t, opt / n
         if dp_strategy == "zero2":
-            return (2 + f8) * psi, 2 * psi + 4 * psi / n, opt / n
-        return (2 * psi / n + (2 + f8) * big, 4 * psi / n + 2 * big,  # zero3 / fsdp
-                opt / n)
-    opt = k * psi
+            return (2 + f8) * psi_t + frozen, 2 * psi_t + 4 * psi_t / n, opt / n
+        if dp_strategy == "zero3":
+            return ((2 * psi_t + b * psi_f) / n + (2 + f8) * big,
+                    4 * psi_t / n + 2 * big * share, opt / n)
+        return ((4 * psi_t + b * psi_f) / n + FSDP_GATHERED_UNITS * (2 + f8) * big,  # fsdp
+                4 * psi_t / n + 4 * big * share, k * psi_t / n)
+    opt = k * psi_t
+    frozen = b * psi_f
     if dp_strategy in ("single", "ddp"):
-        return 4 * psi, 4 * psi, opt
+        return 4 * psi_t + frozen, 4 * psi_t, opt
     if dp_strategy == "zero1":
-        return 4 * psi, 4 * psi, opt / n
+        return 4 * psi_t + frozen, 4 * psi_t, opt / n
     if dp_strategy == "zero2":
-        return 4 * psi, 4 * psi / n, opt / n
-    return 4 * psi / n + 4 * big, 4 * psi / n + 4 * big, opt / n
+        return 4 * psi_t + frozen, 4 * psi_t / n, opt / n
+    units = FSDP_GATHERED_UNITS if dp_strategy == "fsdp" else 1
+    return ((4 * psi_t + frozen) / n + units * 4 * big, 4 * psi_t / n + 4 * big * share,
+            opt / n)
+
+
+def gathered_bytes(params: float, precision: str, dp_strategy: str,
+                   largest_layer_params: float, trainable_share: float = 1.0) -> float:
+    """The part of :func:`model_states_bytes` that is whole layers gathered by ZeRO-3/FSDP
+    (it carries the largest layer's uncertainty); 0 for the other strategies."""
+    if dp_strategy not in ("zero3", "fsdp"):
+        return 0.0
+    w1, g1, _ = model_states_bytes(params, precision, dp_strategy, 1 << 40, 0.0,
+                                   largest_layer_params, trainable_share)
+    w0, g0, _ = model_states_bytes(params, precision, dp_strategy, 1 << 40, 0.0, 0.0,
+                                   trainable_share)
+    return (w1 + g1) - (w0 + g0)
 
 
 def checkpointing_factor(num_layers: int) -> float:
     """Activation checkpointing keeps about one layer input per √L layers: ÷ √L (at least 2)."""
     return max(2.0, math.sqrt(max(1, num_layers)))
-
-
-@functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
-def transformer_dims(workload: Workload) -> TransformerDims | None:
-    """The architecture for the activation formula, or None when the profile does not give
-    layers, hidden size and sequence length (heads default to hidden / 128, the common head
-    width; the MLP to GELU at 4 × hidden, or SwiGLU at 8/3 × hidden)."""
-    if not (workload.num_layers and workload.hidden_size and workload.tokens_per_sample):
-        return None
-    h = float(workload.hidden_size)
-    gated = (workload.mlp or "gelu").strip().lower() in ("swiglu", "geglu", "gated", "glu")
-    ffn = workload.ffn_hidden_size or (8.0 / 3.0 * h if gated else 4.0 * h)
-    return TransformerDims(num_layers=int(workload.num_layers), hidden_size=h,
-                           seq_len=float(workload.tokens_per_sample),
-                           num_heads=int(workload.num_heads or max(1, round(h / 128))),
-                           ffn_hidden_size=float(ffn), gated_mlp=gated,
-                           vocab_size=float(workload.vocab_size) if workload.vocab_size else None,
-                           num_kv_heads=int(workload.num_kv_heads) if workload.num_kv_heads
-                           else None)
 
 
 def recompute_factor(workload: Workload, recompute: str) -> float:
@@ -166,7 +271,8 @@ def _formula_bytes(workload: Workload, dims: TransformerDims, precision: str,
         dims, micro_batch, ELEMENT_BYTES[precision], DROPOUT_MASK_BYTES_CUDA if dropout else 0.0,
         attention=normalize_attention(workload.attention), attention_dropout=dropout,
         recompute=recompute, tp=tp, pp=pp, grad_accum=grad_accum,
-        virtual_stages=virtual_stages).peak_bytes
+        virtual_stages=virtual_stages,
+        cross_entropy=normalize_cross_entropy(workload.cross_entropy) or "fused").peak_bytes
 
 
 def _activations(workload: Workload, config: ParallelConfig, layout: Layout, precision: str,
@@ -212,13 +318,29 @@ def recompute_memory_ratio(workload: Workload, num_layers: int, precision: str, 
 
 def memory_per_gpu(workload: Workload, config: ParallelConfig,
                    hardware_memory_bytes: float | None = None) -> MemoryBreakdown:
-    """Predicted bytes per GPU for ``config`` (see the module docstring for the formulas).
-
-    ``hardware_memory_bytes`` (the GPU's capacity), when given, adds 2% of it to the
-    workspace for the allocator's reserve, which grows with the card.
-    """
+    """Predicted bytes per GPU for ``config`` (see the module docstring for the formulas):
+    the median peak and its spread. ``hardware_memory_bytes`` is accepted for callers that
+    pass the GPU's capacity; the estimate does not depend on it."""
     layout = resolve_layout(config)
     return _memory(workload, config, layout, hardware_memory_bytes)
+
+
+def activation_source(workload: Workload) -> str:
+    """``measured``, ``formula`` or ``flops``: where the activation estimate comes from."""
+    if workload.activation_bytes_per_sample:
+        return "measured"
+    return "formula" if transformer_dims(workload) is not None else "flops"
+
+
+def _logits_sigma(workload: Workload, layout: Layout, micro_batch: float) -> float:
+    """Spread of the loss's logits where its implementation is not given: the median is the
+    fused loss (fp32 log-probabilities kept, no more); a plain ``F.cross_entropy`` holds two
+    more fp32 copies at the start of the backward (2σ), a chunked one none."""
+    dims = transformer_dims(workload)
+    if dims is None or not dims.vocab_size or workload.cross_entropy or \
+            workload.activation_bytes_per_sample:
+        return 0.0
+    return LOGIT_BYTES * float(dims.vocab_size) * float(micro_batch) * dims.seq_len / layout.tp
 
 
 def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
@@ -228,16 +350,27 @@ def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
     shape = shape or model_shape(workload)
     shards = layout.tp * layout.pp
     k, _ = optimizer_state_bytes_per_param(workload)
-    w, g, o = model_states_bytes(workload.params / shards, precision, layout.dp_strategy,
-                                 layout.dp, k, shape.largest_layer_params / layout.tp)
+    share = trainable_share(workload)
+    params, big = workload.params / shards, shape.largest_layer_params / layout.tp
+    w, g, o = model_states_bytes(params, precision, layout.dp_strategy, layout.dp, k, big,
+                                 share, frozen_weight_bytes(workload, precision))
     m = micro_batch if micro_batch is not None else (config.micro_batch or workload.micro_batch
                                                      or 1)
     act = activation_scale * _activations(workload, config, layout, precision, m, shape)
-    workspace = CONTEXT_BYTES + FRAGMENTATION * (w + g + o + act)
-    if hardware_memory_bytes:
-        workspace += 0.02 * hardware_memory_bytes
+    allocated = w + g + o + act
+    workspace = CONTEXT_BYTES + ALLOCATOR_OVERHEAD * allocated
+    gathered = 0.0 if workload.largest_layer_params else gathered_bytes(
+        params, precision, layout.dp_strategy, big, share)
+    gathered_sigma = (GATHERED_SIGMA_ESTIMATED if any(
+        n.startswith("largest layer estimated") for n in shape.assumptions)
+        else GATHERED_SIGMA_ARCHITECTURE)
+    sigma = math.sqrt((ACTIVATION_SIGMA[activation_source(workload)] * act) ** 2
+                      + (activation_scale * _logits_sigma(workload, layout, m)) ** 2
+                      + (gathered_sigma * gathered) ** 2
+                      + (ALLOCATOR_SIGMA * allocated) ** 2 + CONTEXT_SIGMA_BYTES ** 2)
     return MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
-                           activations_bytes=act, workspace_bytes=workspace)
+                           activations_bytes=act, workspace_bytes=workspace,
+                           sigma_bytes=sigma)
 
 
 def max_micro_batch_fitting(workload: Workload, config: ParallelConfig, layout: Layout,
@@ -254,8 +387,8 @@ def max_micro_batch_fitting(workload: Workload, config: ParallelConfig, layout: 
 def activation_scale_to_fit(memory: MemoryBreakdown, capacity_bytes: float) -> float:
     """The factor on the activations that brings ``memory`` (computed at scale 1) within
     ``capacity_bytes`` with the usual workspace margin: 1.0 when it fits already, 0.0 when the
-    model states alone do not fit. The workspace's fragmentation share grows with the
-    activations, so the activations shrink by what is over ÷ (1 + FRAGMENTATION)."""
+    model states alone do not fit. The allocator's share grows with the activations, so the
+    activations shrink by what is over ÷ (1 + ALLOCATOR_OVERHEAD)."""
     over = memory.total_bytes - capacity_bytes
     if over <= 0:
         return 1.0
@@ -263,7 +396,7 @@ def activation_scale_to_fit(memory: MemoryBreakdown, capacity_bytes: float) -> f
     if act <= 0:
         return 0.0
     # A hair under the exact factor, so rounding cannot push the observed run back over.
-    return max(0.0, 1.0 - over / ((1.0 + FRAGMENTATION) * act) - 1e-9)
+    return max(0.0, 1.0 - over / ((1.0 + ALLOCATOR_OVERHEAD) * act) - 1e-9)
 
 
 def largest_fitting(m0: float, m1: float, capacity_bytes: float) -> int:

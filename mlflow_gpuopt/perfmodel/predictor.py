@@ -8,7 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.perfmodel import uncertainty as unc
-from mlflow_gpuopt.perfmodel.compute import architecture
+from mlflow_gpuopt.perfmodel.compute import (
+    GENERATION_MFU,
+    architecture,
+    attention_term,
+    matmul_efficiency,
+    transformer_mfu_group,
+)
+from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
@@ -18,16 +25,19 @@ from mlflow_gpuopt.perfmodel.memory import (
     activation_scale_to_fit,
     largest_fitting,
     max_micro_batch_fitting,
+    normalize_frozen_precision,
     optimizer_state_bytes_per_param,
+    p_fits,
     recompute_factor,
     transformer_dims,
+    usable_memory_bytes,
 )
+from mlflow_gpuopt.perfmodel.activations import normalize_cross_entropy
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.shape import model_shape
 from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
 from mlflow_gpuopt.perfmodel.types import (
     Hardware,
-    MemoryBreakdown,
     Observation,
     ParallelConfig,
     Prediction,
@@ -46,6 +56,12 @@ def validate_workload(workload: Workload) -> None:
     normalize_precision(workload.precision)
     if workload.micro_batch is not None and workload.micro_batch < 1:
         raise PerfModelError("workload 'micro_batch' must be at least 1")
+    try:
+        normalize_cross_entropy(workload.cross_entropy)
+        if workload.frozen_precision:
+            normalize_frozen_precision(workload.frozen_precision)
+    except ValueError as exc:
+        raise PerfModelError(f"workload: {exc}") from None
 
 
 class Predictor:
@@ -56,9 +72,11 @@ class Predictor:
     """
 
     def __init__(self, workload: Workload, result: FitResult,
-                 fit_to_observed: ObservedFit | None = None) -> None:
+                 fit_to_observed: ObservedFit | None = None,
+                 hardware: Mapping[str, Hardware] | None = None) -> None:
         self.workload = workload
         self.result = result
+        self._hardware = dict(hardware or {})  # the measured GPUs, for carried defaults
         self._shape = model_shape(workload)
         self._observed = fit_to_observed or ObservedFit()
         self._opt_bytes, opt_assumed = optimizer_state_bytes_per_param(workload)
@@ -67,7 +85,14 @@ class Predictor:
             notes.append("optimizer unknown: Adam's 8 bytes/param of state assumed")
         prior = "FLOPs / peak at a prior efficiency" + (
             " plus the counted kernels' dispatch" if workload.kernels_per_micro_step else "")
-        if result.cpu_only:
+        self._defaults = workload_defaults(workload, self._shape, opt_assumed)
+        # Speed defaults in words (memory and shape ones have their own notes below).
+        notes += [d.describe() for d in self._defaults if d.kind in ("traffic", "kernels")]
+        # Each speed default's quantity moved by its own spread, for its effect on a
+        # prediction (built once: the workloads key the models' caches).
+        self._perturbed = {d.kind: perturbed(workload, d, math.exp(d.log_spread))
+                           for d in self._defaults if d.kind in SPEED_KINDS}
+        if result.cpu_only and result.n_observations:
             notes.append(f"only CPU measurements: GPU speed from {prior} (wide interval)")
         elif not result.log_compute_scale:
             notes.append(f"no measurements: GPU speed from {prior}")
@@ -80,6 +105,16 @@ class Predictor:
         self._transformer = bool(transformer_dims(workload) is not None and workload.num_heads
                                  and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
+        self._carried_cache: dict[tuple, list[float]] = {}
+        self._efficiency_notes: dict[Key, str] = {}
+
+    def with_kernels_per_micro_step(self, kernels: float) -> Predictor:
+        """The same fitted model for the workload launching ``kernels`` per micro-step (a
+        compiled one): only the dispatch term of the step changes."""
+        from dataclasses import replace
+
+        return Predictor(replace(self.workload, kernels_per_micro_step=kernels), self.result,
+                         self._observed)
 
     @property
     def assumptions(self) -> tuple[str, ...]:
@@ -157,9 +192,9 @@ class Predictor:
             return (res.log_compute_scale[key], res.log_compute_sd[key], 0.0,
                     res.log_fixed_scale.get(key, 0.0), False)
         if not res.log_compute_scale:
-            return 0.0, unc.SIGMA_PRIOR_ONLY, 0.0, 0.0, True
+            return 0.0, self._prior_sigma(key), 0.0, 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
-        extra = unc.SIGMA_OTHER_PRECISION if same_gpu else unc.SIGMA_OTHER_GPU
+        extra = unc.other_gpu_sigma(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:
             spreads = [unc.transformer_transfer_sigma((architecture(k[0]), k[1]),
                                                       (architecture(key[0]), key[1]))
@@ -169,6 +204,34 @@ class Predictor:
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
         return logk, sd, extra, 0.0, not same_gpu
+
+    def _efficiency_note(self, key: Key, hardware: Hardware) -> str:
+        """The efficiency default of a prediction without a GPU measurement, in words."""
+        note = self._efficiency_notes.get(key)
+        if note is None:
+            d = self._efficiency_default(key, hardware)
+            note = self._efficiency_notes[key] = (
+                f"default {d.quantity}: {d.value:.3g} of the dense {key[1]} peak of "
+                f"{hardware.gpu}, from {d.source}")
+        return note
+
+    def _efficiency_default(self, key: Key, hardware: Hardware) -> Default:
+        """The GPU's efficiency as a :class:`.defaults.Default` (no GPU measurement)."""
+        group = (architecture(hardware.gpu), "bf16" if key[1] == "fp16" else key[1])
+        spread = (unc.TRANSFORMER_MFU_SPREAD.get(group) if self._transformer else None) \
+            or unc.SIGMA_PRIOR_ONLY
+        eff, source = matmul_efficiency(hardware, key[1])
+        return Default("efficiency", "matmul efficiency", eff, "of dense peak",
+                       f"{source}, no GPU measurement", spread)
+
+    def _prior_sigma(self, key: Key) -> float:
+        """Width of a prediction with no GPU measurement: ``SIGMA_PRIOR_TRANSFORMER`` for a
+        transformer described by its architecture on a generation and precision
+        ``GENERATION_MFU`` has a figure for, else ``SIGMA_PRIOR_ONLY``."""
+        group = (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1])
+        if self._transformer and transformer_mfu_group(group) in GENERATION_MFU:
+            return unc.SIGMA_PRIOR_TRANSFORMER
+        return unc.SIGMA_PRIOR_ONLY
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:
@@ -218,29 +281,40 @@ class Predictor:
             unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
             else 0.0,
         )
+        if key not in res.log_compute_scale and res.log_compute_scale:
+            # FLOPs-only fallbacks (architecture unknown) widen a prediction carried from
+            # another GPU or precision: each default's spread times how far it moves this
+            # prediction. (A prior-only one has SIGMA_PRIOR_ONLY, the spread measured over
+            # such workloads, fallbacks included.)
+            widen = self._carried_fallback_spread(key, hardware, m)
+            if widen:
+                sigma = unc.combine(sigma, *widen)
         low, high = unc.interval(throughput, sigma)
 
-        # Memory is linear in the micro-batch: two evaluations give it at m and the max m.
+        # The median peak is linear in the micro-batch: two evaluations give the max m.
         scale = self._observed.activation_scale
+        usable = usable_memory_bytes(hardware.gpu, hardware.memory_bytes)
         mem0 = _memory(self.workload, config, layout, hardware.memory_bytes, 0, self._shape,
                        scale)
         mem1 = _memory(self.workload, config, layout, hardware.memory_bytes, 1, self._shape,
                        scale)
-        memory = MemoryBreakdown(
-            weights_bytes=mem0.weights_bytes, gradients_bytes=mem0.gradients_bytes,
-            optimizer_bytes=mem0.optimizer_bytes, activations_bytes=mem1.activations_bytes * m,
-            workspace_bytes=mem0.workspace_bytes
-            + (mem1.workspace_bytes - mem0.workspace_bytes) * m)
-        max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, hardware.memory_bytes)
-        fits = memory.total_bytes <= hardware.memory_bytes
+        memory = _memory(self.workload, config, layout, hardware.memory_bytes, m, self._shape,
+                         scale)
+        max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, usable)
+        chance = p_fits(memory, usable)
+        fits = chance >= 0.5
         observed_m = self._observed.micro_batches.get(
             _observed_key(hardware.gpu, config, layout, precision, recompute), 0)
         notes = self._notes + activation_notes(self.workload, recompute)
+        if not res.log_compute_scale:
+            notes += (self._efficiency_note(key, hardware),)
         if observed_m >= m and not fits:
             # A run proved this configuration fits; the estimate is what is wrong.
-            fits, max_m = True, max(max_m, observed_m)
+            fits, max_m, chance = True, max(max_m, observed_m), 1.0
             notes += ("this configuration was observed to run: called fitting although the "
                       "memory estimate exceeds the GPU",)
+        if extrapolated or (key not in res.log_compute_scale and res.log_compute_scale):
+            notes += self._operator_notes(key, hardware)
         tokens = self.workload.tokens_per_sample
         notes += self._shape_notes(layout, recompute == "full")
         return Prediction(
@@ -252,7 +326,110 @@ class Predictor:
             samples_per_step=int(round(terms.samples_per_step)), extrapolated=extrapolated,
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
-                   else "transferred" if extrapolated else "measured"))
+                   else "transferred" if extrapolated else "measured"),
+            p_fits=chance, memory_usable_bytes=usable)
+
+    def _operator_notes(self, key: Key, hardware: Hardware) -> tuple[str, ...]:
+        """The operator classes that move a calibration carried to ``key`` from the measured
+        GPUs beyond the linear layers' transfer (``compute.attention_term``: attention's fused
+        kernel reaches another share of peak on each generation), in words."""
+        sources = [k for k in self._pool(key) if k[0] in self._hardware]
+        target = attention_term(self.workload, hardware, key[1])
+        src = [attention_term(self.workload, self._hardware[k[0]], k[1]) for k in sources]
+        if target is None and not any(src):
+            return ()
+        moved = (target[0] if target else 0.0) - (
+            sum(t[0] for t in src if t) / len(src) if src else 0.0)
+        if abs(moved) < 0.01:
+            return ()
+        words = target[1] if target else next(t[1] for t in src if t)
+        where = ("carried from " + ", ".join(f"{k[0]} {k[1]}" for k in sources)) if sources \
+            else "against the linear layers' efficiency alone"
+        return (f"{words}: {math.expm1(moved):+.0%} on the matmul speed {where}",)
+
+    def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int) -> list[float]:
+        """Per FLOPs-only fallback default, how far its own spread moves a calibration carried
+        from the measured GPUs (``_pool(key)``) to ``key``: the change of log throughput of one
+        GPU's micro-step at ``m`` on the target minus that on the source (the fit absorbs
+        what both share), at the priors."""
+        fallbacks = [d for d in self._defaults if d.fallback and d.kind in SPEED_KINDS]
+        sources = [k for k in self._pool(key) if k[0] in self._hardware]
+        if not fallbacks or not sources:
+            return []
+        cache = self._carried_cache
+        cached = cache.get((key, m))
+        if cached is not None:
+            return cached
+        single = resolve_layout(ParallelConfig(gpus_per_node=1, strategy="single",
+                                               micro_batch=m))
+        prior = Calibration()
+
+        def effect(d: Default, hw: Hardware, precision: str) -> float:
+            opt = self._opt_bytes / math.exp(d.log_spread) if d.kind == "optimizer" \
+                else self._opt_bytes
+            base = step_terms(self.workload, hw, precision, single, m, 1, self._shape,
+                              self._opt_bytes, prior).step_s
+            moved = step_terms(self._perturbed[d.kind], hw, precision, single, m, 1,
+                               self._shape, opt, prior).step_s
+            return math.log(base / moved)
+
+        out = []
+        for d in fallbacks:
+            here = effect(d, hardware, key[1])
+            there = sum(effect(d, self._hardware[k[0]], k[1]) for k in sources) / len(sources)
+            out.append(abs(here - there))
+        cache[(key, m)] = out
+        return out
+
+    @property
+    def defaults(self) -> tuple[Default, ...]:
+        """The defaults this workload's predictions take (:mod:`.defaults`)."""
+        return self._defaults
+
+    def _speed_effects(self, hardware: Hardware, precision: str, layout: Layout, m: int,
+                       grad_accum: int, calib: Calibration, rfactor: float,
+                       full_recompute: bool, throughput: float
+                       ) -> list[tuple[Default, float]]:
+        """(default, change of log throughput when its quantity moves by its own spread) for
+        each speed default (:data:`.defaults.SPEED_KINDS`)."""
+        out = []
+        base = math.log(throughput)
+        for d in self._defaults:
+            if d.kind not in SPEED_KINDS:
+                continue
+            w = self._perturbed[d.kind]
+            opt = self._opt_bytes / math.exp(d.log_spread) if d.kind == "optimizer" \
+                else self._opt_bytes
+            t = step_terms(w, hardware, precision, layout, m, grad_accum, self._shape, opt,
+                           calib, rfactor, full_recompute)
+            out.append((d, math.log(t.samples_per_step / t.step_s) - base))
+        return out
+
+    def default_effects(self, config: ParallelConfig, hardware: Hardware
+                        ) -> list[tuple[Default, float]]:
+        """(default, relative change of ``config``'s predicted throughput when the default
+        moves by its own spread), largest effect first: which default decides the answer.
+        Without a measurement on this GPU and precision the GPU's efficiency is one of them
+        (its spread: ``uncertainty.TRANSFORMER_MFU_SPREAD``, else ``SIGMA_PRIOR_ONLY``)."""
+        layout, precision, m = self._resolve(config, hardware)
+        key = (hardware.gpu, precision)
+        calib, _, _, _ = self._calibration(key)
+        recompute = config.recompute_mode(self.workload.recompute)
+        rfactor = recompute_factor(self.workload, recompute)
+        full = recompute == "full"
+        terms = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
+                           self._shape, self._opt_bytes, calib, rfactor, full)
+        throughput = terms.samples_per_step / terms.step_s
+        effects = self._speed_effects(hardware, precision, layout, m, config.grad_accum,
+                                      calib, rfactor, full, throughput)
+        if not self.result.log_compute_scale:
+            eff = self._efficiency_default(key, hardware)
+            slower = replace(calib, compute_scale=calib.compute_scale * math.exp(eff.log_spread))
+            t = step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
+                           self._shape, self._opt_bytes, slower, rfactor, full)
+            effects.append((eff, math.log(t.samples_per_step / t.step_s / throughput)))
+        effects = [(d, math.expm1(v)) for d, v in effects]
+        return sorted(effects, key=lambda e: -abs(e[1]))
 
     def _joint_fit_sigma(self, key: Key, hardware: Hardware, layout: Layout, precision: str,
                          m: int,
@@ -310,7 +487,8 @@ class Predictor:
         """Largest micro-batch per GPU whose memory fits ``hardware`` under ``config``."""
         validate_config(config, hardware)
         layout = resolve_layout(config)
-        return max_micro_batch_fitting(self.workload, config, layout, hardware.memory_bytes,
+        return max_micro_batch_fitting(self.workload, config, layout,
+                                       usable_memory_bytes(hardware.gpu, hardware.memory_bytes),
                                        self._shape, self._observed.activation_scale)
 
 
@@ -356,7 +534,7 @@ def observed_fit(workload: Workload, observations: Sequence[Observation],
         key = _observed_key(obs.gpu, config, layout, precision, recompute)
         seen[key] = max(seen.get(key, 0), int(m))
         mem = _memory(workload, config, layout, hw.memory_bytes, int(m), shape)
-        f = activation_scale_to_fit(mem, hw.memory_bytes)
+        f = activation_scale_to_fit(mem, usable_memory_bytes(hw.gpu, hw.memory_bytes))
         if f < scale:
             scale, worst = f, (obs, mem, hw)
     notes: tuple[str, ...] = ()
@@ -365,7 +543,8 @@ def observed_fit(workload: Workload, observations: Sequence[Observation],
         notes = (f"activation estimate scaled by {scale:.2f}: the observed run on "
                  f"{obs.gpu_count} x {obs.gpu} ({obs.strategy}, micro-batch "
                  f"{obs.micro_batch or workload.micro_batch}) ran, but was estimated at "
-                 f"{mem.total_bytes / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.1f} GB per GPU",)
+                 f"{mem.total_bytes / 1e9:.1f} GB of the "
+                 f"{usable_memory_bytes(hw.gpu, hw.memory_bytes) / 1e9:.1f} GB usable per GPU",)
     return ObservedFit(activation_scale=scale, micro_batches=seen, notes=notes)
 
 
@@ -379,4 +558,4 @@ def fit(workload: Workload, observations: Sequence[Observation],
     """
     validate_workload(workload)
     return Predictor(workload, fit_calibration(workload, observations, hardware),
-                     observed_fit(workload, observations, hardware))
+                     observed_fit(workload, observations, hardware), hardware)

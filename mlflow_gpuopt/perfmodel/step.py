@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from mlflow_gpuopt.perfmodel import comm
 from mlflow_gpuopt.perfmodel.compute import (
+    kernel_count,
     latency_time_s,
     micro_step_overhead_s,
     optimizer_time_prior_s,
@@ -88,8 +89,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     k = calib.compute_scale
     kr = k * calib.fixed_scale
     # Each pipeline stage's process dispatches its own layers' kernels; tensor parallelism
-    # splits each kernel but still dispatches all of them.
-    kernels = workload.kernels_per_micro_step
+    # splits each kernel but still dispatches all of them. Counted, or from the architecture.
+    kernels, _ = kernel_count(workload)
     overhead = micro_step_overhead_s(kernels / pp if kernels else None)
     a = (kr * weight_traffic_time_s(params_shard, hardware, precision)
          + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
@@ -115,7 +116,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
     t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
-    t_micro = t_grad + t_tp
+    t_micro = t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap)
     t_straggle = comm.sync_overhead_s(t_micro, dp)  # a prior share, not fitted
 
     bubble = 0.0

@@ -49,6 +49,10 @@ class Workload:
     ffn_hidden_size: int | None = None  # None: 4 × hidden (GELU MLP), 8/3 × hidden (SwiGLU)
     mlp: str | None = None  # "gelu" (two matrices) or "swiglu" (gated, three)
     attention: str | None = None  # "sdpa"/"flash" (default) or "eager"
+    #: The fused attention kernel: "fa2" (FlashAttention-2, PyTorch SDPA's flash backend) or
+    #: "fa3" (FlashAttention-3, Transformer Engine's cuDNN attention); None: fa2. Sets
+    #: attention's speed per GPU generation (``compute.ATTENTION_KERNEL_EFFICIENCY``).
+    attention_kernel: str | None = None
     dropout: float | None = None  # dropout probability; None: unknown (masks assumed kept)
     recompute: str | None = None  # how the job runs: "none", "selective" or "full"
     #: The layout it was measured with, as ``--strategy`` spells it (``tp2xfsdp``...)
@@ -57,6 +61,17 @@ class Workload:
     #: per-tensor delayed/current scaling), "tensorwise" or "rowwise" (torchao float8's
     #: recipes); None: te. See ``compute.FP8_RECIPE_EFFICIENCY``.
     fp8_recipe: str | None = None
+    #: Whether the job overlaps its tensor-parallel collectives with the GEMMs around them
+    #: (Megatron / NeMo ``tp_comm_overlap`` with Transformer Engine userbuffers, torchtitan's
+    #: async TP); None / False: they sit on the critical path. See ``comm.tp_exposed_s``.
+    tp_comm_overlap: bool | None = None
+    #: How the loss treats the vocabulary-wide logits: "fp32" (``F.cross_entropy`` on fp32
+    #: logits), "fused" (one fp32 softmax, gradient in place) or "chunked" (never whole);
+    #: None: not known (the fused figure, with the others' spread). See ``.activations``.
+    cross_entropy: str | None = None
+    #: Storage of the frozen weights (``params − trainable_params``): "bf16", "fp32", "int8",
+    #: "nf4" (4-bit QLoRA base)...; None: the compute precision's element.
+    frozen_precision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,10 @@ class Hardware:
     intra_node_bytes_per_s: float  # GPU-to-GPU inside a node, per GPU, one direction
     inter_node_bytes_per_s: float  # node network per node, one direction
     gpus_per_node: int = 8
+    tdp_w: float | None = None  # the board's thermal design power (what a power limit scales from)
+    #: The power limit ``peak_flops_per_s`` is already scaled to (None: the TDP's clock);
+    #: set by ``compute.power_capped``, so a second cap rescales rather than compounds.
+    power_limit_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,8 @@ class Observation:
     tp: int = 1  # tensor-parallel degree of the measured run
     pp: int = 1  # pipeline stages of the measured run
     recompute: str | None = None  # None: the workload's own
+    #: The measured run's board power limit, W (``nvidia-smi -q -d POWER``); None: the TDP.
+    power_limit_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +155,8 @@ class MemoryBreakdown:
     optimizer_bytes: float
     activations_bytes: float
     workspace_bytes: float  # allocator fragmentation, CUDA context, communication buffers
+    #: standard deviation of the peak (the estimates' spreads in quadrature; 0: exact)
+    sigma_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -173,3 +196,9 @@ class Prediction:
     #: "transferred" (runs on other GPU types, carried over by the roofline) or "prior"
     #: (no GPU run at all: FLOPs / peak at a prior efficiency).
     basis: str = "measured"
+    #: Probability that the peak fits the GPU (the memory estimate's own spread); ``fits`` is
+    #: ``p_fits >= 0.5`` within ``memory_usable_bytes`` (None: not computed).
+    p_fits: float | None = None
+    #: What CUDA can allocate of ``memory_capacity_bytes`` (the datasheet's GB read as GiB,
+    #: less the driver's share); None: ``memory_capacity_bytes``.
+    memory_usable_bytes: float | None = None

@@ -78,6 +78,9 @@ def check_request(emit: str | None, rank: str | int | None, out: str | None, for
         if given:
             raise InputError(f"{', '.join(given)}: only with --emit torchrun|skypilot")
         return None
+    if script is not None and not script.isprintable():  # argv's non-UTF-8 bytes: surrogates
+        raise InputError("--script: the path holds a byte that is not UTF-8, or a control "
+                         "character")
     rec_id, rank = _parse_plan(rank)
     if rec_id is None and rank > top:
         raise InputError(f"--plan {rank} is beyond the {top} plans shown (--top {top})")

@@ -28,6 +28,14 @@ class PlanInputs:
     notes: tuple[str, ...] = ()
     #: What was read of each run (``mlflow_io.runs.RunRecord``), in ``run_ids`` order.
     records: tuple[Any, ...] = ()
+    #: The smaller model the observations measured, when they are a proxy of ``workload``
+    #: (the model to plan: :func:`mlflow_gpuopt.perfmodel.transfer.fit_proxy`); else None.
+    proxy: Workload | None = None
+
+    @property
+    def measured(self) -> Workload:
+        """The workload the observations measured: the proxy, else the workload."""
+        return self.proxy or self.workload
 
     @property
     def from_runs(self) -> bool:
@@ -37,10 +45,11 @@ class PlanInputs:
     @property
     def measured_global_batch(self) -> int:
         """Samples per optimizer step of the measured run (the first run, whose profile is
-        the workload): its micro-batch × accumulation × data-parallel ranks (its GPUs)."""
+        the measured workload): its micro-batch × accumulation × data-parallel ranks (its
+        GPUs)."""
         first = self.observations[0] if self.observations else None
-        mb = (first and first.micro_batch) or self.workload.micro_batch or 1
-        accum = (first and first.grad_accum) or self.workload.grad_accum or 1
+        mb = (first and first.micro_batch) or self.measured.micro_batch or 1
+        accum = (first and first.grad_accum) or self.measured.grad_accum or 1
         ranks = first.gpu_count if first else 1
         return max(1, mb * accum * max(1, ranks))
 
@@ -64,7 +73,7 @@ class PlanInputs:
         if not mode:
             return self
         observations = tuple(dataclasses.replace(o, recompute=o.recompute or
-                                                 self.workload.recompute or "none")
+                                                 self.measured.recompute or "none")
                              for o in self.observations)
         return dataclasses.replace(self, observations=observations,
                                    workload=dataclasses.replace(self.workload, recompute=mode))
@@ -89,23 +98,35 @@ def read_runs(run_ids: Sequence[str], catalog: Any, *, experiment: str | None = 
                       records=tuple(inputs.records))
 
 
-def read_files(workload_path: str, observations_path: str | None, catalog: Any) -> PlanInputs:
-    """The inputs from ``workload.json`` and an optional observations CSV (no run)."""
-    from mlflow_gpuopt.workload_files import load_observations, load_workload
+def read_files(workload_path: str, observations_path: str | None, catalog: Any, *,
+               seq_len: int | None = None, proxy_path: str | None = None) -> PlanInputs:
+    """The inputs from ``workload.json`` (or a Hugging Face ``config.json`` trained at
+    ``seq_len`` tokens) and an optional observations CSV (no run); with ``proxy_path``, the
+    observations measured that smaller workload, a proxy of ``workload_path``."""
+    from mlflow_gpuopt.workload_files import load_observations, read_workload
 
-    workload = load_workload(workload_path)
+    read = read_workload(workload_path, seq_len=seq_len)
     observations = (load_observations(observations_path, resolve_gpu=catalog.resolve_gpu)
                     if observations_path else [])
-    return PlanInputs(workload=workload, observations=tuple(observations))
+    proxy = read_workload(proxy_path).workload if proxy_path else None
+    return PlanInputs(workload=read.workload, observations=tuple(observations),
+                      notes=tuple(read.notes), proxy=proxy)
 
 
 def read_inputs(*, run_ids: Sequence[str] = (), experiment: str | None = None,
                 workload_path: str | None = None, observations_path: str | None = None,
+                seq_len: int | None = None, proxy_path: str | None = None,
                 catalog: Any) -> PlanInputs:
-    """Runs (``run_ids`` / ``experiment``) or files (``workload_path``), whichever is given;
-    the caller has checked that exactly one source is."""
+    """Runs (``run_ids`` / ``experiment``) or files (``workload_path``), as the caller checked
+    the flags. Runs with ``workload_path`` are a proxy of that workload, the one to plan."""
+    if (run_ids or experiment) and workload_path:
+        runs = read_runs(run_ids, catalog, experiment=experiment)
+        read = read_files(workload_path, None, catalog, seq_len=seq_len)
+        return dataclasses.replace(runs, workload=read.workload, proxy=runs.workload,
+                                   notes=(*runs.notes, *read.notes))
     if workload_path:
-        return read_files(workload_path, observations_path, catalog)
+        return read_files(workload_path, observations_path, catalog, seq_len=seq_len,
+                          proxy_path=proxy_path)
     if not (run_ids or experiment):
         raise InputError("no run id given")
     return read_runs(run_ids, catalog, experiment=experiment)

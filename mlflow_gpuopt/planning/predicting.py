@@ -4,7 +4,7 @@ target the time to train. The result is the ``predict --json`` object (``docs/cl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlflow_gpuopt.errors import InputError
@@ -20,6 +20,10 @@ class PredictRequest:
     run_ids: tuple[str, ...] = ()
     workload_path: str | None = None
     observations_path: str | None = None
+    #: workload.json of the smaller model the observations measured (a proxy)
+    proxy_path: str | None = None
+    #: a Hugging Face config.json's training sequence length (tokens)
+    seq_len: int | None = None
     nodes: int | None = None
     strategy: str | None = None
     micro_batch: int | None = None
@@ -30,6 +34,8 @@ class PredictRequest:
     virtual_stages: int | None = None
     instance_type: str | None = None
     inter_node_gbps: float | None = None
+    #: the GPUs' power limit (W) for the target and the runs on its GPU type (None: TDP)
+    power_limit_w: float | None = None
     target: TrainingTarget | None = None
 
 
@@ -94,7 +100,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     target = catalog.resolve_gpu(r.gpu)
     offer = _offer(catalog, r.instance_type, target) if r.instance_type else None
     inputs = read_inputs(run_ids=r.run_ids, workload_path=r.workload_path,
-                         observations_path=r.observations_path, catalog=catalog)
+                         observations_path=r.observations_path, seq_len=r.seq_len,
+                         proxy_path=r.proxy_path, catalog=catalog)
     workload, observations = inputs.workload, inputs.observations
 
     # A node larger than any known machine is a typo more often than a machine: at most
@@ -133,6 +140,10 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     network = _network(catalog, target, offer, r.inter_node_gbps)
     target_hw = hardware_for_gpu(catalog.gpus[target], gpus_per_node=per_node, offer=offer,
                                  inter_node_gbps=network.inter_node_gbps)
+    if r.power_limit_w:
+        from mlflow_gpuopt.perfmodel.compute import power_capped
+
+        target_hw = power_capped(target_hw, r.power_limit_w, catalog.gpus[target].tdp_w)
     config = ParallelConfig(
         gpus_per_node=per_node, nodes=nodes, strategy=dp_strategy,
         micro_batch=r.micro_batch or workload.micro_batch,
@@ -141,8 +152,24 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         activation_checkpointing=r.activation_checkpointing, tp=tp, pp=pp,
         recompute=r.recompute or ("full" if r.activation_checkpointing else None),
         virtual_stages=vp)
-    predictor = fit_runs(workload, observations, catalog)
+    def on_target_type(hardware: dict[str, Any]) -> None:
+        """The runs on the target's GPU type ran on its network and power limit."""
+        if target not in hardware:
+            return
+        if r.inter_node_gbps:
+            hardware[target] = replace(hardware[target],
+                                       inter_node_bytes_per_s=r.inter_node_gbps / 8e-9)
+        if r.power_limit_w:
+            from mlflow_gpuopt.perfmodel.compute import power_capped
+
+            hardware[target] = power_capped(hardware[target], r.power_limit_w,
+                                            catalog.gpus[target].tdp_w)
+
+    predictor = fit_runs(workload, observations, catalog, proxy=inputs.proxy,
+                         source=", ".join(r.run_ids) or r.proxy_path or "",
+                         adjust_hardware=on_target_type)
     p = predictor.predict(config, target_hw)
+    effects = predictor.default_effects(config, target_hw)
 
     m = p.memory
     result = {
@@ -153,6 +180,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         "recompute": config.recompute_mode(workload.recompute),
         "throughput_samples_per_s": p.throughput_samples_per_s, "low": p.low, "high": p.high,
         "step_time_s": p.step_time_s, "memory_per_gpu_bytes": m.total_bytes, "fits": p.fits,
+        "p_fits": p.p_fits, "memory_usable_bytes": p.memory_usable_bytes,
+        "memory_sigma_bytes": m.sigma_bytes,
         "memory_capacity_bytes": p.memory_capacity_bytes, "max_micro_batch": p.max_micro_batch,
         "tokens_per_s": p.tokens_per_s, "samples_per_step": p.samples_per_step,
         "log_sigma": p.log_sigma, "extrapolated": p.extrapolated, "basis": p.basis,
@@ -164,6 +193,9 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         "observations_used": len(observations), "run_ids": list(r.run_ids),
         "assumptions": [*inputs.notes, *p.assumptions], "network": network.as_dict(),
         "instance_type": offer.instance_type if offer is not None else None,
+        "defaults": [{**d.as_dict(), "throughput_change": change} for d, change in effects]
+        + [d.as_dict() | {"throughput_change": 0.0} for d in predictor.defaults
+           if all(d is not e for e, _ in effects)],
     }
     if r.target is not None:
         from mlflow_gpuopt.perfmodel import time_to_train

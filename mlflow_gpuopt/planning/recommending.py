@@ -30,6 +30,10 @@ class RecommendRequest:
     experiment: str | None = None
     workload_path: str | None = None
     observations_path: str | None = None
+    #: workload.json of the smaller model the observations measured (a proxy)
+    proxy_path: str | None = None
+    #: a Hugging Face config.json's training sequence length (tokens)
+    seq_len: int | None = None
     deadline_hours: float | None = None
     confidence: float = 0.9
     providers: tuple[str, ...] = ()
@@ -43,6 +47,8 @@ class RecommendRequest:
     global_batch: int | None = None
     keep_micro_batch: bool = False
     recompute: str | None = None
+    #: share of each GPU's usable memory a plan leaves free at its predicted peak
+    memory_headroom: float = 0.10
     log: bool = True
     emit: EmitRequest | None = None
 
@@ -76,26 +82,37 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
         catalog = load_catalog()
     space = search_space(catalog, providers=request.providers, region=request.region,
                          spot=request.spot, max_gpus=request.max_gpus,
-                         max_nodes=request.max_nodes)
+                         max_nodes=request.max_nodes,
+                         memory_headroom=request.memory_headroom)
     inputs = read_inputs(run_ids=request.run_ids, experiment=request.experiment,
                          workload_path=request.workload_path,
                          observations_path=request.observations_path,
+                         seq_len=request.seq_len, proxy_path=request.proxy_path,
                          catalog=catalog).with_recompute(request.recompute)
     logged_row = emitting.check_logged_plan(request.emit, inputs.workload)
     target = make_target(inputs, request.target, deadline_hours=request.deadline_hours,
                          confidence=request.confidence, global_batch=request.global_batch,
                          keep_micro_batch=request.keep_micro_batch)
-    predictor = fit_runs(inputs.workload, inputs.observations, catalog)
+    predictor = fit_runs(inputs.workload, inputs.observations, catalog, proxy=inputs.proxy,
+                         source=", ".join(inputs.run_ids) or str(request.proxy_path))
     rec = search(inputs, predictor, catalog, target, space)
 
     doc = recommendation_dict(rec, top=request.top)
+    if rec.winner is None and rec.candidates and request.deadline_hours is not None:
+        alts = _deadline_alternatives(inputs, predictor, catalog, target, space,
+                                      batch_may_change=request.target.steps is None)
+        doc["deadline_alternatives"] = [a.as_dict() for a in alts]
+        doc["notes"] = [*doc["notes"], *(a.line() for a in alts)]
     doc["source_run_ids"] = list(inputs.run_ids)
     if not inputs.from_runs and request.log:
         doc["notes"].append(
             "not logged to MLflow: planned from --workload, there is no run to nest it under")
     doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
     doc["notes"] = [*inputs.notes, *doc["notes"]]
-    if inputs.from_runs and rec.candidates:
+    if inputs.proxy is not None:  # say where the speed came from, in the printed notes too
+        doc["notes"][:0] = [a for a in doc["model_assumptions"]
+                            if a.startswith("transferred from proxy")]
+    if inputs.from_runs and rec.candidates and inputs.proxy is None:
         doc["advice"] = advice_on_plan(inputs, rec, predictor, catalog)
     emitting.check_plan(request.emit, doc, logged_row)
     found_rank = emitting.find_logged_plan(request.emit, rec, logged_row)
@@ -121,15 +138,31 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
                            logged=logged, log_error=log_error)
 
 
+def _deadline_alternatives(inputs: PlanInputs, predictor: Any, catalog: Any, target: Any,
+                           space: Any, *, batch_may_change: bool):
+    """When no plan meets the deadline: the reruns a user would try next (what binds;
+    :func:`mlflow_gpuopt.recommend.shortfall.alternatives`), each searched once."""
+    from mlflow_gpuopt.planning.searching import search
+    from mlflow_gpuopt.recommend.llm_batch import larger_global_batch
+    from mlflow_gpuopt.recommend.shortfall import alternatives
+
+    return alternatives(
+        lambda t, s: search(inputs, predictor, catalog, t, s, with_scaling=False),
+        target, space, max_nodes=max((o.max_nodes for o in catalog.offers), default=1),
+        larger_batch=larger_global_batch(inputs.workload, target.global_batch),
+        batch_may_change=batch_may_change)
+
+
 def _log(doc: dict[str, Any], rec: Any, inputs: PlanInputs):
     """Log ``doc`` with its charts and HTML report nested under the first source run."""
     from mlflow_gpuopt.mlflow_io.recommendation import log_recommendation
     from mlflow_gpuopt.report import pareto_png, render_html, scaling_png
 
     gpus = {p.gpu for p in rec.scaling}
+    # a proxy's measurements are of another model: not drawn on this model's scaling curves
+    measured = () if inputs.proxy is not None else inputs.observations
     charts = {"pareto": pareto_png(rec),
-              "scaling": scaling_png(rec.scaling, [o for o in inputs.observations
-                                                   if o.gpu in gpus])}
+              "scaling": scaling_png(rec.scaling, [o for o in measured if o.gpu in gpus])}
     html = render_html(doc, charts, title=f"GPU recommendation for {inputs.workload.name}",
                        source="Measured runs: " + ", ".join(inputs.run_ids))
     # MLflow prints "View run … at: <url>" on stdout for HTTP stores; stdout is the

@@ -152,6 +152,10 @@ def batch_note(target: Target) -> str:
         return (f"per-GPU batch {target.per_rank_batch:,} kept on every GPU: each plan's "
                 "global batch is that × its data-parallel ranks, so it grows with the GPU "
                 "count (a different training hyper-parameter on more GPUs)")
+    if target.batch_mode == "derived":
+        return (f"global batch {target.global_batch_why}: every plan splits it into "
+                "micro-batch × accumulation × data-parallel ranks (plans whose ranks do not "
+                "divide it are left out)")
     how = "kept as measured" if target.batch_mode == "kept" else "as asked"
     return (f"global batch {target.global_batch:,} samples per optimizer step {how}: every "
             "plan splits it into micro-batch × accumulation × data-parallel ranks (plans "
@@ -163,6 +167,7 @@ def batch_line(c: Candidate, target: Target) -> str:
     cfg = c.config
     dp = data_parallel_ranks(cfg)
     how = {"kept": "the measured run's, kept", "set": "as asked",
+           "derived": "derived for LLM pre-training",
            "per-gpu": "the per-GPU batch kept, so it grows with the GPUs"}[target.batch_mode]
     return (f"Batch: global batch {global_batch(cfg):,} ({how}) = micro-batch "
             f"{cfg.micro_batch} × accumulation {cfg.grad_accum} × {dp} data-parallel "
@@ -179,8 +184,8 @@ def describe(c: Candidate) -> str:
 
 
 def headroom(c: Candidate) -> float:
-    """Share of GPU memory left free by the plan (0..1)."""
-    cap = c.prediction.memory_capacity_bytes
+    """Share of the GPU's usable memory left free by the plan's median peak (0..1)."""
+    cap = c.prediction.memory_usable_bytes or c.prediction.memory_capacity_bytes
     return max(0.0, 1.0 - c.prediction.memory.total_bytes / cap) if cap > 0 else 0.0
 
 
@@ -294,6 +299,9 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
         f"{hours_text(win.hours_high)}), {money(win.cost_usd)} ({money(win.cost_low_usd)}–"
         f"{money(win.cost_high_usd)}), {deadline}.",
     ]
+    lines.append(f"GPU-hours: {win.gpus * win.hours:,.0f} ({win.gpus * win.hours_low:,.0f}–"
+                 f"{win.gpus * win.hours_high:,.0f}) on {win.gpus:,} GPU"
+                 f"{'s' if win.gpus > 1 else ''}.")
     if win.cost_basis:
         lines.append(f"Cost: {win.cost_basis}.")
     lines.append(batch_line(win, target))
@@ -330,10 +338,15 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
         overhead += f" and restarts/lost work {hours_text(win.overhead_hours)}"
     lines.append(f"Where the time goes: per optimizer step {seconds_text(step)} = "
                  + ", ".join(parts) + overhead + " over the whole job.")
+    usable = p.memory_usable_bytes or p.memory_capacity_bytes
+    chance = f", P(fits) {p.p_fits:.0%}" if p.p_fits is not None else ""
     lines.append(f"Memory per GPU: {sig(p.memory.total_bytes / 1e9, 2)} GB of "
-                 f"{p.memory_capacity_bytes / 1e9:.0f} GB ({headroom(win):.0%} free); "
+                 f"{sig(usable / 1e9, 3)} GB usable ({headroom(win):.0%} free{chance}); "
                  f"interconnect {interconnect(win)}.")
-    lines.extend(f"Note: {n}." for n in win.notes)
+    lines.extend(f"Script change: {n.removeprefix('script change: ')}."
+                 if n.startswith("script change: ") else
+                 f"Risk: {n.removeprefix('risk: ')}." if n.startswith("risk: ")
+                 else f"Note: {n}." for n in win.notes)
     if is_amd(win.offer.gpu):
         lines.append(f"Note: {win.offer.gpu} is an AMD GPU: ROCm/RCCL; PyTorch ROCm build "
                      "required (torch.cuda and the 'nccl' process-group backend map to HIP and "

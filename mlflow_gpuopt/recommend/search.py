@@ -50,6 +50,8 @@ from dataclasses import dataclass, field, replace
 from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
+from mlflow_gpuopt.perfmodel.activations import normalize_recompute
+from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
 from mlflow_gpuopt.recommend.cost import evaluate, price_per_hour
@@ -62,6 +64,7 @@ from mlflow_gpuopt.recommend.explain import (
     one_line_why,
     strategy_label,
 )
+from mlflow_gpuopt.recommend.shortfall import binding_constraint
 from mlflow_gpuopt.recommend.types import (
     Candidate,
     Costing,
@@ -233,6 +236,60 @@ class _Step:
     searched: int = 0
 
 
+#: Smallest model offered FP8: the threshold of ``advise``'s FP8 rule
+#: (``advice.rules.FP8_MIN_PARAMS``; below it non-GEMM work and FP8's casts dominate).
+FP8_MIN_PARAMS = 1_000_000_000
+#: A plan this long on a GPU type or precision no run measured is marked as a risk.
+UNTESTED_RISK_HOURS = 24.0
+#: How a script makes each precision switch a plan may need.
+_PRECISION_RECIPES = {
+    "fp8": "FP8 linear layers (torchao float8 convert_to_float8_training, or Transformer "
+           "Engine's te.Linear under fp8_autocast), the advise finding precision_fp8",
+    "tf32": "TF32 matmuls (torch.backends.cuda.matmul.allow_tf32 = True, "
+            "torch.backends.cudnn.allow_tf32 = True)",
+    "bf16": "autocast to bfloat16 (torch.autocast(dtype=torch.bfloat16); no GradScaler)",
+}
+
+
+def script_changes(workload: Workload, config: ParallelConfig) -> tuple[str, ...]:
+    """What the training script must change to run ``config``, in words (empty: nothing)."""
+    own = normalize_precision(workload.precision)
+    out = []
+    if config.precision and normalize_precision(config.precision) != own:
+        new = normalize_precision(config.precision)
+        out.append(f"script change: precision {own} -> {new}: "
+                   + _PRECISION_RECIPES.get(new, new))
+    mode = normalize_recompute(config.recompute_mode(workload.recompute))
+    if mode != normalize_recompute(workload.recompute):
+        out.append(f"script change: activation recomputation {mode} "
+                   "(torch.utils.checkpoint around each block), to fit the memory")
+    return tuple(out)
+
+
+def untested_risk(c: Candidate, own_precision: str) -> str | None:
+    """A risk note for a long plan (``UNTESTED_RISK_HOURS``) on a GPU type, vendor or
+    precision no run measured (a plan on priors alone already says so in the explanation:
+    it is marked where it also switches precision or vendor)."""
+    p = c.prediction
+    if p.basis == "measured" or c.hours < UNTESTED_RISK_HOURS:
+        return None
+    amd = c.offer.gpu.upper().startswith("MI")
+    switched = normalize_precision(c.config.precision or own_precision) != own_precision
+    if p.basis == "prior" and not (amd or switched):
+        return None
+    what = [f"{c.offer.gpu} (AMD, ROCm)" if amd else c.offer.gpu]
+    if switched:
+        what.append(f"{c.config.precision} (the script runs {own_precision})")
+    return (f"risk: no run was measured on {' in '.join(what)} and the job runs "
+            f"{c.hours:,.0f} h; a short tracked run there first checks speed and memory")
+
+
+def within_headroom(pred: Prediction, headroom: float) -> bool:
+    """Whether ``pred``'s median peak leaves ``headroom`` of the GPU's usable memory free."""
+    usable = pred.memory_usable_bytes or pred.memory_capacity_bytes
+    return pred.memory.total_bytes <= (1.0 - headroom) * usable * (1 + 1e-9)
+
+
 def _node_limit(offer: Offer, space: SearchSpace) -> int:
     return min(space.max_nodes, offer.max_nodes if offer.inter_node_gbps > 0 else 1)
 
@@ -298,11 +355,14 @@ class _Search:
         if batch is None:
             step.dropped[UNEVEN_BATCH_REASON] += 1
             return None
+        # the micro-batch is sized to leave the headroom free (the usable memory is
+        # proportional to the stated one, so a smaller card is the same as the headroom)
+        planned = replace(hw, memory_bytes=hw.memory_bytes * (1.0 - self.space.memory_headroom))
         for ac in (False, True):
             base = ParallelConfig(gpus_per_node=per_node, nodes=nodes, strategy=strategy,
                                   micro_batch=1, grad_accum=batch, precision=precision,
                                   activation_checkpointing=ac, tp=tp, pp=pp)
-            m_max = self._max_micro_batch(base, hw)
+            m_max = self._max_micro_batch(base, planned)
             if m_max < 1:
                 continue
             mb = largest_divisor_at_most(batch, m_max)
@@ -313,9 +373,9 @@ class _Search:
             pred = self._predict(config, hw, step)
             if pred is None:
                 return None
-            if pred.fits:
+            if pred.fits and within_headroom(pred, self.space.memory_headroom):
                 return config, pred
-        step.dropped["does not fit in GPU memory"] += 1
+        step.dropped["does not fit in GPU memory"] += 1  # with the headroom (memory_note)
         return None
 
     def precisions(self, spec: GpuSpec) -> tuple[str, ...]:
@@ -323,7 +383,8 @@ class _Search:
         script's own."""
         w = self.workload
         allowed = allowed_precisions(
-            w.precision, spec, linear_layers=bool(w.hidden_size and w.tokens_per_sample))
+            w.precision, spec, linear_layers=bool(w.hidden_size and w.tokens_per_sample
+                                                  and w.params >= FP8_MIN_PARAMS))
         if not allowed:
             return ()
         own = allowed[0]
@@ -442,7 +503,7 @@ class _Search:
 
     def _add(self, offer: Offer, nodes: int, config: ParallelConfig, pred: Prediction,
              pricings: Sequence[str]) -> None:
-        notes = []
+        notes = list(script_changes(self.workload, config))
         if not offer.gpu_guaranteed:
             notes.append(f"{offer.provider} does not guarantee the {offer.gpu}: it assigns "
                          "whatever GPU is free, and a slower one stretches the time")
@@ -456,6 +517,9 @@ class _Search:
             if cand is None:
                 self.dropped["cannot finish (throughput or preemptions)"] += 1
                 continue
+            risk = untested_risk(cand, normalize_precision(self.workload.precision))
+            if risk:
+                cand = replace(cand, notes=(*cand.notes, risk))
             if not self.exhaustive and self._dominated(cand):
                 self.dropped[DOMINATED_REASON] += 1
                 continue
@@ -537,12 +601,17 @@ def collapse_dominated(ranked: Sequence[Candidate],
 
 
 def fastest_plan(cands: Sequence[Candidate]) -> Candidate | None:
-    """The cheapest plan within 5 % of the shortest predicted time.
+    """The plan with the shortest predicted time (the cheaper of equal ones): what "fastest"
+    names has to be the fastest row of the table. :func:`pareto_front` also keeps the
+    cheapest plan within 5 % of it, which the model cannot tell apart on time."""
+    if not cands:
+        return None
+    return min(cands, key=lambda c: (c.hours, c.cost_usd))
 
-    Predictions carry tens of percent of uncertainty, so a plan 1 % faster for ten times the
-    money is not "the fastest option" a person wants to see; the cheapest of the plans the
-    model cannot tell apart on time is.
-    """
+
+def _near_fastest(cands: Sequence[Candidate]) -> Candidate | None:
+    """The cheapest plan within 5 % of the shortest predicted time: predictions carry tens of
+    percent of uncertainty, so a plan 1 % faster for ten times the money buys nothing sure."""
     if not cands:
         return None
     quickest = min(c.hours for c in cands)
@@ -555,8 +624,9 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
 
     A plan is on it when no other plan is both faster and cheaper; walking from the
     cheapest, a plan is kept only when it is more than 5 % faster than the last one kept
-    (smaller steps are inside the prediction's interval), and :func:`fastest_plan` always
-    ends it. Every plan on it is on the strict frontier.
+    (smaller steps are inside the prediction's interval); the cheapest plan within 5 % of
+    the shortest time and :func:`fastest_plan` always end it (the one step that may buy
+    less). Every plan on it is on the strict frontier.
     """
     strict: list[Candidate] = []
     best_cost = math.inf
@@ -570,9 +640,9 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
     for c in reversed(strict[:-1]):
         if c.hours * _SAME_SPEED < kept[-1].hours:
             kept.append(c)
-    fastest = fastest_plan(cands)
-    if fastest is not None and all(fastest is not c for c in kept):
-        kept.append(fastest)
+    for end in (_near_fastest(cands), fastest_plan(cands)):
+        if end is not None and all(end is not c for c in kept):
+            kept.append(end)
     return tuple(sorted(kept, key=lambda c: (c.hours, c.cost_usd)))
 
 
@@ -597,6 +667,13 @@ def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int
             if p.fits:
                 return p
     return None
+
+
+def memory_note(headroom: float) -> str:
+    """The memory policy every plan was held to, in words."""
+    return (f"memory: every plan leaves at least {headroom:.0%} of each GPU's usable memory "
+            "free at its predicted peak and fits with probability >= 50 % "
+            "(--memory-headroom)")
 
 
 def instance_family(offer: Offer) -> str:
@@ -773,7 +850,8 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
             f"{money(fastest.cost_usd)} ({fastest.offer.provider} {fastest.offer.instance_type} "
             f"× {fastest.nodes}); cheapest: {money(cheapest.cost_usd)} in "
             f"{hours_text(cheapest.hours)} "
-            f"({cheapest.offer.provider} {cheapest.offer.instance_type} × {cheapest.nodes})")
+            f"({cheapest.offer.provider} {cheapest.offer.instance_type} × {cheapest.nodes}); "
+            f"what binds: {binding_constraint(fastest, target, space)}")
     if winner is not None:
         runner_up = next((c for c in ranked[1:] if (c.offer.instance_type, c.nodes,
                                                     strategy_label(c.config), c.pricing)
@@ -789,6 +867,7 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
                               space.max_gpus or 64, target.global_batch)
                if with_scaling else ())
     notes.append(batch_note(target))
+    notes.append(memory_note(space.memory_headroom))
     notes.append(f"searched {search.searched} plans over {len(chosen)} offers in "
                  f"{time.perf_counter() - started:.2f} s")
     return Recommendation(
@@ -796,5 +875,5 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         fastest=fastest, cheapest=cheapest, explanation=explanation, whys=whys,
         dropped=dict(search.dropped), searched=search.searched, notes=tuple(notes),
         predicted=search.predicted, costed=search.costed,
-        scaling=scaling,
+        scaling=scaling, memory_headroom=space.memory_headroom,
     )

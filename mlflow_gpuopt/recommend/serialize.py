@@ -33,12 +33,16 @@ def target_dict(t: Target) -> dict[str, Any]:
 def batch_policy_dict(t: Target) -> dict[str, Any]:
     """``{"global_batch", "mode", "per_rank_batch"}``: what every plan did with the batch.
 
-    ``mode`` is ``kept`` (the measured global batch), ``set`` (the user's) or ``per-gpu``
+    ``mode`` is ``kept`` (the measured global batch), ``set`` (the user's), ``derived``
+    (chosen for LLM pre-training, ``why`` says how) or ``per-gpu``
     (each GPU keeps ``per_rank_batch``; ``global_batch`` is then None, as it differs per
     plan: see each candidate's ``global_batch``).
     """
-    return {"global_batch": t.global_batch, "mode": t.batch_mode,
-            "per_rank_batch": t.per_rank_batch if t.global_batch is None else None}
+    out = {"global_batch": t.global_batch, "mode": t.batch_mode,
+           "per_rank_batch": t.per_rank_batch if t.global_batch is None else None}
+    if t.batch_mode == "derived":
+        out["why"] = t.global_batch_why
+    return out
 
 
 def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, Any]:
@@ -71,6 +75,9 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
         "exposed_comm_fraction": (c.prediction.exposed_comm_s / c.prediction.step_time_s
                                   if c.prediction.step_time_s > 0 else 0.0),
         "memory_capacity_bytes": c.prediction.memory_capacity_bytes,
+        "memory_usable_bytes": c.prediction.memory_usable_bytes,
+        "p_fits": (round(c.prediction.p_fits, 6) if c.prediction.p_fits is not None
+                   else None),
         "startup_hours": round(c.startup_hours, 6), "overhead_hours": round(c.overhead_hours, 6),
         "sessions": c.sessions, "extrapolated": c.prediction.extrapolated,
         "prediction_basis": c.prediction.basis,
@@ -99,6 +106,7 @@ def recommendation_dict(rec: Recommendation, top: int = 20) -> dict[str, Any]:
         "winner": small(rec.winner), "fastest": small(rec.fastest),
         "cheapest": small(rec.cheapest), "explanation": list(rec.explanation),
         "notes": list(rec.notes), "dropped": dict(rec.dropped), "searched": rec.searched,
+        "memory_headroom": rec.memory_headroom,
         "predicted": rec.predicted, "costed": rec.costed, "feasible": len(rec.candidates),
         "scaling": [{"gpu": p.gpu, "gpus": p.gpus,
                      "throughput_samples_per_s": p.throughput_samples_per_s,

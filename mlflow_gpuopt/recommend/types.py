@@ -15,6 +15,10 @@ from mlflow_gpuopt.catalog.schema import GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction
 
 
+#: ``SearchSpace.memory_headroom`` unless asked otherwise (``recommend --memory-headroom``).
+DEFAULT_MEMORY_HEADROOM = 0.10
+
+
 class Predictor(Protocol):
     """The fitted scaling model, as ``perfmodel.fit`` returns it."""
 
@@ -40,7 +44,8 @@ class Target:
     a training hyper-parameter), every plan keeps it, split as micro-batch × accumulation ×
     data-parallel ranks (a plan whose ranks do not divide it is left out);
     ``global_batch_asked`` says whether the user asked for it (``recommend --global-batch``)
-    or it is the measured run's. With ``global_batch`` None, each GPU keeps
+    or it is the measured run's, or ``global_batch_why`` where it was derived (a workload
+    file's LLM pre-training). With ``global_batch`` None, each GPU keeps
     ``per_rank_batch`` (the measured micro-batch × accumulation), so the global batch grows
     with the GPU count (``recommend --keep-micro-batch``).
     """
@@ -53,13 +58,19 @@ class Target:
     checkpoint_interval_hours: float = 0.5  # spot / Colab restarts lose half of this on average
     global_batch: int | None = None  # samples per optimizer step every plan keeps
     global_batch_asked: bool = False  # True: the user set global_batch, not the measured run
+    #: Where a ``global_batch`` neither asked for nor measured comes from, in words (LLM
+    #: pre-training practice: :mod:`.llm_batch`); empty otherwise
+    global_batch_why: str = ""
 
     @property
     def batch_mode(self) -> str:
-        """``kept`` (the measured global batch), ``set`` (asked for) or ``per-gpu``."""
+        """``kept`` (the measured global batch), ``set`` (asked for), ``derived`` (chosen
+        for the workload: ``global_batch_why``) or ``per-gpu``."""
         if self.global_batch is None:
             return "per-gpu"
-        return "set" if self.global_batch_asked else "kept"
+        if self.global_batch_asked:
+            return "set"
+        return "derived" if self.global_batch_why else "kept"
 
     def rank_batch(self, data_parallel_ranks: int) -> int | None:
         """Samples per data-parallel rank per optimizer step (micro-batch × accumulation);
@@ -81,6 +92,9 @@ class SearchSpace:
     spot: bool | None = None  # True: spot only, False: on-demand only, None: both
     max_gpus: int | None = None
     max_nodes: int = 16
+    #: Share of each GPU's usable memory a plan leaves free at its predicted median peak
+    #: (plans above it are dropped): a margin for what the estimate's spread does not cover.
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
 
 
 @dataclass(frozen=True)
@@ -173,9 +187,10 @@ class Recommendation:
     ``candidates`` are all feasible plans, best first: those meeting the deadline at the
     asked confidence by expected cost, then the rest by probability of meeting it.
     ``winner`` is ``None`` when nothing meets the deadline; ``fastest`` and ``cheapest``
-    are always filled when anything fits (``fastest``: the cheapest plan within 5 % of the
-    shortest time, as the model cannot tell those apart). ``pareto`` is the cost-vs-time
-    frontier, thinned so each step toward speed is more than 5 % faster.
+    are always filled when anything fits (``fastest``: the shortest predicted time, the
+    cheaper of equal ones). ``pareto`` is the cost-vs-time frontier, thinned so each step
+    toward speed is more than 5 % faster, save the last: the cheapest plan within 5 % of the
+    fastest, then the fastest itself.
     """
 
     target: Target
@@ -191,4 +206,5 @@ class Recommendation:
     notes: tuple[str, ...] = ()
     scaling: tuple[ScalingPoint, ...] = ()
     predicted: int = 0  # step-time predictions made (offers of one hardware share them)
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM  # the policy the plans were held to
     costed: int = 0  # plans costed (time, cost and P(deadline) per offer and pricing)

@@ -100,6 +100,8 @@ class StepAggregator:
         while self._waiting:
             rec = _as_record(self._waiting[0])
             t, s, k, ev = rec.t_s, rec.samples, rec.tokens, rec.cuda_event
+            if not isinstance(k, int):  # an attention mask's sum, on the device
+                k = int(k)
             if ev is not None:
                 if not final and not ev.query():
                     break

@@ -13,6 +13,8 @@ Configs read (first name present wins, per field):
   (the names :data:`mlflow_gpuopt.workload_files.HF_CONFIG_NAMES` maps for workload files;
   GPT-2's config answers them through its ``attribute_map``). GPT-2's ``n_inner`` is its
   MLP width, ``None`` meaning 4 × ``n_embd``.
+  An encoder-decoder (``is_encoder_decoder``: T5's ``num_layers`` + ``num_decoder_layers``,
+  BART's ``encoder_layers`` + ``decoder_layers``) has the two stacks' layers together.
 - nanoGPT's ``GPTConfig``: ``n_layer``, ``n_head``, ``n_embd``, ``vocab_size``.
 - litgpt's ``Config``: ``n_layer``, ``n_head``, ``n_embd``, ``n_query_groups`` (key/value
   heads), ``intermediate_size``, ``padded_vocab_size`` (the embedding's rows),
@@ -84,16 +86,21 @@ class Architecture:
 def unwrap_model(model: Any) -> Any:
     """The user's module inside the wrappers :func:`.advice_facts.model_wrapper` names,
     however nested: DataParallel / DDP / FSDP1 keep it at ``.module``, ``torch.compile`` at
-    ``._orig_mod``. FSDP2 (``fully_shard``) and accelerate keep the module's own class, so
-    its attributes are already there. Anything else is returned as is (a user's module with
-    a child called ``module`` is not a wrapper)."""
+    ``._orig_mod``, PEFT's ``PeftModel`` (LoRA adapters) behind ``get_base_model()``.
+    FSDP2 (``fully_shard``) and accelerate keep the module's own class, so its attributes are
+    already there. Anything else is returned as is (a user's module with a child called
+    ``module`` is not a wrapper)."""
     from mlflow_gpuopt.tracking.advice_facts import model_wrapper
 
     for _ in range(_MAX_UNWRAP):
         kind = model_wrapper(model)
         if kind == "none":
-            return model
-        inner = getattr(model, "_orig_mod" if kind == "compiled" else "module", None)
+            base = getattr(model, "get_base_model", None)
+            if not type(model).__name__.startswith("Peft") or not callable(base):
+                return model
+            inner = base()
+        else:
+            inner = getattr(model, "_orig_mod" if kind == "compiled" else "module", None)
         if inner is None or inner is model:
             return model
         model = inner
@@ -142,8 +149,23 @@ def _first(config: Any, field: str) -> int | None:
     return None
 
 
-def _from_config(config: Any, model: Any) -> Architecture:
+def _layers(config: Any) -> int | None:
+    """Transformer layers: an encoder-decoder's (T5, BART: ``is_encoder_decoder``) are its
+    encoder's and its decoder's together, which the Hugging Face name answers with the
+    encoder's alone."""
     layers = _first(config, "num_layers")
+    if _attr(config, "is_encoder_decoder") is True:
+        enc = next((n for n in map(_count, (_attr(config, "encoder_layers"),
+                                            _attr(config, "num_layers"))) if n), None)
+        dec = next((n for n in map(_count, (_attr(config, "decoder_layers"),
+                                            _attr(config, "num_decoder_layers"))) if n), None)
+        if enc and dec:
+            return enc + dec
+    return layers
+
+
+def _from_config(config: Any, model: Any) -> Architecture:
+    layers = _layers(config)
     hidden = _first(config, "hidden_size")
     heads = _first(config, "num_heads")
     kv = _first(config, "num_kv_heads")

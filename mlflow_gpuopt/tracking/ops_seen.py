@@ -26,8 +26,9 @@ follows it until the optimizer steps: the loss and the backward pass). Read at t
 - **precision**: the dtype that holds most of the matrix-product operand elements of the
   forward (``mm``, ``addmm``, ``bmm``, ``baddbmm``, convolutions, the attention kernels,
   ``_scaled_mm``): bf16 / fp16 / fp8 (float8 dtypes or ``_scaled_mm``) / fp32 (``tf32`` when
-  CUDA runs fp32 products on tensor cores: ``torch.backends.cuda.matmul.allow_tf32`` or a
-  ``float32_matmul_precision`` other than ``highest``, ``cudnn.allow_tf32`` for convolutions).
+  the script asks for TF32 matmuls, on any device, since a CPU run is planned on GPUs:
+  ``torch.backends.cuda.matmul.allow_tf32`` or a ``float32_matmul_precision`` other than
+  ``highest``; on CUDA also ``cudnn.allow_tf32`` for convolutions).
   This is what ran, whatever enabled it (``torch.autocast`` entered inside ``forward`` by
   accelerate or transformers, a ``.to(bfloat16)`` model).
 - **FP8 modules**: Transformer Engine layers (their class lives in ``transformer_engine``;
@@ -214,18 +215,27 @@ class OpsSeen:
             return "bf16"
         if dtype == "float16":
             return "fp16"
-        if dtype == "float32" and device_type == "cuda" and _cuda_tf32(self.conv_fp32):
+        if dtype == "float32" and (tf32_matmul_flags() or (
+                device_type == "cuda" and self.conv_fp32 and _cudnn_tf32())):
             return "tf32"
         return "fp32" if dtype in ("float32", "float64") else None
 
 
-def _cuda_tf32(has_conv: bool) -> bool:
-    """Whether CUDA runs this process's fp32 products on TF32 tensor cores."""
+def tf32_matmul_flags() -> bool:
+    """Whether the script asked for TF32 matmuls (``torch.backends.cuda.matmul.allow_tf32``
+    or ``torch.set_float32_matmul_precision("high"/"medium")``): on any device, since a
+    run measured on a CPU is planned on GPUs, where those flags make fp32 products TF32."""
     import torch
 
-    if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
-        return True
-    return bool(has_conv and torch.backends.cudnn.allow_tf32)
+    return bool(torch.backends.cuda.matmul.allow_tf32
+                or torch.get_float32_matmul_precision() != "highest")
+
+
+def _cudnn_tf32() -> bool:
+    """Whether cuDNN runs fp32 convolutions on TF32 tensor cores (its default on CUDA)."""
+    import torch
+
+    return bool(torch.backends.cudnn.allow_tf32)
 
 
 def fp8_modules(model: Any) -> tuple[bool, str | None]:

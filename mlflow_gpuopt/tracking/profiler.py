@@ -10,12 +10,14 @@ saved-for-backward tensors (``saved_tensors_hooks``, de-duplicated by storage, p
 excluded), and on CUDA also the allocator's peak growth during the forward.
 
 Kernels per micro-step: a second dispatch mode, entered beside the FLOP counter for the same
-window, counts the operators dispatched from the first forward until the optimizer starts its
-step (a global optimizer step pre-hook, registered for the profiled step only), divided by
-the forwards (micro-batches) in that window. In eager PyTorch each such operator is about one
-kernel launch, which is what bounds a micro-step's batch-independent latency (recurrent and
-autoregressive models launch thousands). Operators that launch nothing are left out: views
-and in-place view ops (read from the operator's schema: ``view``, ``t``, ``expand``,
+window, counts the operators dispatched in it less those of every optimizer's own ``step()``
+(the step clock's optimizer hooks tell the profiler where each starts and ends; a closure
+passed to ``step()`` is wrapped for the profiled step only, and its operators — the last
+micro-batch's forward and backward under Lightning's automatic optimization — stay in),
+divided by the forwards (micro-batches) in that window. In eager PyTorch each such operator
+is about one kernel launch, which is what bounds a micro-step's batch-independent latency
+(recurrent and autoregressive models launch thousands). Operators that launch nothing are
+left out: views and in-place view ops (read from the operator's schema: ``view``, ``t``, ``expand``,
 ``as_strided``, ``detach``, ``split``, ``unsqueeze_``...) and the few in
 ``NON_KERNEL_OPS`` (uninitialised allocations, ``_unsafe_view``, size queries). It is a count
 of operators, not of kernels: a cuDNN RNN over a sequence is one operator and many kernels,
@@ -44,7 +46,10 @@ autocast state at the forward pre-hook (frameworks enter autocast inside ``forwa
 Higher-order operators (``torch.cond`` and kin) pass through both modes; in eager mode they
 run through a compiled wrapper that torch 2.13 cannot reuse once it was traced under dispatch
 modes, so after a profiled step that ran one, Dynamo's caches are reset (see
-:func:`_forget_hop_compilations`).
+:func:`_forget_hop_compilations`). A ``torch.compile``d model runs its profiled step eagerly
+(Dynamo does not compile under these modes) and Dynamo's caches are reset after it as well,
+or the model would stay eager (see :func:`_recompile_after_profile`); what its compiled
+step launches is counted on another step (:mod:`.compiled`).
 """
 
 from __future__ import annotations
@@ -94,6 +99,18 @@ class WorkloadProfile:
     #: FLOPs of the forward operators activation checkpointing replayed in the backward, per
     #: sample (0.0: none replayed); hardware FLOPs = flops_per_sample + this
     recompute_flops_per_sample: float | None = None
+    #: share of the profiled step's token positions that are padding (attention mask
+    #: zeros; 0.0: none); None: no token ids, or no mask given
+    padding_fraction: float | None = None
+    #: parameter-efficient adapters found: "lora" (PEFT's ``lora_A``/``lora_B`` modules),
+    #: "qlora" (those over 4-bit base layers); None: none
+    adapter: str | None = None
+    #: whether compiled (Inductor) graphs ran the step (see :mod:`.compiled`); None: no
+    #: compiled graph seen
+    compiled: bool | None = None
+    #: operators per micro-step the eager model dispatches (the profiled step's count) where
+    #: ``kernels_per_micro_step`` is the compiled graphs' launches
+    eager_kernels_per_micro_step: float | None = None
     #: the architecture the model's ``config`` declares (see :mod:`.architecture`); None:
     #: not declared
     num_layers: int | None = None
@@ -221,12 +238,14 @@ def model_flop_formulas(replayed: ReplayedFlops) -> dict:
 #: Operators that launch no kernel although their schema does not mark them as views:
 #: uninitialised allocations, views the schema calls new tensors (``_unsafe_view``,
 #: ``unsafe_split``/``unsafe_chunk``, used by the RNN cells), storage/metadata setters and
-#: size queries.
+#: size queries, the profiler's markers.
 NON_KERNEL_OPS = frozenset({
     "_unsafe_view", "_reshape_alias", "unsafe_split", "unsafe_split_with_sizes",
     "unsafe_chunk", "empty", "empty_like", "empty_strided", "new_empty",
     "new_empty_strided", "resize_", "set_", "is_same_size", "sym_size", "sym_stride",
     "sym_numel", "sym_storage_offset",
+    # the profiler's record_function markers (an optimizer's step() opens one)
+    "_record_function_enter", "_record_function_enter_new", "_record_function_exit",
 })
 
 
@@ -311,6 +330,33 @@ def _forget_hop_compilations(names: set[str]) -> None:
     torch._dynamo.reset()
 
 
+def has_compiled_module(model: Any) -> bool:
+    """Whether ``model`` or a submodule is ``torch.compile``d (``OptimizedModule``, or
+    ``Module.compile()`` in place)."""
+    if model is None:
+        return False
+    for m in model.modules():
+        if type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None):
+            return True
+    return False
+
+
+def _recompile_after_profile() -> None:
+    """Let compiled code run compiled again after the profiled step.
+
+    Dynamo does not compile under a dispatch mode that must see every operator (the FLOP
+    counter, the kernel counter): it runs those frames eagerly, and in torch 2.13 it keeps
+    running them eagerly after the modes are gone, so without this a compiled model would
+    train eagerly from the profiled step on, and the run would measure the eager speed.
+    ``torch._dynamo.reset()`` forgets that; the next step recompiles (from Inductor's
+    on-disk caches where they hold the graphs), inside the default warm-up steps.
+    """
+    import torch
+
+    logger.debug("gpuopt: resetting Dynamo after the profiled step of a compiled model")
+    torch._dynamo.reset()
+
+
 #: At most this many distinct matmul shapes are kept from the profiled step.
 MAX_GEMM_SHAPES = 256
 
@@ -375,6 +421,22 @@ def count_params(model: Any) -> tuple[int, int]:
     return total, trainable
 
 
+def adapter_of(model: Any) -> str | None:
+    """``"lora"`` when the model holds LoRA adapters under PEFT's module names
+    (``lora_A``/``lora_B``), ``"qlora"`` when some sit on 4-bit base layers (bitsandbytes'
+    ``Linear4bit``); else ``None``."""
+    lora = four_bit = False
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("lora_A", "lora_B"):
+            lora = True
+        if "4bit" in type(module).__name__:
+            four_bit = True
+    if not lora:
+        return None
+    return "qlora" if four_bit else "lora"
+
+
 def largest_leaf_params(model: Any) -> int | None:
     best = None
     for m in model.modules():
@@ -401,9 +463,11 @@ def detect_precision(model: Any, device_type: str) -> str:
         return "bf16"
     if dtype == torch.float16:
         return "fp16"
+    from mlflow_gpuopt.tracking.ops_seen import tf32_matmul_flags
+
+    if tf32_matmul_flags():  # on any device: the plan's GPUs would run TF32
+        return "tf32"
     if device_type == "cuda":
-        if torch.get_float32_matmul_precision() != "highest":
-            return "tf32"
         has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
         if has_conv and torch.backends.cudnn.allow_tf32:
             return "tf32"
@@ -455,11 +519,22 @@ class WorkloadProfiler:
     def __init__(self, model: Any, optimizer: Any, name: str | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.name = name or type(model).__name__
+        from mlflow_gpuopt.tracking.architecture import unwrap_model
+
+        # the user's class, not a wrapper's (OptimizedModule, DistributedDataParallel,
+        # PeftModelForCausalLM)
+        self.name = name or type(unwrap_model(model)).__name__
         self._flop_mode: Any = None
         self._kernel_mode: Any = None
-        self._optimizer_hook: Any = None
-        self.kernels_before_optimizer: int | None = None
+        #: operators of the window outside every optimizer's own step() (set when it ends)
+        self.micro_step_kernels: int | None = None
+        #: launches per micro-batch of the compiled graphs (set by the step clock)
+        self.compiled_kernels_per_micro_step: float | None = None
+        self.padding_fraction: float | None = None  # set by the step clock
+        self._optimizer_kernels = 0  # operators inside optimizers' step(), closures left out
+        self._step_pre_count: int | None = None  # kernel count when an optimizer step began
+        self._closure_kernels = 0  # operators of closures run by the current step()
+        self._in_optimizer_step = False
         self._gemm_mode: Any = None
         self.gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
         self._saved_ctx: Any = None
@@ -520,16 +595,48 @@ class WorkloadProfiler:
         self._kernel_mode.__enter__()
         self._gemm_mode = _gemm_shape_mode_class()()
         self._gemm_mode.__enter__()
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        if self._in_optimizer_step:  # begun in a closure: the step's operators so far are 0
+            self._step_pre_count = 0
 
-        self._optimizer_hook = register_optimizer_step_pre_hook(self._on_optimizer_step_pre)
+    def on_optimizer_step_pre(self, optimizer: Any, args: tuple,
+                              kwargs: dict) -> tuple[tuple, dict] | None:
+        """An optimizer's ``step()`` starts (while this profile is pending or active): its
+        own operators are left out of the micro-steps' count, and a closure it was given is
+        wrapped so that the closure's operators stay in. Returns the (args, kwargs) with the
+        wrapped closure, as a global step pre-hook may, or ``None``."""
+        self._in_optimizer_step = True
+        self._closure_kernels = 0
+        self._step_pre_count = self._kernel_mode.count if self._kernel_mode is not None \
+            else None
+        if args and callable(args[0]):
+            return (self._wrap_closure(args[0]), *args[1:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
+        return None
 
-    def _on_optimizer_step_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        """The profiled step's optimizer starts: the micro-steps' operators end here."""
-        if self.optimizer is not None and optimizer is not self.optimizer:
-            return
-        if self._kernel_mode is not None and self.kernels_before_optimizer is None:
-            self.kernels_before_optimizer = self._kernel_mode.count
+    def _wrap_closure(self, closure: Any) -> Any:
+        def counted_closure(*a: Any, **kw: Any) -> Any:
+            mode = self._kernel_mode
+            start = mode.count if mode is not None else 0
+            try:
+                return closure(*a, **kw)
+            finally:
+                now = self._kernel_mode
+                if now is not None:  # begun inside this closure: counted from 0
+                    self._closure_kernels += now.count - (start if now is mode else 0)
+
+        return counted_closure
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        """An optimizer's ``step()`` ended: its operators, closures left out, are the
+        optimizer's."""
+        self._in_optimizer_step = False
+        mode = self._kernel_mode
+        if mode is not None and self._step_pre_count is not None:
+            self._optimizer_kernels += max(
+                0, mode.count - self._step_pre_count - self._closure_kernels)
+        self._step_pre_count = None
+        self._closure_kernels = 0
 
     def _exit_gemm_mode(self) -> None:
         """Leave the matmul shape recorder (entered last in begin_step: left first)."""
@@ -539,17 +646,16 @@ class WorkloadProfiler:
             self.gemm_shapes = tuple(mode.shapes)
 
     def _exit_kernel_mode(self) -> None:
-        """Leave the kernel counter and drop the optimizer hook (entered in begin_step)."""
-        hook, self._optimizer_hook = self._optimizer_hook, None
-        if hook is not None:
-            hook.remove()
+        """Leave the kernel counter (entered in begin_step)."""
         if self._kernel_mode is not None:
             mode, self._kernel_mode = self._kernel_mode, None
             mode.__exit__(None, None, None)
-            if self.kernels_before_optimizer is None:  # manual steps without an optimizer
-                self.kernels_before_optimizer = mode.count
+            self.micro_step_kernels = max(0, mode.count - self._optimizer_kernels)
             if mode.higher_order_ops:
                 _forget_hop_compilations(mode.higher_order_ops)
+            elif self.compiled_kernels_per_micro_step is not None or has_compiled_module(
+                    self.model):
+                _recompile_after_profile()
 
     def _pack(self, t: Any) -> Any:
         try:
@@ -602,7 +708,7 @@ class WorkloadProfiler:
         slow every later operator of the training run."""
         with contextlib.ExitStack() as stack:  # callbacks run last-in first-out
             stack.callback(setattr, self, "active", False)
-            stack.callback(setattr, self, "kernels_before_optimizer", None)  # no count
+            stack.callback(setattr, self, "micro_step_kernels", None)  # no count
             flop, self._flop_mode = self._flop_mode, None
             if flop is not None:
                 stack.callback(flop.__exit__, None, None, None)
@@ -625,8 +731,10 @@ class WorkloadProfiler:
                         if flops_ps is not None and self.recompute_flops is not None else None)
         saved_ps = self._saved_bytes / self._forward_batch if self._forward_batch else None
         forwards = step_forwards or grad_accum
-        kernels = (self.kernels_before_optimizer / forwards
-                   if self.kernels_before_optimizer and forwards else None)
+        eager_kernels = (self.micro_step_kernels / forwards
+                         if self.micro_step_kernels and forwards else None)
+        compiled = self.compiled_kernels_per_micro_step
+        kernels = compiled if compiled else eager_kernels
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
@@ -654,6 +762,10 @@ class WorkloadProfiler:
             fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
             gemm_shapes=self.gemm_shapes or None,
             recompute_flops_per_sample=recompute_ps,
+            adapter=adapter_of(self.model),
+            padding_fraction=self.padding_fraction,
+            compiled=True if compiled else None,
+            eager_kernels_per_micro_step=eager_kernels if compiled else None,
             **(arch.as_dict() if arch is not None else {}),
         )
 

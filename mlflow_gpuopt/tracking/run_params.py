@@ -80,6 +80,14 @@ def workload_params(profile: WorkloadProfile | None, config: TrackConfig,
             params[contract.PARAM_TOKENS_PER_SAMPLE] = p.tokens_per_sample
         if p.kernels_per_micro_step:
             params[contract.PARAM_KERNELS_PER_MICRO_STEP] = f"{p.kernels_per_micro_step:.10g}"
+        params[contract.PARAM_ADAPTER] = p.adapter
+        if p.padding_fraction is not None:
+            params[contract.PARAM_PADDING_FRACTION] = f"{p.padding_fraction:.4g}"
+        if p.compiled:
+            params[contract.PARAM_COMPILED] = "true"
+            if p.eager_kernels_per_micro_step:
+                params[contract.PARAM_EAGER_KERNELS_PER_MICRO_STEP] = (
+                    f"{p.eager_kernels_per_micro_step:.10g}")
         params[contract.PARAM_ATTENTION] = p.attention
         params[contract.PARAM_RECOMPUTE] = p.recompute
         params[contract.PARAM_FP8_RECIPE] = p.fp8_recipe

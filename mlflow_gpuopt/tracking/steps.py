@@ -12,8 +12,11 @@ first one to step is the clock and a second one is ignored (one warning says wha
 
 Samples come from the data, not from module calls. A forward of the tracked model starts a
 new micro-batch only when it is the step's first, or when a backward ran since the previous
-one (``torch.autograd.backward``, see :mod:`.loop_watch`), and never inside the optimizer's
-own ``step()`` (an LBFGS closure's evaluations are one micro-batch). Where the loop iterates
+one (``torch.autograd.backward``, see :mod:`.loop_watch`). Inside the optimizer's own
+``step()`` only the closure's first forward can start one: an LBFGS closure's evaluations are
+one micro-batch, while the closure Lightning passes to ``step()`` under automatic
+optimization runs the step's last micro-batch (with ``accumulate_grad_batches=k``, the first
+k-1 run before ``step()``). Where the loop iterates
 a ``DataLoader`` (see :mod:`.loop_watch`) and the model ran more micro-batches than the step
 fetched batches (in every step so far), or none, the step's samples are those of the batches
 it fetched, and its micro-batches are those batches unless the counted forwards split them
@@ -76,11 +79,12 @@ class StepRecord(NamedTuple):
 _MAX_BATCH_DEPTH = 4  # nesting of a batch (dict of lists of tensors...) searched for a tensor
 
 
-def batch_size_of(batch: Any, tensor_type: type, depth: int = 0) -> int | None:
-    """Leading dimension of the first tensor in a DataLoader batch (tensor, sequence, mapping,
-    or an object with ``.items()`` like transformers' ``BatchEncoding``)."""
+def batch_tensor_of(batch: Any, tensor_type: type, depth: int = 0) -> Any:
+    """The first tensor of at least one dimension in a DataLoader batch (tensor, sequence,
+    mapping, or an object with ``.items()`` like transformers' ``BatchEncoding``), or
+    ``None``."""
     if isinstance(batch, tensor_type):
-        return int(batch.shape[0]) if batch.dim() >= 1 else None
+        return batch if batch.dim() >= 1 else None
     if depth >= _MAX_BATCH_DEPTH:
         return None
     if isinstance(batch, (list, tuple)):
@@ -90,10 +94,17 @@ def batch_size_of(batch: Any, tensor_type: type, depth: int = 0) -> int | None:
     else:
         return None
     for item in items:
-        n = batch_size_of(item, tensor_type, depth + 1)
-        if n is not None:
-            return n
+        t = batch_tensor_of(item, tensor_type, depth + 1)
+        if t is not None:
+            return t
     return None
+
+
+def batch_size_of(batch: Any, tensor_type: type) -> int | None:
+    """Leading dimension of the first tensor in a DataLoader batch (see
+    :func:`batch_tensor_of`)."""
+    t = batch_tensor_of(batch, tensor_type)
+    return int(t.shape[0]) if t is not None else None
 
 
 class StepClock:
@@ -118,7 +129,9 @@ class StepClock:
         self.manual = False
         self.broken = False
         self.pending_samples = 0
-        self.pending_tokens = 0
+        self.pending_tokens: Any = 0  # an int, or a device tensor (attention masks' sums)
+        self.pending_padded_tokens = 0  # token positions, padding included
+        self._masked = False  # an attention mask came with this step's token ids
         self.pending_forwards = 0  # micro-batches counted from forwards
         self.pending_batches = 0  # DataLoader batches fetched in this step
         self.pending_batch_samples = 0
@@ -127,6 +140,7 @@ class StepClock:
         self.optimizer_steps = 0  # post-hook calls of the clock's optimizer
         self._backward_seen = False  # a backward ran since the last counted forward
         self._in_step = False  # inside the clock's optimizer's step() (closures)
+        self._counted_in_step = False  # a forward inside this step() started a micro-batch
         self._last_from_hook = False  # the last boundary was the optimizer's, not mark()'s
         self._warn = warn
         self._samples_per_step = samples_per_step
@@ -151,6 +165,11 @@ class StepClock:
 
         self._grad_enabled = torch.is_grad_enabled
         self._tensor = torch.Tensor
+        #: launches of compiled graphs, counted on the step before the profiled one (see
+        #: :mod:`.compiled`), while that step runs
+        self._compiled: Any = None
+        if self.profile_step == 1:
+            self._count_compiled()
         self.start_time = self._perf()
         self.start_event: Any = None
         if cuda_events:
@@ -161,7 +180,31 @@ class StepClock:
     def _fail(self, where: str, exc: BaseException) -> None:
         """A hook failed: the clock is off for the rest of the run (and so is the profile)."""
         self.broken = True
+        self.remove()
         self._stop_profiling(where, exc)
+
+    def _count_compiled(self) -> None:
+        """Count the launches of compiled graphs during the step that starts now."""
+        from mlflow_gpuopt.tracking.compiled import CompiledLaunchCounter
+
+        counter = CompiledLaunchCounter()
+        if counter.start():
+            self._compiled = counter
+
+    def _end_compiled_count(self, forwards: int) -> None:
+        """The counted step ended: hand its compiled launches per micro-batch to the
+        profiler (nothing when no compiled graph ran)."""
+        counter, self._compiled = self._compiled, None
+        counter.stop()
+        if counter.graphs and forwards and self.profiler is not None:
+            self.profiler.compiled_kernels_per_micro_step = counter.launches / forwards
+
+    def remove(self) -> None:
+        """Undo what the clock patched (the compiled-graph counter); a hook handle's
+        ``remove``."""
+        counter, self._compiled = self._compiled, None
+        if counter is not None:
+            counter.stop()
 
     def _stop_profiling(self, where: str, exc: BaseException) -> None:
         self.profile_step = -1
@@ -182,20 +225,25 @@ class StepClock:
         try:
             if not self._grad_enabled():
                 return None
-            if self.pending_forwards == 0 and self._last_mark_s is not None:
-                self._note_input_wait()
+            if self.pending_forwards == 0:
+                if self._last_mark_s is not None:
+                    self._note_input_wait()
+                if self._compiled is not None:
+                    self._compiled.begin()
             if args and isinstance(args[0], self._tensor):
                 x = args[0]
             else:
                 x = first_tensor(args, kwargs)
             self.total_calls += 1
-            if self.pending_forwards == 0 or (self._backward_seen and not self._in_step):
+            if self.pending_forwards == 0 or (self._backward_seen and not (
+                    self._in_step and self._counted_in_step)):
                 self._backward_seen = False
+                self._counted_in_step = self._in_step
                 if x is not None and x.dim() >= 1:
                     n = x.shape[0]
                     self.pending_samples += n
                     if x.dim() == 2 and not x.is_floating_point():
-                        self.pending_tokens += n * x.shape[1]
+                        self._count_tokens(x, kwargs)
                 self.pending_forwards += 1
         except Exception as exc:
             self._fail("forward hook", exc)
@@ -206,6 +254,20 @@ class StepClock:
             except Exception as exc:
                 self._profile_failed(exc)
         return None
+
+    def _count_tokens(self, ids: Any, kwargs: dict | None) -> None:
+        """A micro-batch of token ids: its real tokens are the attention mask's ones where
+        the forward is given a mask of the ids' shape (padding left out), else every id.
+        The mask's sum stays a device tensor (no synchronisation on the training thread):
+        the sampler thread reads it once the step's CUDA event completed."""
+        padded = ids.shape[0] * ids.shape[1]
+        self.pending_padded_tokens += padded
+        mask = kwargs.get("attention_mask") if kwargs else None
+        if isinstance(mask, self._tensor) and mask.shape == ids.shape:
+            self.pending_tokens = self.pending_tokens + mask.sum()
+            self._masked = True
+        else:
+            self.pending_tokens = self.pending_tokens + padded
 
     def _note_input_wait(self) -> None:
         """The first forward of a step: the host time since the previous step ended (the
@@ -254,23 +316,44 @@ class StepClock:
             self._warn("two-optimizers",
                        "two optimizers step (%s, %s) and track() was given none: training "
                        "steps are the first one's; pass track(model=..., optimizer=<the "
-                       "optimizer that ends a training step>)",
+                       "optimizer that ends a training step>) (under Lightning: "
+                       "GpuOptCallback(optimizer=...))",
                        type(self.optimizer).__name__, type(optimizer).__name__)
         return False
 
-    def on_optimizer_step_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        """Global optimizer step pre-hook: forwards inside ``step()`` (closures) are not new
-        micro-batches."""
+    def on_optimizer_step_pre(self, optimizer: Any, args: tuple,
+                              kwargs: dict) -> tuple[tuple, dict] | None:
+        """Global optimizer step pre-hook: of the forwards inside ``step()`` (closures), only
+        the first can start a micro-batch; in the profiled step, the profiler sees every
+        optimizer's step begin (and may wrap its closure: the returned args/kwargs)."""
         if self.broken:
-            return
+            return None
         if optimizer is self.optimizer or (self.optimizer is None and not self.manual):
             self._in_step = True
+            self._counted_in_step = False
+        if self._compiled is not None:
+            self._compiled.optimizer_step(True)
+        profiler = self.profiler
+        if self.steps == self.profile_step and profiler is not None and not profiler.done:
+            try:
+                return profiler.on_optimizer_step_pre(optimizer, args, kwargs)
+            except Exception as exc:
+                self._profile_failed(exc)
+        return None
 
     def on_optimizer_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         """Global optimizer step post-hook."""
         if self.broken:
             return
         self._in_step = False
+        if self._compiled is not None:
+            self._compiled.optimizer_step(False)
+        profiler = self.profiler
+        if self.steps == self.profile_step and profiler is not None and not profiler.done:
+            try:
+                profiler.on_optimizer_step_post(optimizer)
+            except Exception as exc:
+                self._profile_failed(exc)
         if self.manual:
             return
         if not self._is_clock_optimizer(optimizer):
@@ -308,6 +391,22 @@ class StepClock:
         self.skipped_steps += 1
         self._last_from_hook = True
         self._mark(0, 0)
+
+    def begin(self, batch: Any = None) -> None:
+        """A training step starts (``tracker.begin_step()``: a trainer whose step runs several
+        optimizers). Steps are then marked by hand only, and the profiled step's profile
+        starts here, so it covers the whole step whichever module runs first."""
+        if self.broken:
+            return
+        self.manual = True
+        profiler = self.profiler
+        if self.steps != self.profile_step or profiler is None or profiler.active \
+                or profiler.done:
+            return
+        try:
+            profiler.begin_step(batch_tensor_of(batch, self._tensor))
+        except Exception as exc:
+            self._profile_failed(exc)
 
     def mark(self, samples: int | None = None, tokens: int | None = None) -> None:
         """A manual step boundary (``tracker.step()``); from now on the only step clock.
@@ -375,7 +474,10 @@ class StepClock:
             elif not batches and not forwards and self._data_seen:
                 s = self.last_step_samples  # it consumed a batch a loader fetched ahead
             s = samples or self._samples_per_step or s
-            k = tokens or self.pending_tokens
+            k = tokens if tokens else self.pending_tokens  # no bool() of a device tensor
+            padded = self.pending_padded_tokens if self._masked else 0
+            self.pending_padded_tokens = 0
+            self._masked = False
             comm = self._comm_step() if self._comm_step is not None else None
             # a plain tuple, read as a StepRecord off the training thread: the garbage
             # collector untracks exact tuples of plain values, while it would traverse every
@@ -392,6 +494,10 @@ class StepClock:
             if profiling:
                 self._profiled_index = self.steps
             self.steps += 1
+            if self._compiled is not None:
+                self._end_compiled_count(forwards)
+            if self.steps == self.profile_step - 1 and self.profiler is not None:
+                self._count_compiled()
         except Exception as exc:
             self._fail("step hook", exc)
             return
@@ -400,6 +506,11 @@ class StepClock:
         if profiling:
             self.profile_step = -1
             self.profile_samples = s
+            if padded and not tokens:
+                try:  # the profiled step's one synchronisation for its real tokens
+                    self.profiler.padding_fraction = max(0.0, 1.0 - float(k) / padded)
+                except Exception as exc:
+                    logger.debug("gpuopt: padding not measured: %s", exc)
             self.profile_forwards = self.last_step_forwards
             try:
                 self.profiler.end_step()

@@ -9,6 +9,10 @@ and a :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` for MLflow. GPU selecti
 :mod:`.gpu_select`, param precedence in :mod:`.run_params`, MFU with the summary
 (:mod:`.summary`), metric names in :mod:`mlflow_gpuopt.contract`.
 Nothing in here may break training: every failure becomes one warning.
+
+Two process events end a run differently (docs/reliability.md#when-the-job-is-told-to-stop):
+SIGTERM/SIGHUP while tracking ends it ``KILLED`` (:mod:`.signals`), and a forked child that
+leaves the block leaves the parent's run alone (the tracker remembers the pid that started it).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -98,6 +103,10 @@ class Tracker:
         self._stopped_logging = False  # set at close: a late gatherer round logs nothing
         self._input_wait_seen = (0.0, 0)  # the step clock's wait sum and count at last tick
         self._plan_link: PlanLink | None = None
+        self._step_offset = 0  # steps the run's series already hold (a resumed job)
+        self._pid = os.getpid()  # the process whose run this is (a forked child's is not)
+        self._killed_by: int | None = None  # the signal that ended tracking
+        self._signals: Any = None
         #: One line when the job fell outside its plan's interval (see ``launch.plan_check``).
         self.plan_check: str | None = None
 
@@ -107,12 +116,32 @@ class Tracker:
         if self._started:
             return self
         self._started = True
+        self._pid = os.getpid()
         try:
             self._start()
         except Exception as exc:
             self._warn("start", "tracking could not start; training goes on untracked: %s", exc)
             self._remove_hooks()
+            return self
+        from mlflow_gpuopt.tracking.signals import StopOnSignal
+
+        # the stop's own bound (flush_timeout_s) and a margin for the summary before it
+        self._signals = StopOnSignal(self._on_signal, self.config.flush_timeout_s + 5.0,
+                                     self._release_active_run)
+        self._signals.install()
         return self
+
+    def _on_signal(self, signum: int) -> None:
+        self._killed_by = signum
+        self.stop()
+
+    def _release_active_run(self) -> None:
+        """Off MLflow's active-run stack of the main thread (the stop ran on another), so that
+        MLflow's own exit handler does not end the run a second time as FINISHED."""
+        if self._binding is not None and self._writer is not None:
+            from mlflow_gpuopt.mlflow_io.run_binding import release_run
+
+            release_run(self._binding)
 
     def step(self, samples: int | None = None, tokens: int | None = None) -> None:
         """Mark the end of one training step by hand (loops without an optimizer, or to give
@@ -124,6 +153,14 @@ class Tracker:
             if isinstance(self._reporter, JobReporter):
                 self._reporter.on_manual_step()
 
+    def begin_step(self, batch: Any = None) -> None:
+        """Mark the start of one training step by hand (a trainer whose step runs several
+        optimizers, e.g. a GAN's): steps then end at :meth:`step` only, and the profiled step
+        is profiled from here, whichever module runs first. ``batch``: the step's data."""
+        clock = self._clock
+        if clock is not None:
+            clock.begin(batch)
+
     def stop(self, failed: bool = False) -> TrackSummary | None:
         """Stop, log the summary and profile, flush, end the run if it was started here.
 
@@ -131,7 +168,14 @@ class Tracker:
         """
         if not self._started or self._stopped:
             return self.summary
+        if os.getpid() != self._pid:  # a forked child: the run is the parent's to end
+            self._warn("fork", "a forked child process (pid %d) left the tracked block of pid "
+                       "%d; its run is left to that process (nothing ended, logged or "
+                       "journaled here)", os.getpid(), self._pid)
+            return None
         self._stopped = True
+        if self._signals is not None:
+            self._signals.uninstall()
         self._remove_hooks()
         try:
             self._finish()
@@ -192,6 +236,7 @@ class Tracker:
         self._handles.append(register_optimizer_step_pre_hook(self._clock.on_optimizer_step_pre))
         self._handles.append(register_optimizer_step_post_hook(self._clock.on_optimizer_step))
         self._handles.append(watch(self._clock))  # DataLoader batches, skipped scaler steps
+        self._handles.append(self._clock)  # its compiled-graph counter, if one is on
         if self.model is not None:
             self._handles.append(self.model.register_forward_pre_hook(self._clock.on_forward_pre,
                                                                       with_kwargs=True))
@@ -257,6 +302,11 @@ class Tracker:
         except Exception as exc:
             self._warn("run", "no MLflow run; measuring without logging: %s", exc)
             return
+        if not self._binding.started_here and self._binding.create_run is None:
+            from mlflow_gpuopt.mlflow_io.resume import last_logged_step
+
+            self._step_offset = last_logged_step(  # a resumed job's series go on
+                self.run_id, self._binding.tracking_uri)
         from mlflow_gpuopt.tracking.plan_link import PlanLink, plan_id_for
 
         plan = plan_id_for(self.config.plan)
@@ -351,7 +401,7 @@ class Tracker:
 
     def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._writer is not None and metrics and not self._stopped_logging:
-            self._writer.log_metrics(metrics, step=step)
+            self._writer.log_metrics(metrics, step=step + self._step_offset)
 
     # -- stop ----------------------------------------------------------------------------------
     def _finish(self) -> None:
@@ -367,7 +417,10 @@ class Tracker:
         if self._sampler is not None:
             self._sampler.stop()
         reporter = self._reporter
-        reporter.end(timeout_s=max(30.0, 3 * self.config.interval_s))
+        wait_s = max(30.0, 3 * self.config.interval_s)
+        if self._killed_by is not None:  # every rank is being stopped: a short last round
+            wait_s = min(wait_s, max(1.0, 0.3 * self.config.flush_timeout_s))
+        reporter.end(timeout_s=wait_s)
         self._tick(final=True)  # the end sample, and every step not yet read
         if not self._dist.is_logging_rank:
             self.summary = self._summarize()  # this rank's own view; nothing is logged
@@ -387,7 +440,7 @@ class Tracker:
         if self._writer is not None:
             metrics, step = reporter.final_metrics(self.summary.metrics(), self._agg.steps)
             metrics.update(self._plan_metrics(metrics))
-            self._writer.log_metrics(metrics, step=step)
+            self._writer.log_metrics(metrics, step=step + self._step_offset)
             if self.profile is not None:
                 self._writer.log_dict(self.profile.to_json(self._hardware()), PROFILE_ARTIFACT)
         if self.config.print_summary:
@@ -501,7 +554,8 @@ class Tracker:
         binding = self._binding
         end_status = None
         if binding is not None and binding.started_here:
-            end_status = "FAILED" if failed else "FINISHED"
+            end_status = ("KILLED" if self._killed_by is not None
+                          else "FAILED" if failed else "FINISHED")
         if self._writer is not None:
             try:  # delivery and the run's end, bounded by flush_timeout_s; warns itself
                 self._writer.close(timeout_s=self.config.flush_timeout_s, end_status=end_status)

@@ -27,6 +27,7 @@ from mlflow_gpuopt.catalog import resolve_gpu
 from mlflow_gpuopt.cli.options import parse_target
 from mlflow_gpuopt.hardware import hardware_for_gpu, hardware_for_offer
 from mlflow_gpuopt.mlflow_io.advice import load_run_facts
+from mlflow_gpuopt.perfmodel.memory import usable_memory_bytes
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
 from mlflow_gpuopt.planning.advising import search_for_run
 from mlflow_gpuopt.recommend import Costing
@@ -89,10 +90,12 @@ def ddp_plan(run_id: str, memory: str = "tight"):
     cfg = ParallelConfig(gpus_per_node=8, strategy="ddp", micro_batch=MB, grad_accum=ACCUM,
                          precision=facts.precision)
     if memory == "tight":
+        # what CUDA can allocate of the stated memory (GiB, less the driver's share)
+        usable = usable_memory_bytes(hw.gpu, 1e9) / 1e9
         for _ in range(20):  # the allocator reserve grows with the card: a fixed point
             m1 = predictor.predict(cfg, hw).memory.total_bytes
             m2 = predictor.predict(replace(cfg, micro_batch=2 * MB), hw).memory.total_bytes
-            hw = replace(hw, memory_bytes=m1 + 0.5 * (m2 - m1))
+            hw = replace(hw, memory_bytes=(m1 + 0.5 * (m2 - m1)) / usable)
     pred = predictor.predict(cfg, hw)
     assert pred.fits
     plan = replace(plan, offer=offer, nodes=1, config=cfg, prediction=pred,
@@ -182,3 +185,36 @@ def test_exposed_comm_against_the_modelled_share(tracking_uri):
     now = _hours_usd(ctx, cfg, ctx.predictor.predict(cfg, ctx.hardware))
     assert now is not None
     assert comm.hours_saved == pytest.approx(now[0] * 0.15 / 0.85, rel=0.05)
+
+
+def test_compile_saving_is_the_models_eager_minus_compiled_step(tracking_uri):
+    """A deep, narrow MLP: hundreds of small kernels per micro-step, so on the plan's GPU
+    the eager launches are most of the step. The compile finding's saving is the difference
+    between the plan predicted eager and the same fitted model with the compiled launches (a
+    CUDA graph replay each for forward and backward), and never more than the plan takes."""
+    from mlflow_gpuopt.advice.worth import COMPILED_LAUNCHES_PER_MICRO_STEP
+    from mlflow_gpuopt.recommend.cost import evaluate
+
+    run_id = tracked_run(mlp([64] * 40 + [16]), "adamw", (64,))
+    facts, ctx, pred = ddp_plan(run_id, memory="catalog")
+    assert facts.kernels_per_micro_step > 200
+    comp = found(advise_plan(facts, ctx))["compile"]
+    compiled = ctx.predictor.with_kernels_per_micro_step(COMPILED_LAUNCHES_PER_MICRO_STEP)
+    after = compiled.predict(ctx.plan.config, ctx.hardware)
+    assert after.step_time_s < pred.step_time_s
+    p = ctx.plan
+
+    def hours(prediction):
+        return evaluate(p.offer, p.nodes, p.config, prediction, p.pricing, ctx.target,
+                        ctx.costing).hours
+
+    assert comp.hours_saved == pytest.approx(hours(pred) - hours(after), rel=1e-9)
+    assert 0 < comp.hours_saved < hours(pred)
+    assert comp.usd_saved > 0
+
+
+def test_compiled_run_gets_no_compile_finding(tracking_uri):
+    run_id = tracked_run(mlp([64] * 40 + [16]), "adamw", (64,))
+    facts, ctx, _ = ddp_plan(run_id, memory="catalog")
+    assert "compile" in found(advise_plan(facts, ctx))
+    assert "compile" not in found(advise_plan(replace(facts, compiled=True), ctx))

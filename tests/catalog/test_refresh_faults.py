@@ -324,6 +324,22 @@ def test_cache_path_that_is_not_a_file_is_ignored_with_a_warning(kind, caplog):
     assert sum(str(path) in r.getMessage() for r in caplog.records) == 1
 
 
+def test_cache_file_over_the_cap_is_ignored_with_one_warning(caplog):
+    """A price cache far larger than any provider's offers (a million rows took 79 s and 3 GB
+    to parse) is skipped by its size, unread: the shipped prices are used, said once."""
+    from mlflow_gpuopt.catalog.store import MAX_CACHE_FILE_BYTES
+
+    path = cache_file("lambda")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:  # sparse: the size is what counts
+        fh.truncate(MAX_CACHE_FILE_BYTES + 1)
+    with caplog.at_level("WARNING"):
+        cat = load_catalog(reload=True)
+    assert cat.sources["lambda"] == "shipped snapshot"
+    assert [w for w in cat.warnings if str(path) in w and "MiB a price cache may be" in w]
+    assert sum(str(path) in r.getMessage() for r in caplog.records) == 1
+
+
 @pytest.mark.skipif(os.name != "posix", reason="FIFOs and symlinks")
 @pytest.mark.parametrize("kind", ["fifo", "directory", "symlink loop"])
 def test_refresh_onto_a_path_that_is_not_a_file_fails_and_touches_nothing(httpserver, kind):

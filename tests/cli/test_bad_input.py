@@ -97,6 +97,14 @@ FILES = {
                         ).encode(),
     "o_micro_batch_1e12.csv": (OBS_HEADER
                                + "NVIDIA A100-SXM4-80GB,1,1,1e12,2470,single,fp16\n").encode(),
+    # a cell over the csv module's 128 KiB field limit (a traceback before), one over ours
+    "o_field_200k.csv": (OBS_HEADER + '"' + "x" * 200_000 + '",1,1,256,2470,single,fp16\n'
+                         ).encode(),
+    "o_cell_5000.csv": (OBS_HEADER + "NVIDIA A100-SXM4-80GB,1,1,256,2470,single," + "f" * 5000
+                        + "\n").encode(),
+    # DictReader keeps the last of two same-named columns, silently
+    "o_dup_columns.csv": b"gpu,gpu_count,throughput_samples_per_s,gpu_count\n"
+                         b"NVIDIA A100-SXM4-80GB,1,2470,8\n",
 }
 
 
@@ -218,6 +226,21 @@ CASES = [
     ("predict-observations-micro-batch-1e12",
      [*PREDICT, "--workload", "{f}workload.json", "--observations",
       "{f}o_micro_batch_1e12.csv"], "micro_batch"),
+    ("predict-observations-field-200k",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_field_200k.csv"],
+     "not a readable CSV"),
+    ("predict-observations-cell-5000",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_cell_5000.csv"],
+     "longer than 4096"),
+    ("predict-observations-duplicate-column",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_dup_columns.csv"],
+     "gpu_count given twice"),
+    # endless or huge files: refused after reading the cap, not read until memory runs out
+    ("predict-workload-dev-zero", [*PREDICT, "--workload", "/dev/zero"],
+     "MiB limit for workload files"),
+    ("predict-observations-dev-zero",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "/dev/zero"],
+     "MiB limit for observations files"),
     # flags: not a number, absurd, empty
     ("recommend-confidence-nan", [*RECOMMEND, "--run-id", "{good}", "--confidence", "nan"],
      "--confidence"),
@@ -287,6 +310,40 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(store, args, message):
     assert "Traceback" not in result.output
     assert len(lines[0]) < 400  # one readable line, not a 5000-digit echo
     assert store.run_count() == before
+
+
+def test_unreachable_server_is_one_line_in_seconds_not_minutes(monkeypatch):
+    """MLflow's own retries (7, 120 s each) held a command ~2.5 min against a server that is
+    not there; the commands set 1 retry and 10 s for themselves, and put the environment back."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    t0 = time.monotonic()
+    result = CliRunner().invoke(gpuopt, ["advise", "--run-id", "0" * 32],
+                                env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
+    took = time.monotonic() - t0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code in (1, 2) and len(lines) == 1, result.output[-2000:]
+    assert lines[0].startswith("Error:") and "Traceback" not in result.output
+    assert took < 60, took  # 1 retry: seconds; MLflow's defaults: minutes
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the command's, not ours
+
+
+def test_observations_with_a_byte_order_mark_are_read(store):
+    """Excel's "CSV UTF-8" starts with a byte-order mark: the first column is still ``gpu``."""
+    plain = store.files / "obs.csv"
+    bom = store.files / "obs_bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    args = [*PREDICT, "--workload", "{f}workload.json", "--json", "--observations"]
+    runs = [CliRunner().invoke(gpuopt, _argv(store, [*args, str(p)]), env=_env(store))
+            for p in (plain, bom)]
+    assert [r.exit_code for r in runs] == [0, 0], runs[1].output
+    assert json.loads(runs[1].stdout) == json.loads(runs[0].stdout)
 
 
 @pytest.mark.parametrize("args", [

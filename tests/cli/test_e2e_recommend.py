@@ -361,6 +361,22 @@ def test_emit_torchrun_names_every_plan_and_writes_the_winner_once(store, tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == ["launch.sh"]  # no temporary left
 
 
+def test_emit_script_path_not_utf8_is_one_line(store, tmp_path):
+    """A ``--script`` path with a byte that is not UTF-8 (argv keeps it as a surrogate) is one
+    line and exit 2, nothing written (it was a traceback)."""
+    env, run_id, client = store
+    before = len(_all_runs(client))
+    path = tmp_path / "plan.sh"
+    res = subprocess.run(
+        [str(BIN / "mlflow"), "gpuopt", "recommend", "--run-id", run_id, "--steps", "50k",
+         "--no-log", "--emit", "torchrun", "--plan", "1", "--out", str(path), "--script",
+         os.fsdecode(b"train_\xff.py")], env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert "--script" in lines[0] and "Traceback" not in res.stderr
+    assert not path.exists() and len(_all_runs(client)) == before
+
+
 def test_emit_text_output_and_no_log_plan_ids(store, tmp_path, monkeypatch):
     env, run_id, client = store
     from mlflow_gpuopt.cli import gpuopt
@@ -373,7 +389,7 @@ def test_emit_text_output_and_no_log_plan_ids(store, tmp_path, monkeypatch):
                                       "--plan", "3", "--script", "my_train.py", "--out",
                                       str(path)])
     assert res.exit_code == 0, res.output
-    assert "Plan ids: the rank (not logged: --no-log), e.g. #1 = 1" in res.output
+    assert "Plan ids: the rank (not logged), e.g. #1 = 1" in res.output
     assert f"Wrote the torchrun launch artefact of plan 3 to {path}" in res.output
     lines = path.read_text().splitlines()
     assert "GPUOPT_PLAN=3" in lines and "SCRIPT=${GPUOPT_SCRIPT:-my_train.py}" in lines

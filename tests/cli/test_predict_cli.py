@@ -132,7 +132,8 @@ def test_profile_kernel_count_round_trips_through_a_workload_file(tmp_path, file
 def test_conflicting_or_missing_sources(files):
     w, o = files
     r = CliRunner().invoke(gpuopt, ["predict", "--run-id", "abc", "--workload", w,
-                                    "--gpu", "A100-80GB-SXM4", "--gpus", "1"])
+                                    "--observations", o, "--gpu", "A100-80GB-SXM4",
+                                    "--gpus", "1"])
     assert r.exit_code == 2 and "not both" in r.output
     r = CliRunner().invoke(gpuopt, ["predict", "--gpu", "A100-80GB-SXM4", "--gpus", "1"])
     assert r.exit_code == 2 and "--run-id" in r.output

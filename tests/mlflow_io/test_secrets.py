@@ -38,6 +38,18 @@ def test_redact_masks_env_secrets_and_uri_passwords():
     assert redact_uri("sqlite:///tmp/mlflow.db") == "sqlite:///tmp/mlflow.db"
 
 
+def test_working_directory_variables_are_not_secrets():
+    """The shell's PWD/OLDPWD hold paths, not passwords: the working directory stays readable
+    in errors and params; a password under a PWD word (DB_PWD) is still masked."""
+    env = {"PWD": "/work/project-checkout", "OLDPWD": "/home/someone/previous",
+           "DB_PWD": "FAKE-db-password-0000-not-real-4411"}
+    text = "cannot read /work/project-checkout/w.json (from /home/someone/previous) " + \
+        env["DB_PWD"]
+    out = redact(text, environ=env)
+    assert "/work/project-checkout/w.json" in out and "/home/someone/previous" in out
+    assert env["DB_PWD"] not in out
+
+
 def test_redact_params_and_nested_objects():
     env = {"GPUOPT_GCP_API_KEY": FAKE["GPUOPT_GCP_API_KEY"]}
     params = redact_mapping({"api_key": "abcdef123", "gpuopt.tokens_per_sample": 512,

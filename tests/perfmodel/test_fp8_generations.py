@@ -146,7 +146,8 @@ def test_recommend_workload_alone_uses_the_prior(files):
 
 @pytest.mark.parametrize("args, message", [
     (["--observations", "o.csv", "--tokens", "1B"], "--observations needs --workload"),
-    (["--workload", "w.json", "--run-id", "abc", "--tokens", "1B"], "give one of"),
+    (["--workload", "w.json", "--run-id", "abc", "--observations", "o.csv", "--tokens", "1B"],
+     "not both"),
     (["--tokens", "1B"], "--workload W.json"),
 ])
 def test_recommend_source_errors_are_one_line_exit_2(args, message):

@@ -95,11 +95,12 @@ def test_nothing_meets_the_deadline_shows_fastest_and_cheapest():
     assert rec.winner is None
     assert rec.fastest is not None and rec.cheapest is not None
     quickest = min(c.hours for c in rec.candidates)
-    assert rec.fastest.hours <= 1.05 * quickest
+    assert rec.fastest.hours == quickest  # the fastest it names is the fastest row
     assert rec.fastest.cost_usd == min(c.cost_usd for c in rec.candidates
-                                       if c.hours <= 1.05 * quickest)
+                                       if c.hours == quickest)
     assert rec.cheapest.cost_usd == min(c.cost_usd for c in rec.candidates)
     assert "no plan meets the 1 h deadline" in rec.notes[0]
+    assert "what binds: " in rec.notes[0]
     doc = recommendation_dict(rec)
     assert doc["meets_deadline"] is False and doc["fastest"]["predicted_hours"] > 1.0
 
@@ -114,14 +115,17 @@ def test_pareto_front_is_not_dominated_and_contains_fastest_and_cheapest():
             assert not (b.hours < a.hours and b.cost_usd < a.cost_usd)
     assert [c.hours for c in front] == sorted(c.hours for c in front)
     assert pareto_front([]) == ()
-    # each step toward speed buys more than 5 %: the plan 4 % faster than the fastest
-    # kept one, for three times its cost, is left off (and is not "the fastest option")
-    assert front[0] is rec.fastest
-    for slower, faster in zip(front[1:], front[:-1], strict=True):
-        assert faster.hours * 1.05 < slower.hours
+    # the front ends with the fastest plan and, next to it, the cheapest plan within 5 % of
+    # its time (here 4 % slower for a third of the cost); every other step toward speed
+    # buys more than 5 %
     quickest = min(rec.candidates, key=lambda c: c.hours)
-    assert quickest not in front and quickest.cost_usd > 2 * rec.fastest.cost_usd
-    assert quickest.hours * 1.05 > rec.fastest.hours
+    assert front[0] is rec.fastest is quickest
+    near = front[1]
+    assert near.hours <= 1.05 * quickest.hours and quickest.cost_usd > 2 * near.cost_usd
+    assert near.cost_usd == min(c.cost_usd for c in rec.candidates
+                                if c.hours <= 1.05 * quickest.hours)
+    for slower, faster in zip(front[2:], front[1:-1], strict=True):
+        assert faster.hours * 1.05 < slower.hours
 
 
 def test_colab_is_one_gpu_capped_sessions_and_not_guaranteed():

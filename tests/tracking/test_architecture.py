@@ -244,6 +244,41 @@ def test_wrappers_are_unwrapped():
     assert architecture_of(outer).num_layers == 3
 
 
+def test_encoder_decoder_layers_are_both_stacks():
+    """T5 answers ``num_hidden_layers`` with its encoder's layers alone; BART likewise."""
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3,
+        num_heads=4))
+    assert t5.config.num_hidden_layers == 2  # what the shared name says
+    assert len(t5.encoder.block) + len(t5.decoder.block) == 5
+    assert architecture_of(t5).num_layers == 5
+    bart = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2,
+                                   decoder_layers=4, encoder_attention_heads=4,
+                                   decoder_attention_heads=4)
+    assert architecture_of(_with_config(bart)).num_layers == 6
+    # a decoder-only config is unchanged
+    assert architecture_of(tiny_llama()).num_layers == 2
+
+
+def test_peft_model_is_unwrapped():
+    """PEFT's ``PeftModel`` (not installed here) keeps the user's model behind
+    ``get_base_model()``; a class of its name and interface stands in for it."""
+    model = tiny_llama()
+
+    class PeftModelForCausalLM(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base_model = base
+
+        def get_base_model(self):
+            return self.base_model
+
+    from mlflow_gpuopt.tracking.architecture import unwrap_model
+
+    assert unwrap_model(PeftModelForCausalLM(model)) is model
+    assert architecture_of(PeftModelForCausalLM(model)) == architecture_of(model)
+
+
 @pytest.mark.parametrize("config", [
     None, "llama", {"num_hidden_layers": 2}, SimpleNamespace(),
     SimpleNamespace(num_hidden_layers="2", hidden_size=True, num_attention_heads=-4),
@@ -267,3 +302,41 @@ def test_never_raises():
     assert architecture_of(_with_config(Exploding())) is None
     assert architecture_of(object()) is None
     assert architecture_of(None) is None
+
+
+def test_padded_batches_count_real_tokens_and_report_the_padding(tracking_uri):
+    """Variable-length sequences padded to the longest: tokens are the attention mask's
+    ones; the padded share is reported apart; FLOPs are what ran (padded length)."""
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(3)
+    real_per_step = []
+    steps = 6
+    with gpuopt.track(model=model, optimizer=opt, **OPTS) as t:
+        for _ in range(steps):
+            lengths = torch.randint(2, SEQ + 1, (MICRO,), generator=gen)
+            lengths[0] = SEQ  # padded to the longest
+            ids = torch.randint(0, VOCAB, (MICRO, SEQ), generator=gen)
+            mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            real_per_step.append(int(lengths.sum()))
+    params, profile = logged(t.run_id)
+    metrics = mlflow.get_run(t.run_id).data.metrics
+    tokens_per_step = (metrics["gpuopt/summary/throughput_tokens_per_s"]
+                       / metrics["gpuopt/summary/throughput_steps_per_s"])
+    steady = real_per_step[OPTS["warmup_steps"]:]
+    assert tokens_per_step == pytest.approx(sum(steady) / len(steady), rel=1e-6)
+    profiled = real_per_step[t.config.profile_step]
+    assert profile["padding_fraction"] == pytest.approx(1 - profiled / (MICRO * SEQ))
+    assert float(params["gpuopt.padding_fraction"]) == pytest.approx(
+        1 - profiled / (MICRO * SEQ), rel=1e-3)
+    assert params["gpuopt.tokens_per_sample"] == str(SEQ)  # the length that ran
+
+
+def test_unpadded_token_ids_report_no_padding(tracking_uri):
+    params, profile = logged(train_tracked(tiny_llama()))
+    assert profile["padding_fraction"] is None
+    assert "gpuopt.padding_fraction" not in params

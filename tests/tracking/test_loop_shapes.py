@@ -340,3 +340,37 @@ def test_gradient_penalty_on_a_leaf_input_trains_under_tracking(tracking_uri):
     assert params["gpuopt.recompute"] == "none"
     assert "gpuopt.recompute_flops_per_sample" not in params
     assert t.profile.recompute_flops_per_sample == 0
+
+
+def test_gan_step_framed_by_hand_is_profiled_whole(tracking_uri, caplog):
+    """``tracker.begin_step(batch)`` … ``tracker.step()`` around a GAN iteration: one step per
+    iteration, both optimizers' updates in the profile, although the tracked generator runs
+    after the discriminator's first forward; no warning about the second optimizer."""
+    caplog.set_level(logging.WARNING)
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(Z, H), nn.ReLU(), nn.Linear(H, D_IN))
+    disc = nn.Sequential(nn.Linear(D_IN, H), nn.LeakyReLU(0.2), nn.Linear(H, 1))
+    opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4)
+    opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(B * ITERS, D_IN)), batch_size=B)
+    bce = nn.BCEWithLogitsLoss()
+    with gpuopt.track(model=gen, **OPTS) as t:
+        for batch in loader:
+            t.begin_step(batch)
+            (real,) = batch
+            opt_d.zero_grad()
+            bce(disc(real), torch.ones(B, 1)).backward()
+            fake = gen(torch.randn(B, Z))
+            bce(disc(fake.detach()), torch.zeros(B, 1)).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            bce(disc(fake), torch.ones(B, 1)).backward()
+            opt_g.step()
+            t.step()
+    params, metrics = logged(t.run_id)
+    assert metrics["gpuopt/summary/steps"] == ITERS
+    assert samples_per_step(metrics) == pytest.approx(B)
+    assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
+        gan_iteration_flops_per_sample("iteration"), rel=0.01)
+    assert gpuopt_warnings(caplog) == []

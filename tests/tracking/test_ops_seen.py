@@ -234,6 +234,28 @@ def test_plain_fp32_loop_is_fp32(tracking_uri):
     assert p["gpuopt.precision"] == "fp32" and p["gpuopt.attention"] == "sdpa"
 
 
+@pytest.mark.parametrize("flag", ["allow_tf32", "matmul_precision"])
+def test_tf32_flags_are_recorded_on_a_cpu(tracking_uri, flag):
+    """A script that asks for TF32 matmuls runs them as TF32 on the GPUs it is planned on:
+    its precision is tf32 on a CPU too (and the TF32 advice has nothing to say)."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        if flag == "allow_tf32":
+            torch.backends.cuda.matmul.allow_tf32 = True  # (a property: set as scripts do)
+        else:
+            torch.set_float32_matmul_precision("high")
+        model = TinyGPT()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with gpuopt.track(model=model, optimizer=opt, interval_s=0.2,
+                          print_summary=False) as t:
+            _train(model, opt)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision(before)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    assert mlflow.get_run(t.run_id).data.params["gpuopt.precision"] == "tf32"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_fused_sdpa_and_tf32(monkeypatch):

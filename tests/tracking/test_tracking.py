@@ -169,8 +169,8 @@ def test_abort_leaves_every_mode_even_when_one_exit_fails():
     with pytest.raises(RuntimeError, match="would not leave"):
         profiler.abort()
     assert torch._C._len_torch_dispatch_stack() == before
-    assert profiler._optimizer_hook is None and not profiler.active
-    assert profiler.kernels_before_optimizer is None
+    assert not profiler.active
+    assert profiler.micro_step_kernels is None
 
 
 def test_joins_active_run_and_leaves_it_open(tracking_uri):
@@ -244,7 +244,8 @@ class CellLoop(nn.Module):
 
 
 def kernels_per_micro_step(model, optimizer_cls=torch.optim.SGD, accum=1, batch=BATCH):
-    """The profiler driven by hand over one step of ``accum`` micro-batches of ``batch``."""
+    """The profiler driven by hand over one step of ``accum`` micro-batches of ``batch``
+    (told where the optimizer's step starts and ends, as the step clock's hooks tell it)."""
     from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
 
     opt = optimizer_cls(model.parameters(), lr=1e-2)
@@ -254,7 +255,9 @@ def kernels_per_micro_step(model, optimizer_cls=torch.optim.SGD, accum=1, batch=
     for _ in range(accum):
         model(x).pow(2).mean().backward()
         profiler.end_forward()
+    profiler.on_optimizer_step_pre(opt, (), {})
     opt.step()
+    profiler.on_optimizer_step_post(opt)
     profiler.end_step()
     return profiler.result(batch * accum, accum).kernels_per_micro_step
 
@@ -356,3 +359,75 @@ def test_unknown_option_is_a_type_error():
         gpuopt.Tracker(intervall_s=1)
     with pytest.raises(ValueError):
         gpuopt.TrackConfig(precision="fp64")
+
+
+def test_resumed_job_continues_the_run_step_axis(tracking_uri):
+    """A job restarted from its checkpoint into its run (``run_id=``): the run's series go
+    on after the steps the first session logged, rather than starting again at step 1."""
+    model, opt = make_model()
+    with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as first:
+        train(model, opt, steps=5)
+    run_id = first.run_id
+    client = MlflowClient()
+    first_steps = [m.step for m in client.get_metric_history(run_id, "gpuopt/step_time_s")]
+    assert max(first_steps) == 5
+    with gpuopt.track(model, opt, run_id=run_id, interval_s=0.1, print_summary=False) as t:
+        train(model, opt, steps=3)
+    assert t.run_id == run_id
+    history = client.get_metric_history(run_id, "gpuopt/step_time_s")
+    later = sorted(m.step for m in history if m.step not in first_steps)
+    assert later and min(later) > 5 and max(later) == 5 + 3
+    summary = client.get_metric_history(run_id, "gpuopt/summary/steps")
+    assert sorted((m.step, m.value) for m in summary) == [(5, 5.0), (8, 3.0)]
+
+
+def test_tracker_start_stop_around_a_while_true_loop(tracking_uri):
+    """The ``while True:`` pattern of docs/tracking.md: start(), a loop left by ``break``,
+    stop() in ``finally``; the run it started ends FINISHED with every step."""
+    model, opt = make_model()
+    gen = torch.Generator().manual_seed(5)
+    tracker = gpuopt.Tracker(model, opt, run_name="pretrain", interval_s=0.1,
+                             print_summary=False).start()
+    steps = 0
+    try:
+        while True:
+            model(torch.randn(BATCH, D_IN, generator=gen)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+            if steps == 7:
+                break
+    finally:
+        tracker.stop()
+    run = mlflow.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "pretrain"
+    assert run.data.metrics["gpuopt/summary/steps"] == 7
+    assert mlflow.active_run() is None
+
+
+def test_beside_mlflow_system_metrics_both_sample_the_host(tracking_uri):
+    """docs/tracking.md: with MLflow's system metrics on, the run holds both CPU series;
+    tracking's own are complete and its steps unaffected."""
+    from mlflow.system_metrics import (
+        disable_system_metrics_logging,
+        enable_system_metrics_logging,
+        set_system_metrics_samples_before_logging,
+        set_system_metrics_sampling_interval,
+    )
+
+    enable_system_metrics_logging()
+    set_system_metrics_sampling_interval(0.2)
+    set_system_metrics_samples_before_logging(1)
+    try:
+        model, opt = make_model()
+        with (mlflow.start_run() as run,
+              gpuopt.track(model, opt, interval_s=0.1, print_summary=False)):
+            train(model, opt, steps=6, sleep_s=0.2)
+    finally:
+        disable_system_metrics_logging()
+        set_system_metrics_sampling_interval(None)
+        set_system_metrics_samples_before_logging(None)
+    client = MlflowClient()
+    assert client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    assert client.get_metric_history(run.info.run_id, "gpuopt/cpu_utilization_percent")
+    assert mlflow.get_run(run.info.run_id).data.metrics["gpuopt/summary/steps"] == 6

@@ -1,0 +1,383 @@
+"""A Hugging Face ``config.json`` read as a workload: parameters and model FLOPs from its shape.
+
+Decoder-only language models of the families below, as ``transformers`` builds them
+(``AutoModelForCausalLM.from_config``): Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3
+(gated MLP, RMSNorm), GPT-2, GPT-NeoX, Falcon and Phi (GELU MLP, LayerNorm). The count is
+the model's own: embeddings (tied or not), attention with grouped-query key/value heads and
+``head_dim`` where the config gives it, the MLP (three matrices gated, two not), every norm,
+the biases each family has, learned positions (GPT-2) and the LM head.
+
+FLOPs per sample follow the profile's convention (docs/metrics.md, ``gpuopt.flops_per_sample``:
+model FLOPs, what ``FlopCounterMode`` counts over a step): 6·N·T + 12·L·T²·(heads × head_dim),
+with N the weights of the matrix products: every linear layer and the LM head once (tied or
+not), not the input embedding (a gather) nor norms and biases (element-wise). Sequence length
+T is the training one (``--seq-len``), never ``max_position_embeddings``.
+
+Pure: a parsed JSON document in, a ``workload.json`` document out; every problem is a
+:class:`HfConfigError` (a ``ValueError``) of one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlflow_gpuopt.validation import BOUNDS
+
+#: The ``model_type`` values read, by the family whose layout they have.
+GATED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+GELU_FAMILIES = ("gpt2", "gpt_neox", "falcon", "phi")
+FAMILIES = GATED_FAMILIES + GELU_FAMILIES
+#: Older spellings of a family's ``model_type``, and ``architectures`` class-name prefixes.
+_TYPE_ALIASES = {"refinedweb": "falcon", "refinedwebmodel": "falcon", "gptneox": "gpt_neox"}
+_ARCH_PREFIXES = (("GPTNeoX", "gpt_neox"), ("GPT2", "gpt2"), ("Gemma2", "gemma2"),
+                  ("Gemma", "gemma"), ("Qwen3", "qwen3"), ("Qwen2", "qwen2"),
+                  ("Phi3", "phi3"), ("Phi", "phi"), ("Mistral", "mistral"),
+                  ("Llama", "llama"), ("Falcon", "falcon"), ("RW", "falcon"))
+#: Keys that only a workload file has: a document with them is read as one.
+_WORKLOAD_ONLY_KEYS = ("params", "flops_per_sample")
+#: Vocabularies of published models reach ~2.6e5 rows; 1e8 is no tokenizer.
+_MAX_VOCAB = 1e8
+#: ``torch_dtype`` (``dtype`` in newer configs) -> the precision planned; a checkpoint stored
+#: in float32 (or stating nothing) is planned in bf16 mixed precision, the usual for training.
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+class HfConfigError(ValueError):
+    """A ``config.json`` that cannot be read as a workload; one line, names where."""
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """One decoder's shape, as its family lays it out (counts; bytes nowhere)."""
+
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    gated_mlp: bool
+    tied_embeddings: bool
+    norm_params_per_layer: int  # weights and biases of a layer's norms (q/k norms included)
+    final_norm_params: int
+    qkv_bias: bool
+    out_bias: bool
+    mlp_bias: bool
+    lm_head_bias: bool = False
+    position_rows: int = 0  # learned absolute position embeddings (GPT-2)
+    dropout: float = 0.0  # the largest dropout probability the family applies
+
+    @property
+    def attention_weights(self) -> int:
+        """Weights of one layer's Q, K, V and output projections."""
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+
+    @property
+    def mlp_weights(self) -> int:
+        """Weights of one layer's MLP: gate, up and down projections, or up and down."""
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer, biases and norms included."""
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        biases = ((q + 2 * kv) if self.qkv_bias else 0) + (self.hidden_size if self.out_bias
+                                                           else 0)
+        if self.mlp_bias:
+            biases += (2 if self.gated_mlp else 1) * self.ffn_hidden_size + self.hidden_size
+        return self.attention_weights + self.mlp_weights + biases + self.norm_params_per_layer
+
+    @property
+    def embedding_params(self) -> int:
+        """Token (and learned position) embeddings."""
+        return (self.vocab_size + self.position_rows) * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """The LM head's own parameters: none when tied to the embedding (its bias aside)."""
+        weights = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        return weights + (self.vocab_size if self.lm_head_bias else 0)
+
+    @property
+    def params(self) -> int:
+        """Every parameter, a tied matrix once (``sum(p.numel() for p in model.parameters())``)."""
+        return (self.embedding_params + self.num_layers * self.layer_params
+                + self.final_norm_params + self.lm_head_params)
+
+    @property
+    def matmul_weights(self) -> int:
+        """N of 6·N·T: the weights every token multiplies, the LM head once, tied or not."""
+        return (self.num_layers * (self.attention_weights + self.mlp_weights)
+                + self.vocab_size * self.hidden_size)
+
+    def flops_per_sample(self, seq_len: int) -> float:
+        """Model FLOPs of forward + backward for one sequence of ``seq_len`` tokens:
+        6·N·T + 12·L·T²·(heads × head_dim) (the scores and their weighted sum, forward and
+        backward, over the whole T × T square as ``FlopCounterMode`` counts them)."""
+        t = float(seq_len)
+        return (6.0 * self.matmul_weights * t
+                + 12.0 * self.num_layers * t * t * self.num_heads * self.head_dim)
+
+    @property
+    def largest_unit_params(self) -> int:
+        """The largest FSDP unit when each decoder layer is wrapped on its own (torchtitan's
+        and HF accelerate's default): one layer, or the embedding / LM head matrix."""
+        return max(self.layer_params, self.vocab_size * self.hidden_size)
+
+
+def is_hf_config(doc: Any) -> bool:
+    """True for a Hugging Face ``config.json``: ``model_type`` or ``architectures`` and none
+    of a workload file's own keys (``params``, ``flops_per_sample``)."""
+    return (isinstance(doc, Mapping) and ("model_type" in doc or "architectures" in doc)
+            and not any(k in doc for k in _WORKLOAD_ONLY_KEYS))
+
+
+def family_of(doc: Mapping[str, Any], where: str) -> str:
+    """The family whose layout ``doc`` has, from ``model_type`` or ``architectures``."""
+    raw = doc.get("model_type")
+    if isinstance(raw, str) and raw.strip():
+        name = raw.strip().lower().replace("-", "_")
+        name = _TYPE_ALIASES.get(name, name)
+    else:
+        archs = doc.get("architectures")
+        first = archs[0] if isinstance(archs, list) and archs else None
+        name = next((fam for prefix, fam in _ARCH_PREFIXES
+                     if isinstance(first, str) and first.startswith(prefix)), repr(first))
+    if name not in FAMILIES:
+        if isinstance(doc.get("text_config"), Mapping):
+            raise HfConfigError(f"{where}: model_type {name!r} keeps its language model in "
+                                "'text_config'; give that part as its own config.json")
+        raise HfConfigError(f"{where}: model_type {name!r} is not a family read here "
+                            f"({', '.join(FAMILIES)}); write a workload.json "
+                            "(docs/metrics.md) instead")
+    return name
+
+
+def _count(doc: Mapping[str, Any], keys: tuple[str, ...], where: str,
+           default: int | None = None, high: float = 1e7) -> int:
+    """The first of ``keys`` present, a whole number in 1..``high``; ``default`` if none is."""
+    for key in keys:
+        if doc.get(key) is not None:
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise HfConfigError(f"{where}: {key!r} must be a whole number, got "
+                                    f"{_short(value)}")
+            if not math.isfinite(value) or value != int(value) or not 1 <= value <= high:
+                raise HfConfigError(f"{where}: {key!r} must be a whole number from 1 to "
+                                    f"{high:g}, got {_short(value)}")
+            return int(value)
+    if default is None:
+        raise HfConfigError(f"{where}: missing {keys[0]!r} (a config.json of this family "
+                            "states it)")
+    return default
+
+
+def _flag(doc: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = doc.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise HfConfigError(f"{where}: {key!r} must be true or false, got {_short(value)}")
+    return value
+
+
+def _probability(doc: Mapping[str, Any], keys: tuple[str, ...], default: float,
+                 where: str) -> float:
+    """The largest of the dropout probabilities ``keys`` (``default`` for absent ones)."""
+    out = 0.0
+    for key in keys:
+        value = doc.get(key, default)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value < 1:
+            raise HfConfigError(f"{where}: {key!r} must be a probability from 0 to below 1, "
+                                f"got {_short(value)}")
+        out = max(out, float(value))
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def decoder_shape(doc: Mapping[str, Any], where: str = "config.json") -> DecoderShape:
+    """The shape of the decoder ``doc`` describes (see the module doc for the families)."""
+    family = family_of(doc, where)
+    if family == "gpt2":
+        h = _count(doc, ("n_embd", "hidden_size"), where)
+        heads = _count(doc, ("n_head", "num_attention_heads"), where, high=h)
+        layers = _count(doc, ("n_layer", "num_hidden_layers"), where, high=BOUNDS[
+            "num_layers"].high)
+        shape = dict(num_layers=layers, hidden_size=h, num_heads=heads, num_kv_heads=heads,
+                     head_dim=_head_dim(h, heads, None, where),
+                     ffn_hidden_size=_count(doc, ("n_inner",), where, default=4 * h),
+                     vocab_size=_count(doc, ("vocab_size",), where, high=_MAX_VOCAB),
+                     gated_mlp=False, tied_embeddings=_flag(doc, "tie_word_embeddings", True,
+                                                            where),
+                     norm_params_per_layer=4 * h, final_norm_params=2 * h, qkv_bias=True,
+                     out_bias=True, mlp_bias=True,
+                     position_rows=_count(doc, ("n_positions", "max_position_embeddings"),
+                                          where, high=BOUNDS["tokens_per_sample"].high),
+                     dropout=_probability(doc, ("resid_pdrop", "embd_pdrop", "attn_pdrop"),
+                                          0.1, where))
+        return DecoderShape(family=family, **shape)
+    h = _count(doc, ("hidden_size", "n_embd"), where)
+    layers = _count(doc, ("num_hidden_layers", "n_layer"), where,
+                    high=BOUNDS["num_layers"].high)
+    heads = _count(doc, ("num_attention_heads", "n_head"), where, high=h)
+    vocab = _count(doc, ("vocab_size",), where, high=_MAX_VOCAB)
+    if family in GATED_FAMILIES:
+        return _gated_shape(doc, family, h, layers, heads, vocab, where)
+    if family == "gpt_neox":
+        bias = _flag(doc, "attention_bias", True, where)
+        return DecoderShape(
+            family=family, num_layers=layers, hidden_size=h, num_heads=heads,
+            num_kv_heads=heads, head_dim=_head_dim(h, heads, None, where),
+            ffn_hidden_size=_count(doc, ("intermediate_size",), where, default=4 * h),
+            vocab_size=vocab, gated_mlp=False,
+            tied_embeddings=_flag(doc, "tie_word_embeddings", False, where),
+            norm_params_per_layer=4 * h, final_norm_params=2 * h, qkv_bias=bias,
+            out_bias=bias, mlp_bias=True,
+            dropout=_probability(doc, ("hidden_dropout", "attention_dropout"), 0.0, where))
+    if family == "falcon":
+        return _falcon_shape(doc, h, layers, heads, vocab, where)
+    # phi (Phi-1/1.5/2): parallel attention and MLP behind one LayerNorm, biases everywhere
+    kv = _count(doc, ("num_key_value_heads",), where, default=heads, high=heads)
+    d = _head_dim(h, heads, None, where)
+    qk_norm = 4 * d if _flag(doc, "qk_layernorm", False, where) else 0
+    return DecoderShape(
+        family=family, num_layers=layers, hidden_size=h, num_heads=heads,
+        num_kv_heads=_kv_heads(heads, kv, where), head_dim=d,
+        ffn_hidden_size=_count(doc, ("intermediate_size",), where, default=4 * h),
+        vocab_size=vocab, gated_mlp=False,
+        tied_embeddings=_flag(doc, "tie_word_embeddings", False, where),
+        norm_params_per_layer=2 * h + qk_norm, final_norm_params=2 * h, qkv_bias=True,
+        out_bias=True, mlp_bias=True, lm_head_bias=True,
+        dropout=_probability(doc, ("resid_pdrop", "embd_pdrop", "attention_dropout"), 0.0,
+                             where))
+
+
+def _gated_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: int,
+                 vocab: int, where: str) -> DecoderShape:
+    """Llama-layout decoders: RMSNorm (weights only), gated MLP, rotary positions."""
+    kv = _count(doc, ("num_key_value_heads",), where, default=heads, high=heads)
+    gemma = family in ("gemma", "gemma2")
+    d = _head_dim(h, heads, doc.get("head_dim") if doc.get("head_dim") is not None
+                  else (256 if gemma else None), where)
+    attn_bias = _flag(doc, "attention_bias", False, where)
+    norms = (4 if family == "gemma2" else 2) * h + (2 * d if family == "qwen3" else 0)
+    dropout_keys = ("attention_dropout",) + (("resid_pdrop", "embd_pdrop")
+                                             if family == "phi3" else ())
+    return DecoderShape(
+        family=family, num_layers=layers, hidden_size=h, num_heads=heads,
+        num_kv_heads=_kv_heads(heads, kv, where), head_dim=d,
+        ffn_hidden_size=_count(doc, ("intermediate_size",), where),
+        vocab_size=vocab, gated_mlp=True,
+        tied_embeddings=_flag(doc, "tie_word_embeddings", gemma, where),
+        norm_params_per_layer=norms, final_norm_params=h,
+        qkv_bias=attn_bias or family == "qwen2",  # Qwen2 always biases Q, K and V
+        out_bias=attn_bias and family != "qwen2",
+        mlp_bias=family == "llama" and _flag(doc, "mlp_bias", False, where),
+        dropout=_probability(doc, dropout_keys, 0.0, where))
+
+
+def _falcon_shape(doc: Mapping[str, Any], h: int, layers: int, heads: int, vocab: int,
+                  where: str) -> DecoderShape:
+    """Falcon: fused QKV (multi-query in 7B, grouped in the new decoder architecture),
+    parallel attention and MLP, GELU MLP of ``ffn_hidden_size`` (4 × hidden)."""
+    new_arch = _flag(doc, "new_decoder_architecture", False, where)
+    if new_arch:
+        kv = _count(doc, ("num_kv_heads",), where, default=heads, high=heads)
+    elif _flag(doc, "multi_query", True, where):
+        kv = 1
+    else:
+        kv = heads
+    parallel = _flag(doc, "parallel_attn", True, where)
+    if new_arch:
+        norms = _count(doc, ("num_ln_in_parallel_attn",), where, default=2, high=2)
+    else:
+        norms = 1 if parallel else 2
+    bias = _flag(doc, "bias", False, where)
+    return DecoderShape(
+        family="falcon", num_layers=layers, hidden_size=h, num_heads=heads,
+        num_kv_heads=_kv_heads(heads, kv, where), head_dim=_head_dim(h, heads, None, where),
+        ffn_hidden_size=_count(doc, ("ffn_hidden_size",), where, default=4 * h),
+        vocab_size=vocab, gated_mlp=False,
+        tied_embeddings=_flag(doc, "tie_word_embeddings", True, where),
+        norm_params_per_layer=2 * h * norms, final_norm_params=2 * h, qkv_bias=bias,
+        out_bias=bias, mlp_bias=bias,
+        dropout=_probability(doc, ("hidden_dropout", "attention_dropout"), 0.0, where))
+
+
+def _head_dim(h: int, heads: int, given: Any, where: str) -> int:
+    """``head_dim`` as given, else hidden / heads, which must then divide evenly."""
+    if given is not None:
+        return _count({"head_dim": given}, ("head_dim",), where, high=h * 4)
+    if h % heads:
+        raise HfConfigError(f"{where}: num_attention_heads ({heads}) must divide hidden_size "
+                            f"({h})")
+    return h // heads
+
+
+def _kv_heads(heads: int, kv: int, where: str) -> int:
+    if heads % kv:
+        raise HfConfigError(f"{where}: num_key_value_heads ({kv}) must divide "
+                            f"num_attention_heads ({heads})")
+    return kv
+
+
+def _precision(doc: Mapping[str, Any]) -> tuple[str, bool]:
+    """(precision planned, whether the config stated it)."""
+    raw = doc.get("torch_dtype", doc.get("dtype"))
+    if isinstance(raw, str) and raw.strip().lower().removeprefix("torch.") in _DTYPES:
+        return _DTYPES[raw.strip().lower().removeprefix("torch.")], True
+    return "bf16", False
+
+
+def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
+                 where: str = "config.json") -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The ``workload.json`` document (docs/metrics.md) of the decoder ``doc`` trained on
+    sequences of ``seq_len`` tokens, and the notes that say what was derived or assumed."""
+    shape = decoder_shape(doc, where)
+    params = shape.params
+    if not BOUNDS["params"].contains(params):
+        raise HfConfigError(f"{where}: this shape has {params:.3g} parameters; a real model "
+                            f"has {BOUNDS['params'].text()} ({BOUNDS['params'].why})")
+    flops = shape.flops_per_sample(seq_len)
+    if not BOUNDS["flops_per_sample"].contains(flops):
+        raise HfConfigError(f"{where}: this shape at --seq-len {seq_len} is {flops:.3g} FLOPs "
+                            f"per sample; a real workload has {BOUNDS['flops_per_sample'].text()}")
+    precision, stated = _precision(doc)
+    mlp = ("geglu" if shape.family in ("gemma", "gemma2") else "swiglu") if shape.gated_mlp \
+        else "gelu"
+    out = {
+        "name": name, "params": params, "trainable_params": params,
+        "flops_per_sample": flops, "precision": precision, "tokens_per_sample": seq_len,
+        "num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
+        "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
+        "ffn_hidden_size": shape.ffn_hidden_size, "mlp": mlp,
+        "vocab_size": shape.vocab_size, "dropout": shape.dropout,
+        "largest_layer_params": shape.largest_unit_params,
+    }
+    notes = [
+        f"workload from a Hugging Face config.json ({shape.family}): {params / 1e9:.3g} B "
+        f"parameters ({'tied' if shape.tied_embeddings else 'untied'} embeddings), "
+        f"{flops:.3g} FLOPs per {seq_len}-token sample (6·N·T + 12·L·T²·h, "
+        f"N = {shape.matmul_weights / 1e9:.3g} B matrix-product weights)",
+        f"precision {precision} " + ("(the config's torch_dtype)" if stated else
+                                     "(default: the config states no bf16/fp16 torch_dtype)"),
+    ]
+    if shape.head_dim * shape.num_heads != shape.hidden_size:
+        notes.append(f"heads × head_dim ({shape.num_heads} × {shape.head_dim}) is not "
+                     f"hidden_size ({shape.hidden_size}): FLOPs count the heads' width, the "
+                     "activation memory formula takes hidden_size")
+    return out, tuple(notes)
