@@ -116,6 +116,12 @@ def hardware_for_gpu(spec: GpuSpec, *, gpus_per_node: int, offer: Offer | None =
     )
 
 
+def hardware_for_offer(spec: GpuSpec, offer: Offer) -> Hardware:
+    """The models' view of a plan's node: ``offer``'s machine of ``spec`` GPUs (the
+    ``hardware_for`` the search takes)."""
+    return hardware_for_gpu(spec, gpus_per_node=offer.gpu_count, offer=offer)
+
+
 def measured_hardware(observations: Iterable[Observation], catalog: Catalog
                       ) -> dict[str, Hardware]:
     """The models' view of each GPU the runs measured (keyed by the runs' GPU name), in a

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import re
 
+from mlflow_gpuopt.errors import InputError
+
 __all__ = ["QuantityError", "parse_count", "parse_duration_hours", "format_count",
            "format_hours"]
 
 
-class QuantityError(ValueError):
+class QuantityError(InputError):
     """A count or a duration that does not parse."""
 
 

@@ -205,3 +205,12 @@ def no_url_echo(uri: str | None) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
+
+
+def one_line_reason(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message (or its type), secrets masked, at most ``limit``
+    characters: what a one-line error may quote of an exception from MLflow or the OS."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    text = redact(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -18,10 +18,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BOUNDS", "Bound", "OutOfRangeError", "check", "short_repr"]
+from mlflow_gpuopt.errors import InputError
+
+__all__ = ["BOUNDS", "Bound", "OutOfRangeError", "check", "finite_float", "short_repr"]
 
 
-class OutOfRangeError(ValueError):
+class OutOfRangeError(InputError):
     """A value no real workload has; the message is one line naming it and the range."""
 
 
@@ -100,6 +102,14 @@ def short_repr(value: Any, limit: int = 24) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit - 8]}... ({len(text)} characters)"
+
+
+def finite_float(value: Any) -> float | None:
+    """``value`` as a finite float — a number, or a numeric string as MLflow stores every
+    param — else ``None`` (missing, ``""``, ``"None"``, a boolean, text, NaN or infinite):
+    the one reader of "a number, if there is one" for params, metrics and JSON rows."""
+    number = _as_float(value.strip() if isinstance(value, str) else value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _as_float(value: Any) -> float | None:

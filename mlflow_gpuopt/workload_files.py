@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.hf_config import HfConfigError, is_hf_config
 from mlflow_gpuopt.hf_config import workload_doc as hf_workload_doc
@@ -69,7 +70,7 @@ MAX_OBSERVATIONS_BYTES = 64 * 1024**2
 MAX_CSV_FIELD_CHARS = 4096
 
 
-class WorkloadFileError(ValueError):
+class WorkloadFileError(InputError):
     """A workload or observations file that cannot be used; one line, names where."""
 
 

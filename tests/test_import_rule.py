@@ -1,9 +1,11 @@
-"""The import rule: only the MLflow edge imports ``mlflow``.
+"""The import rule: only the MLflow edge imports ``mlflow``, layers import downwards, and no
+module imports itself back.
 
-Every module of the package is parsed with ``ast`` (no import is executed); any ``import
+Every module of the package is parsed with ``ast`` (no import is executed). Any ``import
 mlflow``/``from mlflow... import`` — at module level or inside a function — outside
-``mlflow_io/``, ``cli/``, ``plugin.py`` and ``_mlflow_cli_hook.py`` fails the test, naming the
-file and line.
+``mlflow_io/``, ``plugin.py`` and ``_mlflow_cli_hook.py`` fails, naming the file and line.
+Imports inside functions count everywhere: the package imports lazily for start-up speed, and
+a lazy import is a dependency all the same.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import mlflow_gpuopt
 
 PACKAGE = Path(mlflow_gpuopt.__file__).resolve().parent
-ALLOWED = ("mlflow_io/", "cli/", "plugin.py", "_mlflow_cli_hook.py")
+ALLOWED = ("mlflow_io/", "plugin.py", "_mlflow_cli_hook.py")
 
 
 def _mlflow_imports(path: Path) -> list[int]:
@@ -59,21 +61,24 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 #: the pure model never reaches for I/O and the MLflow edge never for the tracker.
 LAYERS = (
     # names and checks
-    ("contract.py", "redact.py", "validation.py", "quantities.py", "bounded_read.py"),
+    ("contract.py", "errors.py", "redact.py", "validation.py", "quantities.py",
+     "bounded_read.py"),
     ("devices", "catalog"),  # readings; prices and GPU specs
     ("perfmodel",),  # pure scaling models
     ("hardware.py", "workload_files.py", "hf_config.py", "recommend"),  # model inputs; search
     ("advice", "launch", "report"),  # pure rules; launch artefacts; charts and HTML
     ("mlflow_io",),  # the MLflow edge
+    ("planning",),  # use cases: read, fit, search, advise, log, emit
     ("tracking",),  # track(): measures, writes through mlflow_io
     ("integrations", "cli", "plugin.py", "_mlflow_cli_hook.py", "__main__.py", "__init__.py",
      "testing.py", "py.typed"),  # entry points
 )
 #: Imports that go up a layer, each for a stated reason (module, imported layer).
 UPWARD_ALLOWED = {
-    # skypilot_time_estimator(run_id=...) is a public convenience that reads the run; the
-    # read is a lazy call into the MLflow edge, the estimator itself is pure
-    ("launch/estimator.py", "mlflow_io"),
+    # skypilot_time_estimator(run_id=...) is a public convenience that reads and fits the
+    # run as every command does; a lazy call into the use-case layer, the estimator itself
+    # is pure
+    ("launch/estimator.py", "planning"),
 }
 
 
@@ -116,3 +121,113 @@ def test_layers_import_only_downwards():
                 offenders.append(f"{rel}:{line} -> {target}")
     assert seen > 100  # the package's own imports were read
     assert not offenders, "imports that go up a layer: " + ", ".join(offenders)
+
+
+def _module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_edges(path: Path, name: str, modules: set[str]) -> dict[str, int]:
+    """``{imported package module: first line}`` of every import in ``path`` (module
+    ``name``), module-level and inside functions alike; ``from pkg import sub`` names the
+    submodule ``pkg.sub``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name in modules]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            if base not in modules:
+                continue
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            targets = subs + ([base] if len(subs) < len(node.names) else [])
+        else:
+            continue
+        for t in targets:
+            if t != name:
+                out.setdefault(t, node.lineno)
+    return out
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Each import cycle of ``graph`` once, as the modules along it (Tarjan's strongly
+    connected components, then one path round each component)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                components.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    out = []
+    for comp in components:
+        members, start = set(comp), min(comp)
+        path, seen = [start], {start}
+        while True:  # walk inside the component until it closes
+            nxt = sorted(w for w in graph[path[-1]] if w in members)
+            back = [w for w in nxt if w == start]
+            if back and len(path) > 1:
+                break
+            fresh = [w for w in nxt if w not in seen]
+            if not fresh:
+                break
+            path.append(fresh[0])
+            seen.add(fresh[0])
+        out.append(path + [start])
+    return out
+
+
+def _import_graph(root: Path) -> dict[str, dict[str, int]]:
+    names = {p: _module_name(p, root) for p in sorted(root.rglob("*.py"))}
+    modules = set(names.values())
+    return {name: _module_edges(p, name, modules) for p, name in names.items()}
+
+
+def test_no_module_imports_itself_back():
+    graph = _import_graph(PACKAGE)
+    assert sum(len(e) for e in graph.values()) > 300  # lazy imports included
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles (a module reaching itself through others): " + "; ".join(
+        " -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_same_layer_and_lazy_cycles(tmp_path):
+    pkg = tmp_path / "mlflow_gpuopt"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "__init__.py").write_text("")
+    (pkg / "cli" / "a.py").write_text("from mlflow_gpuopt.cli import b\n")
+    (pkg / "cli" / "b.py").write_text("def f():\n    from mlflow_gpuopt.cli.c import g\n")
+    (pkg / "cli" / "c.py").write_text("def g():\n    from . import a\n")
+    (pkg / "cli" / "d.py").write_text("from mlflow_gpuopt.cli import a\n")  # no cycle
+    cycles = _cycles(_import_graph(pkg))
+    assert cycles == [["mlflow_gpuopt.cli.a", "mlflow_gpuopt.cli.b", "mlflow_gpuopt.cli.c",
+                       "mlflow_gpuopt.cli.a"]]

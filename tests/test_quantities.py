@@ -45,3 +45,12 @@ def test_bad_durations(text):
 @given(st.floats(min_value=1, max_value=1e14))
 def test_format_count_round_trips_to_three_digits(value):
     assert parse_count(format_count(value)) == pytest.approx(value, rel=5e-3)
+
+
+def test_finite_float_reads_a_number_if_there_is_one():
+    from mlflow_gpuopt.validation import finite_float
+
+    assert [finite_float(v) for v in (8, 8.5, "8", " 8.0 ", "1e3", 10**400)] == [
+        8.0, 8.5, 8.0, 8.0, 1000.0, None]
+    for missing in (None, "", "None", "nan", "inf", "-inf", float("nan"), True, "eight", [1]):
+        assert finite_float(missing) is None, missing

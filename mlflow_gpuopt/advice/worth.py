@@ -120,6 +120,19 @@ def baseline_config(ctx: PlanContext, facts: RunFacts) -> Any:
     return base
 
 
+def baseline_summary(ctx: PlanContext, facts: RunFacts) -> dict[str, Any] | None:
+    """What every saving is measured from: the plan's offer and GPUs running the script as
+    it runs now (:func:`baseline_config`), its ``precision``, ``micro_batch``,
+    ``grad_accum``, ``hours`` and ``cost_usd``; ``None`` when that cannot be predicted."""
+    base = baseline_config(ctx, facts)
+    pred = _predict(ctx, base)
+    priced = _hours_usd(ctx, base, pred) if pred is not None else None
+    if priced is None:
+        return None
+    return {"precision": base.precision, "micro_batch": base.micro_batch,
+            "grad_accum": base.grad_accum, "hours": priced[0], "cost_usd": priced[1]}
+
+
 def _priced(f: Finding, before: tuple[float, float] | None,
             after: tuple[float, float] | None, note: str = "") -> Finding:
     if before is None or after is None:

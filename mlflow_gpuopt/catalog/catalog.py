@@ -7,6 +7,7 @@ from types import MappingProxyType
 
 from mlflow_gpuopt.catalog.gpu_names import resolve_gpu_in
 from mlflow_gpuopt.catalog.schema import PROVIDERS, GpuSpec, Offer
+from mlflow_gpuopt.errors import InputError
 
 #: Offers whose price does not depend on the region (Lambda, Colab) carry this region; a
 #: region filter keeps them.
@@ -65,7 +66,8 @@ class Catalog:
 
         Args:
             provider: one provider or several (``aws``, ``gcp``, ``lambda``, ``azure``,
-                ``colab``; case-insensitive). Unknown names raise ``ValueError``.
+                ``colab``; case-insensitive). Unknown names raise an ``InputError`` (a
+                ``ValueError``).
             gpu: any GPU spelling the resolver accepts (raises ``UnknownGpuError``).
             region: exact region (case-insensitive); region-independent offers
                 (region ``"global"``: Lambda, Colab) always match.
@@ -82,7 +84,7 @@ class Catalog:
                 wanted = {p.lower() for p in provider}
             unknown = sorted(wanted - set(PROVIDERS))
             if unknown:
-                raise ValueError(
+                raise InputError(
                     f"unknown provider {unknown[0]!r}; expected one of {', '.join(PROVIDERS)}"
                 )
             out = [o for o in out if o.provider in wanted]

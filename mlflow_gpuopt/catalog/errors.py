@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from mlflow_gpuopt.errors import InputError
 
-class CatalogError(ValueError):
+
+class CatalogError(InputError):
     """A price or GPU file is malformed; the message names the file, row and column.
 
     ``row`` is the line number in the file (the header is line 1); ``None`` where the problem
@@ -32,7 +34,7 @@ class CatalogError(ValueError):
         super().__init__(f"{', '.join(where)}: {problem}" if where else problem)
 
 
-class UnknownGpuError(ValueError):
+class UnknownGpuError(InputError):
     """A GPU name the resolver cannot map; the message lists the closest known names."""
 
     def __init__(self, name: str, closest: list[str]) -> None:

@@ -16,6 +16,7 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from mlflow_gpuopt.cli._errors import UsageError
+from mlflow_gpuopt.errors import InputError
 
 #: subcommand name -> "module:attribute" of a click command.
 _SUBCOMMANDS = {
@@ -41,15 +42,19 @@ _HELP = {
 
 @contextlib.contextmanager
 def _one_line_usage_errors() -> Iterator[None]:
-    """Re-raise click's usage errors as :class:`UsageError`: the promise is one line on
-    stderr and exit code 2, also under ``mlflow gpuopt``, whose own main would otherwise
-    print click's usage and hint lines too."""
+    """Re-raise click's usage errors and every :class:`~mlflow_gpuopt.errors.InputError`
+    (a bad flag value, file, run or catalog, wherever it was found) as :class:`UsageError`:
+    the promise is one line on stderr and exit code 2, also under ``mlflow gpuopt``, whose
+    own main would otherwise print click's usage and hint lines too. Any other exception is
+    a bug, and surfaces as one."""
     try:
         yield
     except NoArgsIsHelpError:
         raise  # a group called bare: its help is the answer
     except click.UsageError as exc:
         raise UsageError(exc.format_message()) from None
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class _LazyGroup(click.Group):

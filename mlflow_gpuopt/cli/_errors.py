@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import click
 
+from mlflow_gpuopt.redact import one_line_reason
+
+__all__ = ["LoggingFailed", "OneLineError", "UsageError", "one_line_reason"]
+
 
 class OneLineError(click.ClickException):
     """An error printed as one line on stderr, no traceback, redacted as it is printed: a
@@ -27,14 +31,3 @@ class LoggingFailed(OneLineError):  # noqa: N818 - names the outcome, as click's
     (the command's own work is done; its record is missing)."""
 
     exit_code = 1
-
-
-def one_line_reason(exc: BaseException, limit: int = 300) -> str:
-    """The first line of ``exc``'s message (or its type), secrets masked, at most ``limit``
-    characters: what a one-line error may quote of an exception from MLflow or the OS."""
-    from mlflow_gpuopt.redact import redact
-
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
-    text = redact(text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -15,7 +15,6 @@ import sys
 import click
 
 from mlflow_gpuopt.cli import _json
-from mlflow_gpuopt.cli._errors import UsageError
 from mlflow_gpuopt.cli.options import (
     check_run_source,
     load_catalog_or_fail,
@@ -80,25 +79,15 @@ def _fmt(v, spec: str, none: str = "—") -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def compare(experiment, run_ids, dataset_size, as_json):
     """Measured runs side by side: hardware, throughput, MFU, cost per M samples / epoch."""
-    from mlflow_gpuopt.quantities import QuantityError, parse_count
+    from mlflow_gpuopt.quantities import parse_count
 
     reject_empty_values(click.get_current_context())
     check_run_source(run_ids, experiment)
-    try:
-        size = parse_count(dataset_size, what="--dataset-size") if dataset_size else None
-    except QuantityError as exc:
-        raise UsageError(str(exc)) from None
-    from mlflow_gpuopt.mlflow_io.measured import (
-        MeasuredRunError,
-        measured_runs,
-        measured_runs_in_experiment,
-    )
+    size = parse_count(dataset_size, what="--dataset-size") if dataset_size else None
+    from mlflow_gpuopt.mlflow_io.measured import measured_runs, measured_runs_in_experiment
 
-    try:
-        runs = (measured_runs_in_experiment(experiment, require_profile=False) if experiment
-                else measured_runs(run_ids, require_profile=False))
-    except MeasuredRunError as exc:
-        raise UsageError(str(exc)) from None
+    runs = (measured_runs_in_experiment(experiment, require_profile=False) if experiment
+            else measured_runs(run_ids, require_profile=False))
     catalog = load_catalog_or_fail()
     rows = compare_rows(runs, catalog, size)
     if as_json:

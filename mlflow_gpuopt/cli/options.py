@@ -3,8 +3,8 @@ flags, where the runs come from, loading the catalog and naming a GPU in it, eac
 one line and exit code 2 when the input is bad.
 
 The flags are checked here, before anything is read, with messages that name the flags; the
-arithmetic is :func:`mlflow_gpuopt.perfmodel.samples_for_target`, whose own errors (a value
-that is not positive, a missing global batch) are passed on as they are. A flag given an empty
+arithmetic is :class:`mlflow_gpuopt.planning.target.TrainingTarget`'s, whose own errors (a
+value that is not positive, a missing global batch) are passed on as they are. A flag given an empty
 value is refused (:func:`reject_empty_values`), and a target beyond what any real training
 run has (:data:`mlflow_gpuopt.validation.BOUNDS`) too: it would otherwise overflow to
 infinity, which JSON cannot hold.
@@ -13,11 +13,15 @@ infinity, which JSON cannot hold.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import click
 
 from mlflow_gpuopt.cli._errors import UsageError
+from mlflow_gpuopt.planning.target import TrainingTarget, check_target_samples
+
+__all__ = ["TrainingTarget", "check_run_source", "confidence_option", "load_catalog_or_fail",
+           "parse_deadline", "parse_target", "reject_empty_values", "resolve_gpu_or_fail",
+           "target_options"]
 
 _TARGET_FORMS = "--samples N, --epochs E --dataset-size N, --tokens T or --steps S"
 
@@ -31,21 +35,6 @@ def reject_empty_values(ctx: click.Context) -> None:
         if any(isinstance(v, str) and not v.strip() for v in values):
             flag = max(param.opts, key=len)
             raise UsageError(f"{flag} is empty: give it a value or leave it out")
-
-
-def check_target_samples(samples: float, flags: str, unit: str = "samples") -> float:
-    """``samples`` when a real training run could have that many; else one line naming
-    ``flags`` (the bound and why it is there: :data:`mlflow_gpuopt.validation.BOUNDS`).
-    ``unit`` names what the flags counted (a sample holds at least one token, and a step at
-    least one sample, so tokens and steps are held to the same bound before the workload is
-    read)."""
-    from mlflow_gpuopt.validation import BOUNDS
-
-    bound = BOUNDS["target_samples"]
-    if not bound.contains(samples):
-        raise UsageError(f"{flags} asks for {samples:.3g} {unit}; a real training target "
-                         f"is at most {bound.high:g} samples ({bound.why})")
-    return samples
 
 
 def target_options(func: Callable) -> Callable:
@@ -64,63 +53,13 @@ def target_options(func: Callable) -> Callable:
     return func
 
 
-@dataclass(frozen=True)
-class TrainingTarget:
-    """One parsed training target: exactly one of the forms is set (counts, not strings)."""
-
-    samples: float | None = None
-    epochs: float | None = None
-    dataset_size: float | None = None
-    tokens: float | None = None
-    steps: float | None = None
-
-    @property
-    def description(self) -> str:
-        """How the user stated it, e.g. ``90 epochs × 1.28M samples`` or ``2B tokens``."""
-        from mlflow_gpuopt.quantities import format_count
-
-        if self.samples is not None:
-            return f"{format_count(self.samples)} samples"
-        if self.epochs is not None:
-            return f"{self.epochs:g} epochs × {format_count(self.dataset_size)} samples"
-        if self.tokens is not None:
-            return f"{format_count(self.tokens)} tokens"
-        return f"{format_count(self.steps)} optimizer steps"
-
-    def total_samples(self, *, tokens_per_sample: float | None,
-                      samples_per_step: float | None) -> float:
-        """Samples to train on, given the workload's sequence length and the global batch
-        (samples per optimizer step) that ``--tokens`` and ``--steps`` are counted in."""
-        from mlflow_gpuopt.perfmodel import PerfModelError, samples_for_target
-
-        if self.tokens is not None and not tokens_per_sample:
-            raise UsageError("--tokens needs a workload with tokens_per_sample (sequence "
-                             "length); use --samples or --steps instead")
-        try:
-            total = samples_for_target(
-                samples=self.samples, epochs=self.epochs, dataset_size=self.dataset_size,
-                tokens=self.tokens, tokens_per_sample=tokens_per_sample, steps=self.steps,
-                samples_per_step=samples_per_step)
-        except PerfModelError as exc:
-            raise UsageError(str(exc)) from None
-        return check_target_samples(total, self.flags)
-
-    @property
-    def flags(self) -> str:
-        """The flags this target came from, for messages."""
-        if self.samples is not None:
-            return "--samples"
-        if self.epochs is not None:
-            return "--epochs x --dataset-size"
-        return "--tokens" if self.tokens is not None else "--steps"
-
-
 def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str | None,
                  tokens: str | None, steps: str | None,
                  required: bool) -> TrainingTarget | None:
     """The target the flags state, checked without reading anything; None when no flag was
-    given and ``required`` is false. Raises :class:`UsageError` naming the flags."""
-    from mlflow_gpuopt.quantities import QuantityError, parse_count
+    given and ``required`` is false. Raises :class:`UsageError` or an
+    :class:`~mlflow_gpuopt.errors.InputError` naming the flags."""
+    from mlflow_gpuopt.quantities import parse_count
 
     forms = [name for name, v in (("--samples", samples), ("--epochs", epochs),
                                   ("--tokens", tokens), ("--steps", steps)) if v is not None]
@@ -134,16 +73,13 @@ def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str |
                          f"(got {', '.join(forms) or 'none'})")
     if epochs is not None and dataset_size is None:
         raise UsageError("--epochs needs --dataset-size N (samples per epoch)")
-    try:
-        target = TrainingTarget(
-            samples=parse_count(samples, what="--samples") if samples is not None else None,
-            epochs=parse_count(epochs, what="--epochs") if epochs is not None else None,
-            dataset_size=(parse_count(dataset_size, what="--dataset-size")
-                          if dataset_size is not None else None),
-            tokens=parse_count(tokens, what="--tokens") if tokens is not None else None,
-            steps=parse_count(steps, what="--steps") if steps is not None else None)
-    except QuantityError as exc:
-        raise UsageError(str(exc)) from None
+    target = TrainingTarget(
+        samples=parse_count(samples, what="--samples") if samples is not None else None,
+        epochs=parse_count(epochs, what="--epochs") if epochs is not None else None,
+        dataset_size=(parse_count(dataset_size, what="--dataset-size")
+                      if dataset_size is not None else None),
+        tokens=parse_count(tokens, what="--tokens") if tokens is not None else None,
+        steps=parse_count(steps, what="--steps") if steps is not None else None)
     # What can be counted without the workload is checked now, before anything is read.
     if target.samples is not None:
         check_target_samples(target.samples, target.flags)
@@ -154,6 +90,38 @@ def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str |
     else:
         check_target_samples(target.steps, target.flags, "steps")
     return target
+
+
+def confidence_option(func: Callable) -> Callable:
+    """The ``--confidence`` option (``recommend``, ``advise``)."""
+    return click.option(
+        "--confidence", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+        default=0.9, show_default=True, callback=_check_probability,
+        help="A plan meets the deadline when P(time <= deadline) is at least this.")(func)
+
+
+def _check_probability(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    # click's range lets NaN through (NaN compares false)
+    if not 0.0 < value < 1.0:
+        raise UsageError(f"--confidence must be a probability between 0 and 1 (exclusive), "
+                         f"got {value}")
+    return value
+
+
+def parse_deadline(text: str | None) -> float | None:
+    """``--deadline`` in hours (``24h``, ``90m``, ``2d``, ``1d12h``), held to the bound a
+    real deadline has; None when not given."""
+    from mlflow_gpuopt.quantities import parse_duration_hours
+    from mlflow_gpuopt.validation import BOUNDS
+
+    if not text:
+        return None
+    hours = parse_duration_hours(text, what="--deadline")
+    bound = BOUNDS["deadline_hours"]
+    if not bound.contains(hours):
+        raise UsageError(f"--deadline {text} is {hours:.3g} hours; a deadline is "
+                         f"{bound.text()} hours ({bound.why})")
+    return hours
 
 
 def check_run_source(run_ids, experiment) -> None:

@@ -91,11 +91,8 @@ def show(providers: tuple[str, ...], gpu: str | None, region: str | None, spot: 
     a spot price.
     """
     cat = load_catalog_or_fail()
-    try:
-        offers = cat.query(provider=list(providers) or None, gpu=gpu, region=region,
-                           spot=True if spot else None)
-    except ValueError as exc:  # UnknownGpuError, unknown provider
-        raise UsageError(str(exc)) from None
+    offers = cat.query(provider=list(providers) or None, gpu=gpu, region=region,
+                       spot=True if spot else None)
     known_regions = sorted({o.region for o in cat.offers})
     if region is not None and region.lower() not in {r.lower() for r in known_regions}:
         raise UsageError(f"unknown region {region!r}; known: {', '.join(known_regions)}")

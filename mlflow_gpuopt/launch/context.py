@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt.launch.plan_ids import (
     GRAD_ACCUM_ENV,
     MICRO_BATCH_ENV,
@@ -20,7 +21,7 @@ from mlflow_gpuopt.launch.plan_ids import (
 from mlflow_gpuopt.recommend.types import Candidate
 
 
-class LaunchError(ValueError):
+class LaunchError(InputError):
     """A plan that this launcher cannot start (e.g. a Colab plan on SkyPilot)."""
 
 

@@ -31,12 +31,6 @@ from mlflow_gpuopt.recommend.types import Candidate, Predictor, SearchSpace, Tar
 _PROVIDER_OF_CLOUD = {v: k for k, v in SKYPILOT_CLOUDS.items()}
 
 
-def _hardware_for(spec, offer):
-    from mlflow_gpuopt.hardware import hardware_for_gpu
-
-    return hardware_for_gpu(spec, gpus_per_node=offer.gpu_count, offer=offer)
-
-
 @dataclass(frozen=True)
 class TimeEstimator:
     """``estimator(resources) -> seconds``: see the module docstring.
@@ -112,13 +106,14 @@ class TimeEstimator:
                           "cannot estimate its time")
 
     def _best_plan(self, offer: Offer) -> Candidate:
+        from mlflow_gpuopt.hardware import hardware_for_offer
         from mlflow_gpuopt.recommend import recommend
 
         if self.nodes > 1 and offer.max_nodes < self.nodes:
             raise LaunchError(f"{offer.provider} {offer.instance_type} offers at most "
                               f"{offer.max_nodes} node(s), not {self.nodes}")
         rec = recommend(self.predictor, self.workload, [offer], self.gpus, self.target,
-                        hardware_for=_hardware_for,
+                        hardware_for=hardware_for_offer,
                         space=SearchSpace(max_nodes=self.nodes, spot=False),
                         with_scaling=False)
         plans = [c for c in rec.candidates if c.nodes == self.nodes]
@@ -129,23 +124,12 @@ class TimeEstimator:
 
 
 def _fitted(run_id: str, client: Any, catalog: Any) -> tuple[Predictor, Workload]:
-    from mlflow_gpuopt.catalog import UnknownGpuError
-    from mlflow_gpuopt.hardware import hardware_for_gpu
-    from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
-    from mlflow_gpuopt.perfmodel import fit
-    from mlflow_gpuopt.perfmodel.fitting import is_cpu
+    """The model fitted to the run, as ``recommend`` fits it (the one fit pipeline)."""
+    from mlflow_gpuopt.planning.fitting import fit_runs
+    from mlflow_gpuopt.planning.inputs import read_runs
 
-    inputs = load_run_inputs([run_id], client=client)
-    hardware = {}
-    for o in inputs.observations:
-        if is_cpu(o.gpu) or o.gpu in hardware:
-            continue
-        try:
-            spec = catalog.gpu(o.gpu)
-        except UnknownGpuError:
-            continue  # as `recommend` does: the run then only informs the prior
-        hardware[o.gpu] = hardware_for_gpu(spec, gpus_per_node=max(1, o.gpu_count // o.nodes))
-    return fit(inputs.workload, inputs.observations, hardware), inputs.workload
+    inputs = read_runs((run_id,), catalog, client=client)
+    return fit_runs(inputs.workload, inputs.observations, catalog), inputs.workload
 
 
 def skypilot_time_estimator(run_id: str | None = None, workload: Workload | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlflow_gpuopt import contract
+from mlflow_gpuopt.validation import finite_float
 
 #: Memory may exceed the prediction by this share before it is called out: the model's own
 #: allowance for allocator fragmentation and temporary buffers
@@ -70,8 +71,7 @@ class PlanPrediction:
 
 
 def _num(row: Mapping[str, Any], key: str) -> float | None:
-    v = row.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return finite_float(row.get(key))
 
 
 def plan_from_candidate(row: Mapping[str, Any], *, plan_id: str,

@@ -9,18 +9,23 @@ metrics, and the profile artifact (precision, micro-batch, matmul shapes, kernel
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.advice.types import RunFacts
-from mlflow_gpuopt.mlflow_io.runs import RunInputError, _int, _read_profile, get_run
+from mlflow_gpuopt.mlflow_io.runs import (
+    RunInputError,
+    RunRecord,
+    get_run,
+    param_int,
+    read_profile,
+)
+from mlflow_gpuopt.validation import finite_float
 
 
 def _metric(metrics: Mapping[str, float], name: str) -> float | None:
-    v = metrics.get(name)
-    return float(v) if v is not None and math.isfinite(v) else None
+    return finite_float(metrics.get(name))
 
 
 def _shapes(profile: Mapping[str, Any] | None) -> tuple[tuple[int, int, int], ...] | None:
@@ -46,10 +51,18 @@ def load_run_facts(run_id: str, client: Any = None) -> RunFacts:
 
         client = MlflowClient()
     run = get_run(client, run_id)
-    params, metrics = dict(run.data.params), dict(run.data.metrics)
+    params = dict(run.data.params)
     if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
         raise RunInputError(f"run {run_id} has no gpuopt data; run it under gpuopt.track()")
-    profile = _read_profile(client, run) or {}
+    return facts_from_record(RunRecord(run_id, params, dict(run.data.metrics),
+                                       read_profile(client, run)))
+
+
+def facts_from_record(record: RunRecord) -> RunFacts:
+    """The advice rules' :class:`RunFacts` from what was already read of a run (no store
+    round trip): ``load_run_inputs(...).records`` holds it."""
+    run_id, params, metrics = record.run_id, record.params, record.metrics
+    profile = record.profile or {}
 
     def field(key: str) -> Any:
         value = profile.get(key)
@@ -58,17 +71,13 @@ def load_run_facts(run_id: str, client: Any = None) -> RunFacts:
         return None if value in (None, "", "None") else value
 
     def num(key: str) -> float | None:
-        try:
-            v = float(field(key))
-        except (TypeError, ValueError):
-            return None
-        return v if math.isfinite(v) else None
+        return finite_float(field(key))
 
     device = params.get(contract.PARAM_DEVICE) or "cpu"
     mb, accum, n_params = num("micro_batch"), num("grad_accum"), num("params")
     return RunFacts(
         run_id=run_id, device=device,
-        device_count=_int(params, contract.PARAM_DEVICE_COUNT, 0) or 0,
+        device_count=param_int(params, contract.PARAM_DEVICE_COUNT, 0) or 0,
         precision=str(field("precision") or "fp32").lower(),
         params=int(n_params) if n_params else None,
         micro_batch=int(mb) if mb else None, grad_accum=max(1, int(accum or 1)),
@@ -82,7 +91,7 @@ def load_run_facts(run_id: str, client: Any = None) -> RunFacts:
         compiled=params.get(contract.PARAM_COMPILED) == "true",
         kernels_per_micro_step=num("kernels_per_micro_step"),
         exposed_comm_fraction=_metric(metrics, contract.SUMMARY_EXPOSED_COMM_FRACTION),
-        world_size=_int(params, contract.PARAM_WORLD_SIZE, 1) or 1,
+        world_size=param_int(params, contract.PARAM_WORLD_SIZE, 1) or 1,
         strategy=params.get(contract.PARAM_STRATEGY) or None,
         recompute=profile.get("recompute") if isinstance(profile.get("recompute"), str)
         else None,
@@ -96,10 +105,10 @@ def log_advice(run_id: str, doc: Mapping[str, Any], client: Any = None) -> None:
         from mlflow import MlflowClient
 
         client = MlflowClient()
-    from mlflow_gpuopt.mlflow_io.recommendation import _log_files
+    from mlflow_gpuopt.mlflow_io.recommendation import log_files
 
-    _log_files(client, run_id,
+    log_files(client, run_id,
                {contract.ADVICE_JSON: json.dumps(doc, indent=2, default=str)})
 
 
-__all__ = ["RunInputError", "load_run_facts", "log_advice"]
+__all__ = ["RunInputError", "facts_from_record", "load_run_facts", "log_advice"]

@@ -13,12 +13,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt import contract
-from mlflow_gpuopt.mlflow_io.runs import _float, _int, experiment_runs
+from mlflow_gpuopt.mlflow_io.runs import experiment_runs, param_float, param_int
 
 logger = logging.getLogger(__name__)
 
-class MeasuredRunError(ValueError):
+class MeasuredRunError(InputError):
     """An experiment or run that cannot be read as a measured gpuopt run."""
 
 
@@ -51,12 +52,13 @@ def _measured(run) -> MeasuredRun:
     return MeasuredRun(
         run_id=run.info.run_id, run_name=run.info.run_name or "",
         device=p.get(contract.PARAM_DEVICE, "unknown"),
-        device_count=_int(p, contract.PARAM_DEVICE_COUNT) or 1,
-        nodes=_int(p, contract.PARAM_NODES) or 1,
-        world_size=_int(p, contract.PARAM_WORLD_SIZE) or 1,
+        device_count=param_int(p, contract.PARAM_DEVICE_COUNT) or 1,
+        nodes=param_int(p, contract.PARAM_NODES) or 1,
+        world_size=param_int(p, contract.PARAM_WORLD_SIZE) or 1,
         strategy=p.get(contract.PARAM_STRATEGY), precision=p.get(contract.PARAM_PRECISION),
-        micro_batch=_int(p, contract.PARAM_MICRO_BATCH), params=_int(p, contract.PARAM_PARAMS),
-        flops_per_sample=_float(p, contract.PARAM_FLOPS_PER_SAMPLE),
+        micro_batch=param_int(p, contract.PARAM_MICRO_BATCH),
+        params=param_int(p, contract.PARAM_PARAMS),
+        flops_per_sample=param_float(p, contract.PARAM_FLOPS_PER_SAMPLE),
         throughput_samples_per_s=m.get(contract.SUMMARY_THROUGHPUT_SAMPLES),
         mfu=m.get(contract.SUMMARY_MFU),
         step_time_p50_s=m.get(contract.SUMMARY_STEP_TIME_P50_S),

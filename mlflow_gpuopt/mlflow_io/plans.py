@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_gpuopt import contract
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt.launch.plan_check import PlanPrediction, plan_from_candidate
 from mlflow_gpuopt.launch.plan_ids import parse_plan_id
 
 logger = logging.getLogger(__name__)
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """A plan id that names no readable plan (message: one line)."""
 
 

@@ -150,7 +150,7 @@ def _log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str]
         files.update({path: charts[label] for label, path in (("pareto", PARETO_PNG),
                                                                ("scaling", SCALING_PNG))
                       if label in charts})
-        _log_files(client, run_id, files)
+        log_files(client, run_id, files)
         for cand in doc["candidates"][:top_children]:
             children.append(_log_child(client, exp_id, run_id, cand, Metric, Param, RunTag,
                                        plan_tags(run_id, cand["rank"])))
@@ -180,7 +180,7 @@ def _with_plan_ids(doc: Mapping[str, Any], run_id: str) -> dict[str, Any]:
     return {**doc, "candidates": cands}
 
 
-def _log_files(client, run_id: str, files: Mapping[str, str | bytes]) -> None:
+def log_files(client, run_id: str, files: Mapping[str, str | bytes]) -> None:
     """Write ``files`` (artifact path -> text or bytes) under one temporary folder and log
     it with a single ``log_artifacts`` (one upload round for the whole set)."""
     import os

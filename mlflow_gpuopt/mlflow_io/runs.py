@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.perfmodel.activations import normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
-from mlflow_gpuopt.validation import OutOfRangeError, check
+from mlflow_gpuopt.validation import OutOfRangeError, check, finite_float
 from mlflow_gpuopt.workload_files import (
     WorkloadFileError,
     parse_json_document,
@@ -40,8 +41,19 @@ HOW_TO_TRACK = "run it under gpuopt.track() (e.g. `python examples/train_tiny_gp
 FLOPS_TOLERANCE = 0.15
 
 
-class RunInputError(ValueError):
+class RunInputError(InputError):
     """Runs that cannot feed the models; one line naming the run and what is missing."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What was read of one run (plain values, no MLflow objects): kept so that a second
+    reader of the same run (the advice rules) needs no second round trip to the store."""
+
+    run_id: str
+    params: dict[str, str]
+    metrics: dict[str, float]
+    profile: dict | None
 
 
 @dataclass(frozen=True)
@@ -53,30 +65,26 @@ class RunInputs:
     run_ids: tuple[str, ...]
     #: What the reader had to do differently, in words (e.g. a run without its summary).
     notes: tuple[str, ...] = ()
+    #: What was read of each run, in ``run_ids`` order.
+    records: tuple[RunRecord, ...] = ()
 
 
-def _int(params: dict[str, str], key: str, default: int | None = None) -> int | None:
+def param_int(params: dict[str, str], key: str, default: int | None = None) -> int | None:
     """Param ``key`` as an int (``"8"``, ``"8.0"``), or ``default`` when it is missing,
     empty, ``"None"`` or not a finite number (MLflow stores every param as a string)."""
-    value = _float(params, key)
+    value = param_float(params, key)
     return default if value is None else int(value)
 
 
-def _float(params: dict[str, str], key: str,
-           default: float | None = None) -> float | None:
+def param_float(params: dict[str, str], key: str,
+                default: float | None = None) -> float | None:
     """Param ``key`` as a finite float, or ``default`` when it is missing, empty, ``"None"``
     or not a finite number."""
-    value = params.get(key)
-    if value in (None, "", "None"):
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        return default
-    return number if math.isfinite(number) else default
+    value = finite_float(params.get(key))
+    return default if value is None else value
 
 
-def _read_profile(client: Any, run: Any) -> dict | None:
+def read_profile(client: Any, run: Any) -> dict | None:
     """``gpuopt/profile.json`` of ``run`` (an MLflow ``Run``), or None when the run has none;
     a profile that is not UTF-8 JSON holding one object is a :class:`RunInputError` (one
     line).
@@ -148,7 +156,7 @@ _RANGED_PARAMS = ("world_size", "device_count", "nodes", "micro_batch", "grad_ac
 def _check_params(run_id: str, params: dict[str, str]) -> None:
     """Counts no real job has (a negative world size, 1e9 nodes) are a damaged run."""
     for name in _RANGED_PARAMS:
-        value = _float(params, contract.PARAM_PREFIX + name)
+        value = param_float(params, contract.PARAM_PREFIX + name)
         if value is None or (value == 0 and name in ("micro_batch", "grad_accum")):
             continue  # absent, or 0: not measured (the profile's value is used)
         try:
@@ -202,17 +210,17 @@ def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
               label=f"metric {THROUGHPUT_METRIC}")
     except OutOfRangeError as exc:
         raise RunInputError(str(exc)) from None
-    nodes = _int(params, contract.PARAM_NODES, 1) or 1
-    world = _int(params, contract.PARAM_WORLD_SIZE)
-    count = world or ((_int(params, contract.PARAM_DEVICE_COUNT, 1) or 1) * nodes if gpu != "cpu"
-                      else 1)
+    nodes = param_int(params, contract.PARAM_NODES, 1) or 1
+    world = param_int(params, contract.PARAM_WORLD_SIZE)
+    count = world or ((param_int(params, contract.PARAM_DEVICE_COUNT, 1) or 1) * nodes
+                      if gpu != "cpu" else 1)
     strategy, tp, pp = _layout(run_id, params, count)
     return Observation(
         gpu=gpu, gpu_count=max(1, count), throughput_samples_per_s=float(throughput),
         nodes=nodes if count % nodes == 0 else 1,
-        micro_batch=_int(params, contract.PARAM_MICRO_BATCH) or workload.micro_batch,
+        micro_batch=param_int(params, contract.PARAM_MICRO_BATCH) or workload.micro_batch,
         strategy=strategy, precision=params.get(contract.PARAM_PRECISION) or workload.precision,
-        grad_accum=_int(params, contract.PARAM_GRAD_ACCUM, 1) or 1,
+        grad_accum=param_int(params, contract.PARAM_GRAD_ACCUM, 1) or 1,
         exposed_comm_fraction=_fraction(metrics.get(EXPOSED_COMM_METRIC)),
         tp=tp, pp=pp, recompute=_recompute(params.get(contract.PARAM_RECOMPUTE)))
 
@@ -231,8 +239,8 @@ def _layout(run_id: str, params: dict[str, str], count: int) -> tuple[str, int, 
             from None
     if name not in STRATEGIES:
         raise RunInputError(f"run {run_id}: unknown {contract.PARAM_STRATEGY} {strategy!r}")
-    tp = _int(params, contract.PARAM_TP) or max(1, tp_s)
-    pp = _int(params, contract.PARAM_PP) or max(1, pp_s)
+    tp = param_int(params, contract.PARAM_TP) or max(1, tp_s)
+    pp = param_int(params, contract.PARAM_PP) or max(1, pp_s)
     for degree, label in ((tp, contract.PARAM_TP), (pp, contract.PARAM_PP)):
         if degree < 1 or count % degree:
             raise RunInputError(f"run {run_id}: param {label} {degree} does not divide the "
@@ -335,12 +343,14 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
     first = ""
     observations: list[Observation] = []
     notes: list[str] = []
+    records: list[RunRecord] = []
     for run_id in dict.fromkeys(run_ids):  # keep order, drop repeats
         run = get_run(client, run_id)
         params = dict(run.data.params)
         if not any(k.startswith(contract.PARAM_PREFIX) for k in params):
             raise RunInputError(f"run {run_id} has no gpuopt data; {HOW_TO_TRACK}")
-        profile = _read_profile(client, run)
+        profile = read_profile(client, run)
+        records.append(RunRecord(run_id, params, dict(run.data.metrics), profile))
         this = _workload(run_id, params, profile, notes)
         if workload is None:
             workload, first = this, run_id
@@ -354,4 +364,5 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
                                          resolve_gpu, client, notes))
     assert workload is not None
     return RunInputs(workload=workload, observations=tuple(observations),
-                     run_ids=tuple(dict.fromkeys(run_ids)), notes=tuple(notes))
+                     run_ids=tuple(dict.fromkeys(run_ids)), notes=tuple(notes),
+                     records=tuple(records))

@@ -88,8 +88,11 @@ multiplies that by ``1 + (p − 1)/(p·v)``.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.perfmodel.types import Workload
 
 ATTENTION_KERNELS = ("flash", "eager")
 RECOMPUTE_MODES = ("none", "selective", "full", "selective-op")
@@ -178,6 +181,25 @@ class TransformerDims:
         if not self.num_kv_heads or not self.num_heads:
             return 1.0
         return min(1.0, float(self.num_kv_heads) / float(self.num_heads))
+
+
+@functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
+def transformer_dims(workload: Workload) -> TransformerDims | None:
+    """The architecture for the activation formula, or None when the profile does not give
+    layers, hidden size and sequence length (heads default to hidden / 128, the common head
+    width; the MLP to GELU at 4 × hidden, or SwiGLU at 8/3 × hidden)."""
+    if not (workload.num_layers and workload.hidden_size and workload.tokens_per_sample):
+        return None
+    h = float(workload.hidden_size)
+    gated = (workload.mlp or "gelu").strip().lower() in ("swiglu", "geglu", "gated", "glu")
+    ffn = workload.ffn_hidden_size or (8.0 / 3.0 * h if gated else 4.0 * h)
+    return TransformerDims(num_layers=int(workload.num_layers), hidden_size=h,
+                           seq_len=float(workload.tokens_per_sample),
+                           num_heads=int(workload.num_heads or max(1, round(h / 128))),
+                           ffn_hidden_size=float(ffn), gated_mlp=gated,
+                           vocab_size=float(workload.vocab_size) if workload.vocab_size else None,
+                           num_kv_heads=int(workload.num_kv_heads) if workload.num_kv_heads
+                           else None)
 
 
 @dataclass(frozen=True)

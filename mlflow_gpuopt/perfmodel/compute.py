@@ -193,8 +193,7 @@ def formula_activation_bytes_per_sample(workload: Workload, precision: str) -> f
     transformer activation formula (:mod:`.activations`), or None where the workload does not
     give the architecture (layers, hidden size, sequence length). FP8 is the bf16 figure ×
     27/34 (only the linear layers' inputs are FP8: ``ACTIVATION_BYTES``)."""
-    # memory imports this module; the architecture record lives there
-    from mlflow_gpuopt.perfmodel.memory import transformer_dims
+    from mlflow_gpuopt.perfmodel.activations import transformer_dims
 
     dims = transformer_dims(workload)
     if dims is None:

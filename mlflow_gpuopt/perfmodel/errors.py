@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from mlflow_gpuopt.errors import InputError
 
-class PerfModelError(ValueError):
+
+class PerfModelError(InputError):
     """A workload, observation or configuration the models cannot work with.
 
     The message is one line a command line can print as it is.

@@ -66,6 +66,7 @@ from mlflow_gpuopt.perfmodel.activations import (
     normalize_cross_entropy,
     normalize_recompute,
     recompute_time_factor,
+    transformer_dims,
 )
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
@@ -230,25 +231,6 @@ def gathered_bytes(params: float, precision: str, dp_strategy: str,
 def checkpointing_factor(num_layers: int) -> float:
     """Activation checkpointing keeps about one layer input per √L layers: ÷ √L (at least 2)."""
     return max(2.0, math.sqrt(max(1, num_layers)))
-
-
-@functools.lru_cache(maxsize=64)  # pure; the recommender asks thousands of times
-def transformer_dims(workload: Workload) -> TransformerDims | None:
-    """The architecture for the activation formula, or None when the profile does not give
-    layers, hidden size and sequence length (heads default to hidden / 128, the common head
-    width; the MLP to GELU at 4 × hidden, or SwiGLU at 8/3 × hidden)."""
-    if not (workload.num_layers and workload.hidden_size and workload.tokens_per_sample):
-        return None
-    h = float(workload.hidden_size)
-    gated = (workload.mlp or "gelu").strip().lower() in ("swiglu", "geglu", "gated", "glu")
-    ffn = workload.ffn_hidden_size or (8.0 / 3.0 * h if gated else 4.0 * h)
-    return TransformerDims(num_layers=int(workload.num_layers), hidden_size=h,
-                           seq_len=float(workload.tokens_per_sample),
-                           num_heads=int(workload.num_heads or max(1, round(h / 128))),
-                           ffn_hidden_size=float(ffn), gated_mlp=gated,
-                           vocab_size=float(workload.vocab_size) if workload.vocab_size else None,
-                           num_kv_heads=int(workload.num_kv_heads) if workload.num_kv_heads
-                           else None)
 
 
 def recompute_factor(workload: Workload, recompute: str) -> float:

@@ -34,8 +34,7 @@ def decoder_block_params(workload: Workload) -> float | None:
     the output projection ``h²`` each, K and V ``h²·k/a`` each (grouped-query attention), the
     MLP ``3·h·f`` gated (SwiGLU) or ``2·h·f``, two norms ``2h``. The unit per-block FSDP
     wrapping (torchtitan, Hugging Face's transformer auto-wrap) gathers at once."""
-    # memory imports this module; the architecture record lives there
-    from mlflow_gpuopt.perfmodel.memory import transformer_dims
+    from mlflow_gpuopt.perfmodel.activations import transformer_dims
 
     dims = transformer_dims(workload)
     if dims is None:

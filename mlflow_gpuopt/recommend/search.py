@@ -51,6 +51,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.activations import normalize_recompute
@@ -97,7 +98,7 @@ _STRATEGY_ORDER = ("single", "ddp", "zero1", "zero2", "fsdp", "zero3", "tp", "pp
 UNEVEN_BATCH_REASON = "the global batch does not split evenly over the data-parallel ranks"
 
 
-class NoOffersError(ValueError):
+class NoOffersError(InputError):
     """No catalog offer matches the providers / region / spot choice asked for."""
 
 

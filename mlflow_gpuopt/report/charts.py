@@ -105,28 +105,61 @@ def scaling_series(points: Sequence[ScalingPoint]) -> list[ScalingSeries]:
     return out
 
 
+#: Lines on the scaling chart at most: more cannot be told apart by colour.
+MAX_SCALING_SERIES = 10
+#: Prediction-interval bands drawn (the fastest GPU types'): more stack into a grey block.
+MAX_SCALING_BANDS = 3
+
+
+def _peak(s: ScalingSeries) -> float:
+    return max(s.throughput_samples_per_s, default=0.0)
+
+
+def chart_series(points: Sequence[ScalingPoint],
+                 max_series: int = MAX_SCALING_SERIES) -> list[ScalingSeries]:
+    """The lines the chart draws: one per GPU type, on its best instance family (the one
+    that reaches the highest throughput; ties: more GPU counts), the ``max_series`` GPU
+    types of highest throughput, fastest first."""
+    best: dict[str, ScalingSeries] = {}
+    for s in scaling_series(points):
+        key = (_peak(s), len(s.gpus))
+        if s.gpu not in best or key > (_peak(best[s.gpu]), len(best[s.gpu].gpus)):
+            best[s.gpu] = s
+    ranked = sorted(best.values(), key=lambda s: (-_peak(s), s.gpu))
+    return ranked[:max_series]
+
+
 def scaling_chart(points: Sequence[ScalingPoint],
                   measured: Sequence[Observation] = ()) -> Chart:
-    """Predicted global throughput vs GPU count per GPU type and instance family (colour:
-    GPU; marker and dash: family; band: the prediction interval), with the measured points."""
-    series = scaling_series(points)
-    palette = colors([s.gpu for s in series] + [o.gpu for o in measured])
+    """Predicted global throughput vs GPU count: one line per GPU type on its best instance
+    family (:func:`chart_series`), the prediction interval as a band for the fastest
+    :data:`MAX_SCALING_BANDS`, and the measured runs of the GPU types shown as diamonds."""
+    series = chart_series(points)
+    shown = {s.gpu for s in series}
+    dots_of = [o for o in measured if o.gpu in shown]
+    palette = {s.gpu: PALETTE[i % len(PALETTE)] for i, s in enumerate(series)}
+    # a light fill and dotted edges: where the intervals overlap, the edges still tell them
+    # apart and the fills do not darken into one block
     bands: list = []
-    lines: list = []
-    nth: dict[str, int] = {}
-    for s in series:
-        k = nth[s.gpu] = nth.get(s.gpu, -1) + 1
-        color = palette[s.gpu]
-        bands.append(Band(s.gpus, s.low, s.high, color, alpha=0.05))
-        lines.append(Line(s.gpus, s.throughput_samples_per_s, color, width_px=1.5,
-                          dash=("-", "--", ":", "-.")[k % 4], marker=MARKERS[k % len(MARKERS)],
-                          label=s.label))
+    for s in series[:MAX_SCALING_BANDS]:
+        bands += [Band(s.gpus, s.low, s.high, palette[s.gpu], alpha=0.05),
+                  Line(s.gpus, s.low, palette[s.gpu], width_px=1.0, dash=":"),
+                  Line(s.gpus, s.high, palette[s.gpu], width_px=1.0, dash=":")]
+    lines = [Line(s.gpus, s.throughput_samples_per_s, palette[s.gpu], width_px=1.8,
+                  dash=("-", "--")[i // len(MARKERS) % 2], marker=MARKERS[i % len(MARKERS)],
+                  marker_radius_px=3.0, label=s.label) for i, s in enumerate(series)]
     dots = [Points((o.gpu_count,), (o.throughput_samples_per_s,), fill=palette[o.gpu],
                    marker="D", radius_px=5, edge=BLACK, label=f"{o.gpu} measured")
-            for o in measured]
+            for o in dots_of]
+    types = len({p.gpu for p in points})
+    what = (f"the {len(series)} fastest of {types} GPU types" if types > len(series)
+            else f"{types} GPU type{'s' if types != 1 else ''}")
+    keys = [f"band, dotted: interval of the fastest {min(len(series), MAX_SCALING_BANDS)}"]
+    if dots:
+        keys.append("diamonds: measured")
     return Chart(
-        title="Predicted scaling per GPU type and instance family "
-              "(band: interval; diamonds: measured)",
+        title=f"Predicted scaling: {what}, each on its best instance family "
+              f"({'; '.join(keys)})",
         x_label="GPUs (data parallel: DDP, or ZeRO/FSDP where DDP does not fit)",
         y_label="throughput (samples/s)", items=(*bands, *lines, *dots), x_log_base=2,
         axes_width_px=660, axes_height_px=420)

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlflow_gpuopt.recommend.explain import hours_figure, money
 from mlflow_gpuopt.recommend.search import DOMINATED_REASON
+from mlflow_gpuopt.report.table import PLAN_COLUMNS, plan_cells
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:16px;
@@ -39,29 +40,14 @@ def _e(x: Any) -> str:
 
 def _row(c: Mapping[str, Any], winner_rank: int | None) -> str:
     cls = "win" if c["rank"] == winner_rank else ("" if c["meets_deadline"] else "nomeet")
-    cells = [  # what decides first (hardware, cost, time, odds), how to run it after
-        (c["rank"], ""), (c["provider"], "l"),
-        (f'{c["instance_type"]} × {c["nodes"]}', "l"), (f'{c["gpus"]} × {c["gpu"]}', "l"),
-        (f'{money(c["predicted_cost_usd"])} ({money(c["cost_low_usd"])}–'
-         f'{money(c["cost_high_usd"])})', ""),
-        (f'{hours_figure(c["predicted_hours"])} ({hours_figure(c["predicted_hours_low"])}–'
-         f'{hours_figure(c["predicted_hours_high"])})', ""),
-        (f'{c["p_meets_deadline"]:.0%}', ""),
-        (c["pricing"].replace("_", "-"), "l"),
-        (c.get("strategy_label", c["strategy"]), "l"),
-        (f'{c["micro_batch"]} × {c["grad_accum"]}', ""), (c["precision"], "l"),
-    ]
-    tds = "".join(f'<td class="{k}">{_e(v)}</td>' for v, k in cells)
+    tds = "".join(f'<td class="{"l" if col.left else ""}">{_e(text)}</td>'
+                  for col, text in zip(PLAN_COLUMNS, plan_cells(c), strict=True))
     return f'<tr class="{cls}" title="{_e(c.get("why", ""))}">{tds}</tr>'
 
 
-_HEAD = ["#", "provider", "instance × nodes", "GPUs", "cost (low–high)", "hours (low–high)",
-         "P(meets deadline)", "pricing", "strategy", "micro-batch × accum", "precision"]
-
-
 def _table(rows: list[Mapping[str, Any]], winner_rank: int | None, table_id: str) -> str:
-    head = "".join(f'<th class="{"l" if i in (1, 2, 3, 7, 8, 10) else ""}">{_e(h)}</th>'
-                   for i, h in enumerate(_HEAD))
+    head = "".join(f'<th class="{"l" if col.left else ""}">{_e(col.header)}</th>'
+                   for col in PLAN_COLUMNS)
     body = "".join(_row(c, winner_rank) for c in rows)
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 

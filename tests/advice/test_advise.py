@@ -104,6 +104,16 @@ def test_slow_dataloader_is_input_starvation_priced_on_the_plan(tracking_uri):
     amp = found["precision_amp"]
     assert doc["plan"]["gpu"] in amp["title"] and "torch.autocast" in amp["fix"]
     assert amp["hours_saved"] >= 0
+    # the savings are measured from the script as it runs now on the plan's offer: printed
+    base = doc["plan"]["baseline"]
+    assert base["precision"] == "fp32"  # the script's, not the plan's
+    assert base["hours"] > 0 and base["cost_usd"] > 0
+    assert base["hours"] > amp["hours_saved"]  # a fix saves part of the time it runs now
+    text = CliRunner().invoke(cli, ["advise", "--run-id", t.run_id, *TARGET, "--no-log"])
+    assert text.exit_code == 0, text.output[-3000:]
+    assert (f"Savings are measured from the script as it runs now on that plan (fp32, "
+            f"micro-batch {base['micro_batch']} × accumulation {base['grad_accum']}): "
+            f"{base['hours']:,.1f} h") in text.output
     assert "gemm_shapes" not in found and "data_parallel" not in found
     logged = mlflow.artifacts.load_dict(f"runs:/{t.run_id}/gpuopt/advice.json")
     assert logged == json.loads(json.dumps(doc)) and logged["schema"] == "gpuopt.advice/1"

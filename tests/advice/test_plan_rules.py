@@ -23,14 +23,13 @@ import torch.nn as nn
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.advice import Finding, PlanContext, advise_plan
 from mlflow_gpuopt.advice.worth import modelled_comm_share
-from mlflow_gpuopt.cli.advise import _search
 from mlflow_gpuopt.catalog import resolve_gpu
 from mlflow_gpuopt.cli.options import parse_target
-from mlflow_gpuopt.cli.recommend import _hardware_for
-from mlflow_gpuopt.hardware import hardware_for_gpu
+from mlflow_gpuopt.hardware import hardware_for_gpu, hardware_for_offer
 from mlflow_gpuopt.mlflow_io.advice import load_run_facts
 from mlflow_gpuopt.perfmodel.memory import usable_memory_bytes
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
+from mlflow_gpuopt.planning.advising import search_for_run
 from mlflow_gpuopt.recommend import Costing
 from mlflow_gpuopt.testing import FakeGPU, fake_nvml
 
@@ -81,13 +80,13 @@ def ddp_plan(run_id: str, memory: str = "tight"):
     facts = load_run_facts(run_id)
     target = parse_target(samples="100M", epochs=None, dataset_size=None, tokens=None,
                           steps=None, required=True)
-    rec, predictor, catalog = _search(run_id, target, None, 0.9)
+    rec, predictor, catalog, _ = search_for_run(run_id, target, None, 0.9)
     plan = rec.winner or rec.cheapest
     eights = [o for o in catalog.offers if o.gpu_count == 8]
     offer = next((o for o in eights if o.gpu == plan.offer.gpu),
                  next(o for o in eights if o.gpu == "A100-80GB-SXM4"))
     spec = catalog.gpus[offer.gpu]
-    hw = _hardware_for(spec, offer)
+    hw = hardware_for_offer(spec, offer)
     cfg = ParallelConfig(gpus_per_node=8, strategy="ddp", micro_batch=MB, grad_accum=ACCUM,
                          precision=facts.precision)
     if memory == "tight":

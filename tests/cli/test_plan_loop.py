@@ -11,6 +11,7 @@ one warning and training goes on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -229,6 +230,51 @@ def test_emit_bad_plan_is_one_line_exit_2_and_writes_nothing(loop, tmp_path, pla
     err = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("Error:") and message in err[0], err
     assert len(_all_runs(client)) == before and not any(tmp_path.iterdir())
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A directory on a filesystem with no byte left (a real tmpfs, filled: root only)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):  # ENOSPC: every block the tmpfs has is taken
+            while os.write(fd, b"\0" * 4096):
+                pass
+        os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_emit_to_a_full_disk_logs_nothing(loop, full_dir):
+    """The artefact is written before the recommendation is logged: a disk that refuses it
+    is one line, exit 2, and the store holds no new run (no recommendation, no candidates)."""
+    client = loop["client"]
+    before = len(_all_runs(client))
+    out = _cli(loop["env"], "recommend", "--run-id", loop["source"].info.run_id, *TARGET,
+               "--emit", "torchrun", "--out", str(full_dir / "plan.sh"))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    err = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and "cannot write --out" in err[0] and "No space left" in err[0], err
+    assert len(_all_runs(client)) == before
+    assert sorted(p.name for p in full_dir.iterdir()) == ["filler"]  # no partial, no temp
+
+
+def test_emit_under_a_regular_file_logs_nothing(loop, tmp_path):
+    client = loop["client"]
+    (tmp_path / "a-file").write_text("not a directory")
+    before = len(_all_runs(client))
+    out = _cli(loop["env"], "recommend", "--run-id", loop["source"].info.run_id, *TARGET,
+               "--emit", "torchrun", "--out", str(tmp_path / "a-file" / "plan.sh"))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "is not a directory" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert len(_all_runs(client)) == before
 
 
 def test_compare_shows_the_plans_prediction_next_to_the_measurement(loop):

@@ -350,7 +350,7 @@ def test_json_has_the_contract_keys():
 
 
 def test_every_ranked_plan_has_one_id_wherever_it_appears():
-    from mlflow_gpuopt.cli.emit import add_plan_ids
+    from mlflow_gpuopt.planning.emitting import add_plan_ids
     from mlflow_gpuopt.launch import parse_plan_id
     from mlflow_gpuopt.mlflow_io.recommendation import LoggedRecommendation
 

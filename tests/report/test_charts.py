@@ -148,17 +148,50 @@ def test_pareto_chart_has_one_series_per_gpu_the_front_the_deadline_and_the_winn
     _centroid(_image(render_png(chart)), (255, 215, 0), tol=10)
 
 
-def test_scaling_chart_draws_each_series_once_and_each_measured_gpu_once_in_the_legend():
+def test_scaling_chart_draws_one_line_per_gpu_type_and_each_measured_gpu_once_in_the_legend():
     rec = _rec()
     measured = [Observation(gpu="A100-80GB-SXM4", gpu_count=n, throughput_samples_per_s=t,
                             micro_batch=256, strategy="ddp", precision="fp16")
                 for n, t in ((1, 2400), (8, 16000))]
     chart = scaling_chart(rec.scaling, measured)
-    series = scaling_series(rec.scaling)
-    lines = [i for i in chart.items if isinstance(i, Line)]
-    assert [(ln.xs, ln.ys) for ln in lines] == [(s.gpus, s.throughput_samples_per_s)
-                                                for s in series]
+    families = scaling_series(rec.scaling)
+    # the expected lines, from the per-family series: each GPU type's family of highest
+    # throughput, fastest type first
+    best: dict[str, object] = {}
+    for s in families:
+        if s.gpu not in best or max(s.throughput_samples_per_s) > max(
+                best[s.gpu].throughput_samples_per_s):
+            best[s.gpu] = s
+    expected = sorted(best.values(), key=lambda s: -max(s.throughput_samples_per_s))[:10]
+    assert len(families) > len(expected)  # some types are sold as several families
+    labelled = [i for i in chart.items if isinstance(i, Line) and i.label]
+    assert [(ln.xs, ln.ys) for ln in labelled] == [(s.gpus, s.throughput_samples_per_s)
+                                                   for s in expected]
+    assert len({ln.color for ln in labelled}) == len(labelled)  # one colour per GPU type
+    bands = [i for i in chart.items if isinstance(i, Band)]
+    assert [(b.xs, b.low, b.high) for b in bands] == [(s.gpus, s.low, s.high)
+                                                      for s in expected[:3]]
+    shown = {s.gpu for s in expected}
     assert [e.label for e in legend_entries(chart.items)] == [
-        *(s.label for s in series), "A100-80GB-SXM4 measured"]
+        *(s.label for s in expected),
+        *(["A100-80GB-SXM4 measured"] if "A100-80GB-SXM4" in shown else [])]
+    assert ("diamonds: measured" in chart.title) == ("A100-80GB-SXM4" in shown)
     assert chart.x_log_base == 2
     assert _image(render_png(chart)).width > chart.axes_width_px
+    # without measurements the title promises none
+    assert "diamonds" not in scaling_chart(rec.scaling).title
+
+
+def test_scaling_chart_keeps_at_most_ten_gpu_types():
+    from mlflow_gpuopt.recommend.types import ScalingPoint
+
+    points = [ScalingPoint(gpu=f"GPU-{k:02d}", gpus=n, throughput_samples_per_s=100.0 * k * n,
+                           low=50.0 * k * n, high=150.0 * k * n, provider="aws", family=fam,
+                           instance_type=f"{fam}.x", nodes=1)
+              for k in range(1, 15) for fam in ("a", "b") for n in (1, 2, 4)]
+    chart = scaling_chart(points)
+    labelled = [i for i in chart.items if isinstance(i, Line) and i.label]
+    assert [ln.label.split(" ")[0] for ln in labelled] == [f"GPU-{k:02d}" for k in
+                                                           range(14, 4, -1)]
+    assert sum(isinstance(i, Band) for i in chart.items) == 3
+    assert "the 10 fastest of 14 GPU types" in chart.title
