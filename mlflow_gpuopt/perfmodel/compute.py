@@ -280,6 +280,7 @@ def normalize_attention_kernel(name: str | None) -> str | None:
     return _ATTENTION_KERNEL_ALIASES[key]
 
 
+@functools.lru_cache(maxsize=256)  # pure; asked several times for every plan of a search
 def architecture(gpu: str) -> str:
     """``volta|turing|ampere|ada|hopper|blackwell|cdna2|cdna3`` from a catalog GPU name,
     ``unknown`` for anything else."""

@@ -262,6 +262,7 @@ def activation_notes(workload: Workload, recompute: str) -> tuple[str, ...]:
     return tuple(notes)
 
 
+@functools.lru_cache(maxsize=1024)  # pure; a search asks it for every plan's micro-batch
 def _formula_bytes(workload: Workload, dims: TransformerDims, precision: str,
                    micro_batch: float, recompute: str, tp: int = 1, pp: int = 1,
                    grad_accum: int = 1, virtual_stages: int = 1) -> float:

@@ -34,6 +34,8 @@ Sources (read 2026-11-30):
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 #: Share of the dense tensor peak (BF16/FP16/FP8) real training GEMMs reach on AMD CDNA 3.
@@ -90,6 +92,7 @@ INTRA_NODE_LINKS: dict[str, IntraNodeLink] = {
 }
 
 
+@functools.lru_cache(maxsize=256)  # pure; asked several times for every plan of a search
 def gpu_vendor(gpu: str) -> str:
     """``"amd"`` for AMD Instinct parts (catalog names ``MI…``), else ``"nvidia"``."""
     name = gpu.strip().upper()
