@@ -86,10 +86,10 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from llm_table import DATA, note, num
+
 from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
 
-HERE = Path(__file__).resolve().parent
-DATA = HERE / "data" / "llm_training_throughput.tsv"
 
 DERIVATION_SOURCES = ("megatron_readme_2024_h100", "nemo_24.07_perf")
 #: tsv GPU -> (the ``--gpu`` name a user gives, memory GB, node network Gbit/s, board power
@@ -153,7 +153,7 @@ class Row:
 
     @property
     def dp_strategy(self) -> str:
-        shard = _note(self.variant_notes, "fsdp")
+        shard = note(self.variant_notes, "fsdp")
         fsdp = self.source.startswith("torchtitan") or shard not in (None, "NA", "0")
         return "fsdp" if fsdp else "zero1"
 
@@ -178,7 +178,7 @@ class Row:
                 # Megatron / NeMo (Transformer Engine) attend over the 8 K/V heads directly.
                 kv_heads = None
             return heads, ffn, vocab, mlp, dropout, kv_heads
-        heads = int(_note(self.variant_notes, "heads") or max(1, self.hidden // 128))
+        heads = int(note(self.variant_notes, "heads") or max(1, self.hidden // 128))
         return heads, 4 * self.hidden, self.vocab, "gelu", None, None
 
     @property
@@ -209,19 +209,8 @@ class Row:
         return "torchtitan" if self.source.startswith("torchtitan") else "nvidia"
 
 
-def _num(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
-def _note(notes: str, key: str) -> str | None:
-    for part in notes.split(";"):
-        part = part.strip()
-        if part.lower().startswith(key + "="):
-            return part.split("=", 1)[1].strip()
-    return None
 
 
 def load_rows() -> tuple[list[Row], int]:
@@ -246,9 +235,9 @@ def load_rows() -> tuple[list[Row], int]:
             continue  # the same configuration's tokens/s is in the table
         if metric not in ("tokens_per_s_per_gpu", "tflops_per_gpu"):
             continue
-        tp, pp, dp = _num(r["tp"]), _num(r["pp"]), _num(r["dp"])
+        tp, pp, dp = num(r["tp"]), num(r["pp"]), num(r["dp"])
         notes = r.get("notes") or ""
-        cp = int(_num(_note(notes, "cp") or "1") or 1)
+        cp = int(num(note(notes, "cp") or "1") or 1)
         if r["gpu"] not in GPUS or tp is None or pp is None or cp > 1:
             skipped += 1
             continue
@@ -281,10 +270,10 @@ def load_rows() -> tuple[list[Row], int]:
         params, layers, hidden, seq = (float(r["params"]), int(r["layers"]), int(r["hidden"]),
                                        int(r["seq_len"]))
         value = float(r["value"])
-        mb = _num(r["micro_batch"])
+        mb = num(r["micro_batch"])
         accum = None
         # Megatron's interleaved schedule: the notes' vp (virtual stages per pipeline rank)
-        vp = int(_num(_note(notes, "vp") or "1") or 1) if (pp or 1) > 1 else 1
+        vp = int(num(note(notes, "vp") or "1") or 1) if (pp or 1) > 1 else 1
         if r["source"].startswith("torchtitan") and tp is not None and pp is not None and pp > 1:
             # torchtitan's column is the local batch; its pipeline splits it into
             # ``experimental.pipeline_parallel_microbatches`` micro-batches, by default the
@@ -297,11 +286,11 @@ def load_rows() -> tuple[list[Row], int]:
         row = Row(source=r["source"], model=r["model"], params=params, layers=layers,
                   hidden=hidden, seq=seq, gpu=r["gpu"], gpus=gpus, tp=int(tp), pp=int(pp),
                   dp=int(dp), micro_batch=int(mb) if mb else 1,
-                  global_batch=int(_num(r["global_batch"])) if _num(r["global_batch"]) else None,
+                  global_batch=int(num(r["global_batch"])) if num(r["global_batch"]) else None,
                   precision=prec, recompute=recompute, tokens_per_s_per_gpu=value,
                   grad_accum=accum,
                   variant=notes.split(";")[0].replace("+Float8", "").strip(), cp=cp,
-                  variant_notes=notes, vocab=int(_num(r["vocab"])) if _num(r["vocab"]) else None,
+                  variant_notes=notes, vocab=int(num(r["vocab"])) if num(r["vocab"]) else None,
                   fp8_recipe=recipe, vp=vp)
         if metric == "tflops_per_gpu":
             row = replace(row, tokens_per_s_per_gpu=value * 1e12 / row.flops_per_token)

@@ -37,13 +37,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llm_table import DATA, note, num
+
 from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt
 from mlflow_gpuopt.perfmodel.memory import usable_memory_bytes
 
-HERE = Path(__file__).resolve().parent
-DATA = HERE / "data" / "llm_training_throughput.tsv"
 
 #: tsv GPU -> (catalog GPU, the memory it ran with, GB)
 GPUS = {"H100-SXM-80GB": ("H100-SXM5-80GB", 80),
@@ -59,19 +59,8 @@ FAMILIES = {
 }
 
 
-def _num(text: str | None) -> float | None:
-    try:
-        return float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
 
 
-def _note(notes: str, key: str) -> str | None:
-    for part in notes.split(";"):
-        part = part.strip()
-        if part.lower().startswith(key + "="):
-            return part.split("=", 1)[1].strip()
-    return None
 
 
 def _family(model: str) -> str | None:
@@ -89,8 +78,8 @@ def configurations() -> tuple[list[dict], int]:
     out, seen, skipped = [], set(), 0
     for r in csv.DictReader(lines, delimiter="\t"):
         notes = r["notes"] or ""
-        tp, pp = _num(r["tp"]), _num(r["pp"])
-        cp = int(_num(_note(notes, "cp")) or 1)
+        tp, pp = num(r["tp"]), num(r["pp"])
+        cp = int(num(note(notes, "cp")) or 1)
         if r["gpu"] not in GPUS or tp is None or pp is None or cp > 1:
             skipped += 1
             continue
@@ -117,9 +106,9 @@ def workload(r: dict) -> dict:
         w.update(num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab,
                  mlp="swiglu", dropout=0)
     else:
-        w.update(num_heads=int(_num(_note(r["notes"], "heads")) or max(1, hidden // 128)),
+        w.update(num_heads=int(num(note(r["notes"], "heads")) or max(1, hidden // 128)),
                  mlp="gelu")
-        if _num(r["vocab"]):
+        if num(r["vocab"]):
             w["vocab_size"] = int(float(r["vocab"]))
     return w
 
@@ -138,18 +127,18 @@ def recompute(r: dict) -> str:
 def cli_args(r: dict, path: str) -> list[str]:
     gpus, tp, pp = int(float(r["gpus"])), r["tp"], r["pp"]
     notes = r["notes"]
-    fsdp = r["source"].startswith("torchtitan") or _note(notes, "fsdp") not in (None, "NA", "0")
+    fsdp = r["source"].startswith("torchtitan") or note(notes, "fsdp") not in (None, "NA", "0")
     dp = gpus // (tp * pp)
     dp_strategy = ("fsdp" if fsdp else "zero1") if dp > 1 else "ddp"
     parts = ([f"tp{tp}"] if tp > 1 else []) + ([f"pp{pp}"] if pp > 1 else []) + [dp_strategy]
-    mb = int(_num(r["micro_batch"]) or 1)
+    mb = int(num(r["micro_batch"]) or 1)
     accum = None
-    vp = int(_num(_note(notes, "vp")) or 1) if pp > 1 else 1
+    vp = int(num(note(notes, "vp")) or 1) if pp > 1 else 1
     if r["source"].startswith("torchtitan") and pp > 1:
         vp = 2 if "interleaved" in notes.lower() else 1
         accum = pp * vp
         mb = max(1, mb // accum)
-    gb = _num(r["global_batch"])
+    gb = num(r["global_batch"])
     if accum is None:
         accum = max(1, round(gb / (dp * mb))) if gb else 1
     args = ["predict", "--workload", path, "--gpu", GPUS[r["gpu"]][0], "--gpus", str(gpus),

@@ -57,8 +57,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-DATA = HERE / "data" / "llm_training_throughput.tsv"
+from cli_path import run_predict
+from llm_table import DATA, note, num
+
 
 #: tsv GPU -> (catalog GPU, node network Gbit/s per node): DGX H100/B200 and Grand Teton 8 ×
 #: 400 Gbit/s; the A100 cluster 8 × 200 (DGX A100's HCAs; not stated in the source). The
@@ -125,19 +126,8 @@ class Row:
         return 4.0 / 3.0 if self.recompute == "full" else 1.0
 
 
-def _note(notes: str, key: str) -> str | None:
-    for part in notes.split(";"):
-        part = part.strip()
-        if part.lower().startswith(key + "="):
-            return part.split("=", 1)[1].strip()
-    return None
 
 
-def _num(text: str | None) -> float | None:
-    try:
-        return float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
 
 
 def _stack(source: str, notes: str) -> tuple:
@@ -145,7 +135,7 @@ def _stack(source: str, notes: str) -> tuple:
     (Megatron-Bridge)."""
     low = notes.lower()
     if source == "megatron_bridge_perf_archive":
-        return (_note(notes, "release"),)
+        return (note(notes, "release"),)
     if source.startswith("torchtitan"):
         compiled = "compile" in low or ("2d+asynctp" in low)
         asynctp = "asynctp" in low.replace(" ", "") or "async tp" in low
@@ -184,8 +174,8 @@ def load_rows() -> tuple[list[Row], int]:
                 metric == "tflops_per_gpu" and config_key(r) in with_tokens):
             continue
         notes = r["notes"] or ""
-        tp, pp = _num(r["tp"]), _num(r["pp"])
-        cp = int(_num(_note(notes, "cp")) or 1)
+        tp, pp = num(r["tp"]), num(r["pp"])
+        cp = int(num(note(notes, "cp")) or 1)
         if r["gpu"] not in GPUS or tp is None or pp is None or cp > 1:
             skipped += 1
             continue
@@ -198,8 +188,8 @@ def load_rows() -> tuple[list[Row], int]:
         if precision == "fp8":
             recipe = ("rowwise" if "rowwise" in prec_raw else "tensorwise") \
                 if source.startswith("torchtitan") else "te"
-        mb = int(_num(r["micro_batch"]) or 1)
-        vp = int(_num(_note(notes, "vp")) or 1) if pp > 1 else 1
+        mb = int(num(r["micro_batch"]) or 1)
+        vp = int(num(note(notes, "vp")) or 1) if pp > 1 else 1
         accum = None
         if source.startswith("torchtitan") and pp > 1:
             # torchtitan splits the local batch into pp × stages-per-rank micro-batches
@@ -207,11 +197,11 @@ def load_rows() -> tuple[list[Row], int]:
             vp = 2 if "interleaved" in notes.lower() else 1
             accum = pp * vp
             mb = max(1, mb // accum)
-        ga = _num(_note(notes, "ga"))
-        gbs = _num(r["global_batch"])
+        ga = num(note(notes, "ga"))
+        gbs = num(r["global_batch"])
         if accum is None:
             accum = int(ga) if ga else (max(1, round(gbs / (dp * mb))) if gbs else 1)
-        fsdp = _note(notes, "fsdp")
+        fsdp = note(notes, "fsdp")
         dp_strategy = ("fsdp" if source.startswith("torchtitan")
                        or fsdp not in (None, "NA", "0") else "zero1")
         params, layers, hidden, seq = (float(r["params"]), int(r["layers"]), int(r["hidden"]),
@@ -222,7 +212,7 @@ def load_rows() -> tuple[list[Row], int]:
         family = (source, r["gpu"], prec_raw, seq, _model_family(r["model"]),
                   *_stack(source, notes))
         rows.append(Row(source=source, model=r["model"], params=params, layers=layers,
-                        hidden=hidden, seq=seq, vocab=int(_num(r["vocab"]) or 0) or None,
+                        hidden=hidden, seq=seq, vocab=int(num(r["vocab"]) or 0) or None,
                         gpu=r["gpu"], gpus=gpus, tp=tp, pp=pp, dp=dp, micro_batch=mb,
                         grad_accum=accum, precision=precision, fp8_recipe=recipe,
                         recompute=_recompute(r["activation_recompute"], source), vp=vp,
@@ -257,7 +247,7 @@ def workload_doc(row: Row) -> dict:
         doc.update(num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab,
                    mlp="swiglu", dropout=0.0)
     else:
-        heads = int(_note(row.notes, "heads") or max(1, row.hidden // 128))
+        heads = int(note(row.notes, "heads") or max(1, row.hidden // 128))
         doc.update(num_heads=heads, ffn_hidden_size=4 * row.hidden, mlp="gelu")
         if row.vocab:
             doc["vocab_size"] = row.vocab
@@ -282,16 +272,6 @@ def cli_args(target: Row) -> list[str]:
             "--recompute", target.recompute, "--inter-node-gbps", str(net), "--json"]
 
 
-def run_predict(args: list[str]) -> dict:
-    """``mlflow gpuopt predict ARGS`` in-process; its JSON, or a RuntimeError with its line."""
-    from click.testing import CliRunner
-
-    from mlflow_gpuopt.cli import gpuopt
-
-    out = CliRunner().invoke(gpuopt, ["predict", *args])
-    if out.exit_code != 0:
-        raise RuntimeError((out.output or repr(out.exception)).strip().splitlines()[-1])
-    return json.loads(out.output)
 
 
 def pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
