@@ -37,6 +37,8 @@ _SECRET_NAME = re.compile(
 #: Names the shell sets to working directories (``PWD`` is a word of ``DB_PWD``, a password):
 #: never secrets, or the working directory would be masked wherever a path shows it.
 _NOT_SECRET_VARS = frozenset({"PWD", "OLDPWD"})
+#: ``..._per_token`` names a count per token (``experts_per_token``), never a credential.
+_PER_TOKEN = re.compile(r"(?:^|[_.\-/])PER_TOKEN$", re.I)
 #: Prefixes whose every variable is treated as a secret (Azure puts keys under many names).
 _SECRET_PREFIXES = ("AZURE_",)
 #: Values shorter than this are not treated as secrets (masking "1" or "true" everywhere
@@ -53,7 +55,7 @@ _QUERY_SECRET = re.compile(r"(token|key|password|secret|sig|signature|credential
 def is_secret_name(name: str) -> bool:
     """True when a variable, param or tag name says its value is a credential."""
     upper = name.upper()
-    if upper in _NOT_SECRET_VARS:
+    if upper in _NOT_SECRET_VARS or _PER_TOKEN.search(name):
         return False
     return upper in _KNOWN_SECRET_VARS or bool(_SECRET_NAME.search(name))
 

@@ -53,8 +53,10 @@ def test_working_directory_variables_are_not_secrets():
 def test_redact_params_and_nested_objects():
     env = {"GPUOPT_GCP_API_KEY": FAKE["GPUOPT_GCP_API_KEY"]}
     params = redact_mapping({"api_key": "abcdef123", "gpuopt.tokens_per_sample": 512,
+                             "gpuopt.experts_per_token": 2, "hf_token": "hf_abcdef99",
                              "note": f"used {FAKE['GPUOPT_GCP_API_KEY']}"}, environ=env)
-    assert params == {"api_key": "***", "gpuopt.tokens_per_sample": "512", "note": "used ***"}
+    assert params == {"api_key": "***", "gpuopt.tokens_per_sample": "512",
+                      "gpuopt.experts_per_token": "2", "hf_token": "***", "note": "used ***"}
     obj = redact_obj({"a": [{"password": "hunter22"}, f"x{FAKE['GPUOPT_GCP_API_KEY']}"],
                       "n": 3}, environ=env)
     assert obj == {"a": [{"password": "***"}, "x***"], "n": 3}
