@@ -40,6 +40,9 @@ PARAM_TP = "gpuopt.tp"
 PARAM_PP = "gpuopt.pp"
 PARAM_DP = "gpuopt.dp"
 PARAM_CP = "gpuopt.cp"
+#: Expert-parallel degree (a mesh ``ep`` dimension or ``TrackConfig.ep``): each MoE layer's
+#: experts split over this many of the data-parallel ranks.
+PARAM_EP = "gpuopt.ep"
 #: What the profiled step ran: attention kernel, activation recomputation, FP8 recipe.
 PARAM_ATTENTION = "gpuopt.attention"  # sdpa | eager
 PARAM_RECOMPUTE = "gpuopt.recompute"  # none | selective | selective-op | full
@@ -66,11 +69,29 @@ PARAM_NUM_KV_HEADS = "gpuopt.num_kv_heads"
 PARAM_FFN_HIDDEN_SIZE = "gpuopt.ffn_hidden_size"
 PARAM_MLP = "gpuopt.mlp"  # gelu | swiglu | geglu
 PARAM_VOCAB_SIZE = "gpuopt.vocab_size"
-#: Profile key -> param of the architecture fields.
+#: Mixture of experts, read from the tracked model's MoE blocks
+#: (:mod:`mlflow_gpuopt.tracking.moe_layers`), by the workload file's key names; not logged
+#: for a dense model. ``gpuopt.params`` counts every expert, ``gpuopt.active_params`` the
+#: parameters one token uses.
+PARAM_NUM_EXPERTS = "gpuopt.num_experts"
+PARAM_EXPERTS_PER_TOKEN = "gpuopt.experts_per_token"
+PARAM_NUM_SHARED_EXPERTS = "gpuopt.num_shared_experts"
+PARAM_EXPERT_FFN_HIDDEN_SIZE = "gpuopt.expert_ffn_hidden_size"
+PARAM_MOE_LAYER_FREQ = "gpuopt.moe_layer_freq"
+PARAM_ACTIVE_PARAMS = "gpuopt.active_params"
+#: Profile key -> param of the MoE fields (num_experts first: experts_per_token needs it).
+MOE_PARAMS = {
+    "num_experts": PARAM_NUM_EXPERTS, "experts_per_token": PARAM_EXPERTS_PER_TOKEN,
+    "num_shared_experts": PARAM_NUM_SHARED_EXPERTS,
+    "expert_ffn_hidden_size": PARAM_EXPERT_FFN_HIDDEN_SIZE,
+    "moe_layer_freq": PARAM_MOE_LAYER_FREQ,
+}
+#: Profile key -> param of the architecture fields (the config's, then the MoE blocks').
 ARCHITECTURE_PARAMS = {
     "num_layers": PARAM_NUM_LAYERS, "hidden_size": PARAM_HIDDEN_SIZE,
     "num_heads": PARAM_NUM_HEADS, "num_kv_heads": PARAM_NUM_KV_HEADS,
     "ffn_hidden_size": PARAM_FFN_HIDDEN_SIZE, "mlp": PARAM_MLP, "vocab_size": PARAM_VOCAB_SIZE,
+    **MOE_PARAMS,
 }
 
 #: Workload fields (the profile's keys) and the param that carries each when the profile

@@ -120,6 +120,14 @@ class WorkloadProfile:
     ffn_hidden_size: int | None = None  # MLP inner width
     mlp: str | None = None  # gelu (two matrices) | swiglu | geglu (gated, three)
     vocab_size: int | None = None
+    #: mixture of experts, read from the model's MoE blocks (see :mod:`.moe_layers`); None:
+    #: a dense model. ``params`` counts every expert, ``active_params`` what one token uses
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    num_shared_experts: int | None = None
+    expert_ffn_hidden_size: int | None = None
+    moe_layer_freq: int | None = None
+    active_params: int | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -740,11 +748,14 @@ class WorkloadProfiler:
         precision, fp8_recipe = self.ran_precision()
         from mlflow_gpuopt.tracking.architecture import architecture_of
 
+        from mlflow_gpuopt.tracking.moe_layers import moe_fields_of
+
         arch = architecture_of(self.model)
+        shape = {"params": total, "trainable_params": trainable,
+                 **(arch.as_dict() if arch is not None else {})}
+        shape.update(moe_fields_of(self.model, shape))  # experts, active params
         return WorkloadProfile(
             name=self.name,
-            params=total,
-            trainable_params=trainable,
             flops_per_sample=flops_ps,
             precision=o.get("precision") or precision or "fp32",
             micro_batch=micro,
@@ -766,7 +777,7 @@ class WorkloadProfiler:
             padding_fraction=self.padding_fraction,
             compiled=True if compiled else None,
             eager_kernels_per_micro_step=eager_kernels if compiled else None,
-            **(arch.as_dict() if arch is not None else {}),
+            **shape,
         )
 
     def ran_precision(self) -> tuple[str | None, str | None]:

@@ -69,6 +69,7 @@ def workload_params(profile: WorkloadProfile | None, config: TrackConfig,
     if p is not None:
         params[contract.PARAM_PARAMS] = p.params
         params[contract.PARAM_TRAINABLE_PARAMS] = p.trainable_params
+        params[contract.PARAM_ACTIVE_PARAMS] = p.active_params  # MoE only
         if p.flops_per_sample is not None:
             params[contract.PARAM_FLOPS_PER_SAMPLE] = f"{p.flops_per_sample:.6g}"
         if p.recompute_flops_per_sample:  # 0: nothing replayed (profile.json says 0.0)
