@@ -29,10 +29,11 @@ class TrackConfig:
         micro_batch, grad_accum, samples_per_step, tokens_per_sample, precision, strategy:
             override what is inferred from the model's inputs and the optimizer.
         device_mesh: the job's ``torch.distributed.DeviceMesh``, whose named dimensions
-            (``tp``, ``pp``, ``dp``/``dp_shard``/``dp_replicate``, ``cp``) give the degrees
-            of parallelism (default: the mesh of the model's DTensor parameters, if any).
-        tp, pp, dp, cp: tensor / pipeline / data / context-parallel degrees; each given one
-            wins over the mesh.
+            (``tp``, ``pp``, ``dp``/``dp_shard``/``dp_replicate``, ``cp``, ``ep``) give the
+            degrees of parallelism (default: the mesh of the model's DTensor parameters, if
+            any).
+        tp, pp, dp, cp, ep: tensor / pipeline / data / context / expert-parallel degrees;
+            each given one wins over the mesh.
         gpu_indices: process-visible GPU indices to sample (default: the model's CUDA devices,
             else every visible GPU when the model is not on CPU).
         print_summary: print a short summary at exit.
@@ -62,6 +63,7 @@ class TrackConfig:
     pp: int | None = None
     dp: int | None = None
     cp: int | None = None
+    ep: int | None = None
     gpu_indices: tuple[int, ...] | None = None
     print_summary: bool = True
     max_step_records: int = 1_000_000
@@ -90,7 +92,7 @@ class TrackConfig:
         if self.precision is not None and self.precision not in (
                 "fp32", "tf32", "fp16", "bf16", "fp8"):
             raise ValueError("precision must be one of fp32, tf32, fp16, bf16, fp8")
-        for name in ("tp", "pp", "dp", "cp"):
+        for name in ("tp", "pp", "dp", "cp", "ep"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a whole number >= 1")

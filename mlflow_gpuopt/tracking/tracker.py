@@ -255,7 +255,7 @@ class Tracker:
         c = self.config
         try:
             return detect_layout(self.model, c.device_mesh, c.tp, c.pp, c.dp, c.cp,
-                                 self._dist.world_size)
+                                 self._dist.world_size, ep=c.ep)
         except Exception as exc:
             self._warn("layout", "could not read the parallel layout: %s", exc)
             return None

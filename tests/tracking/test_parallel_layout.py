@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mlflow_gpuopt import contract
-from mlflow_gpuopt.perfmodel.layout import parse_layout
+from mlflow_gpuopt.perfmodel.layout import is_strategy, parse_layout
 from mlflow_gpuopt.testing import FakeAmdGPU, fake_amdsmi
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.distributed.job import interconnect
@@ -26,14 +26,44 @@ from mlflow_gpuopt.tracking.run_params import with_layout
     (ParallelLayout(tp=2, dp=4), "fsdp", "tp2xfsdp"),
     (ParallelLayout(tp=4, pp=2, dp=2), "ddp", "tp4xpp2xddp"),
     (ParallelLayout(tp=8), "ddp", "tp8"),  # no replicas
-    (ParallelLayout(tp=2, cp=2), "single", "tp2xddp"),  # cp ranks act as data parallel
     (ParallelLayout(dp=8), "fsdp", "fsdp"),  # no model parallelism: unchanged
     (ParallelLayout(tp=2, dp=2), "tp2xzero3", "tp2xzero3"),  # the user's own layout wins
+    (ParallelLayout(dp=4, ep=2), "fsdp", "ep2xfsdp"),  # ep ranks are data-parallel ranks
+    (ParallelLayout(tp=2, dp=8, ep=4), "single", "tp2xep4xddp"),
 ])
 def test_compound_strategy_string(layout, dp_strategy, expected):
     s = layout.strategy(dp_strategy)
     assert s == expected
     parse_layout(s)  # every string written is one --strategy accepts
+
+
+@pytest.mark.parametrize("layout,dp_strategy,expected", [
+    (ParallelLayout(tp=2, cp=2), "single", "tp2xcp2"),  # no replicas
+    (ParallelLayout(dp=2, cp=2), "ddp", "cp2xddp"),
+    (ParallelLayout(tp=2, pp=2, dp=2, cp=4, ep=2), "fsdp", "tp2xpp2xcp4xep2xfsdp"),
+])
+def test_context_parallel_degree_is_part_of_the_strategy_string(layout, dp_strategy, expected):
+    s = layout.strategy(dp_strategy)
+    assert s == expected
+    if is_strategy("cp2xddp"):  # --strategy reads cpN where the models have the degree
+        parse_layout(s)
+
+
+def test_expert_degree_from_a_mesh_dimension_multiplies_data_parallel():
+    """A (dp 2, ep 2) mesh is 4 data-parallel ranks whose experts are split in pairs (the
+    ``ep2xddp`` layout the models take); ``TrackConfig.ep`` alone leaves dp to the world."""
+    class Named:  # a mesh's names and shape, as mesh_degrees reads them (the real 4-rank
+        # mesh is the torchrun job's, test_moe_parallel.py)
+        mesh_dim_names, shape = ("dp", "ep"), (2, 2)
+
+    assert mesh_degrees(Named()) == {"dp": 2, "ep": 2}
+    layout = detect_layout(None, device_mesh=Named(), world_size=4)
+    assert (layout.dp, layout.ep, layout.strategy("ddp")) == (4, 2, "ep2xddp")
+    layout = detect_layout(None, ep=4, world_size=8)
+    assert (layout.dp, layout.ep) == (8, 4)
+    assert layout.params()[contract.PARAM_EP] == 4
+    with pytest.raises(ValueError, match="ep must be"):
+        TrackConfig(ep=0)
 
 
 def test_layout_from_track_config_fills_dp_from_the_world():

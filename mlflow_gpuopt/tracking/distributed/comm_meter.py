@@ -1,8 +1,16 @@
-"""Measured (not guessed) communication time and bytes of DDP and FSDP collectives.
+"""Measured (not guessed) communication time and bytes of DDP and FSDP collectives and of
+all-to-alls (mixture-of-experts dispatch and combine).
 
 DDP: a communication hook that wraps the default all-reduce and timestamps each bucket's
 launch and completion. FSDP2 (``fully_shard``): timing wrappers installed through its public
-``set_custom_all_gather`` / ``set_custom_reduce_scatter``. Both feed a :class:`CommMeter`,
+``set_custom_all_gather`` / ``set_custom_reduce_scatter``. All-to-all: torch has no hook for
+it, so while a job is tracked the ``ProcessGroup`` methods that ``dist.all_to_all_single`` and
+``dist.all_to_all`` call (``all_to_all_single``, ``alltoall``) are wrapped
+(:func:`meter_all_to_all`; however the user's code imported those functions, and on any
+group: a ``DeviceMesh``'s ``ep`` group included); their bytes are the input's (what this rank
+sends, its own slice included). The functional collectives
+(``torch.distributed._functional_collectives``, torchtitan's expert-parallel dispatch) run
+in C++ without passing through them and are not counted. All feed a :class:`CommMeter`,
 whose cumulative totals the step clock stamps on each optimizer step's record.
 
 Exposed communication is estimated as the tail after the last collective was launched: DDP
@@ -152,3 +160,80 @@ def instrument(model, meter: CommMeter) -> str:
             logger.warning("gpuopt: cannot time FSDP collectives (%s)", exc)
             break
     return "fsdp"
+
+
+#: ``ProcessGroup`` methods behind ``dist.all_to_all_single`` / ``dist.all_to_all`` -> which
+#: positional argument holds the input (a tensor, or a list of them).
+_ALL_TO_ALL = {"all_to_all_single": 1, "alltoall": 1}
+_a2a_lock = threading.Lock()
+_a2a_meters: list[CommMeter] = []  # the newest is metered into
+_a2a_originals: dict[str, object] = {}
+
+
+def _input_bytes(value) -> int:
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(t) for t in value)
+    return _nbytes(value)
+
+
+def _timed_all_to_all(name: str, original):
+    position = _ALL_TO_ALL[name]
+
+    def timed(self, *args, **kwargs):
+        meter = _a2a_meters[-1] if _a2a_meters else None
+        if meter is None or len(args) <= position:
+            return original(self, *args, **kwargs)
+        nbytes = _input_bytes(args[position])
+        start = meter.launched()
+        work = original(self, *args, **kwargs)
+        try:
+            work.get_future().then(lambda _f: meter.completed(start, nbytes))
+        except Exception:  # a backend without futures: count it, launch time only
+            meter.completed(start, nbytes)
+        return work
+
+    timed.__wrapped__ = original  # type: ignore[attr-defined]
+    return timed
+
+
+def meter_all_to_all(meter: CommMeter) -> bool:
+    """Count every all-to-all of this process into ``meter`` until
+    :func:`release_all_to_all` (the newest meter wins while several are held). Returns False
+    when torch has no process groups to wrap. Never raises."""
+    try:
+        from torch.distributed import ProcessGroup
+    except Exception:  # torch without distributed support
+        return False
+    with _a2a_lock:
+        if not _a2a_originals:
+            try:
+                for name in _ALL_TO_ALL:
+                    _a2a_originals[name] = getattr(ProcessGroup, name)
+                for name, original in _a2a_originals.items():
+                    setattr(ProcessGroup, name, _timed_all_to_all(name, original))
+            except Exception as exc:  # a torch whose ProcessGroup cannot be wrapped
+                for name, original in _a2a_originals.items():
+                    setattr(ProcessGroup, name, original)
+                _a2a_originals.clear()
+                logger.warning("gpuopt: cannot time all-to-all (%s); not measured", exc)
+                return False
+        _a2a_meters.append(meter)
+    return True
+
+
+def release_all_to_all(meter: CommMeter) -> None:
+    """Stop counting all-to-alls into ``meter``; the last release restores torch's
+    methods. Never raises."""
+    with _a2a_lock:
+        if meter in _a2a_meters:
+            _a2a_meters.remove(meter)
+        if _a2a_meters or not _a2a_originals:
+            return
+        try:
+            from torch.distributed import ProcessGroup
+
+            for name, original in _a2a_originals.items():
+                setattr(ProcessGroup, name, original)
+        except Exception as exc:
+            logger.debug("gpuopt: all-to-all timing not removed: %s", exc)
+        _a2a_originals.clear()

@@ -86,11 +86,16 @@ class JobTracking:
     def __init__(self, ctx: DistributedContext, model: Any, strategy: str | None,
                  gpu_ids: list[int], interval_s: float,
                  layout: ParallelLayout | None = None) -> None:
-        from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter, instrument
+        from mlflow_gpuopt.tracking.distributed.comm_meter import (
+            CommMeter,
+            instrument,
+            meter_all_to_all,
+        )
 
         self.ctx = ctx
         self.meter = CommMeter()
         detected = instrument(model, self.meter) if model is not None else "single"
+        meter_all_to_all(self.meter)  # MoE dispatch / combine, until stop()
         self.strategy = strategy or (detected if detected != "single" else ctx.strategy)
         if layout is not None:
             self.strategy = layout.strategy(self.strategy)
@@ -127,6 +132,9 @@ class JobTracking:
 
     def stop(self, timeout_s: float) -> bool:
         """Last round and join; False if peers did not answer in time (or no gatherer)."""
+        from mlflow_gpuopt.tracking.distributed.comm_meter import release_all_to_all
+
+        release_all_to_all(self.meter)
         if self.gatherer is None:
             return False
         return self.gatherer.stop(timeout_s)

@@ -1,18 +1,22 @@
-"""The job's parallel layout: tensor / pipeline / data / context-parallel degrees.
+"""The job's parallel layout: tensor / pipeline / data / context / expert-parallel degrees.
 
-Read, in order, from ``TrackConfig(tp=, pp=, dp=, cp=)`` (each given degree wins), the
+Read, in order, from ``TrackConfig(tp=, pp=, dp=, cp=, ep=)`` (each given degree wins), the
 ``DeviceMesh`` given as ``TrackConfig(device_mesh=...)``, or the mesh the model's DTensor
 parameters live on (``torch.distributed.tensor.parallel`` and ``fully_shard`` make them;
 a parameter's mesh may be a slice, so its root mesh is read). A mesh dimension counts by its
 name, as torchtitan and PyTorch's tutorials name them: ``tp``/``tensor``, ``pp``/``pipeline``,
-``cp``/``context``, and ``dp``/``dp_replicate``/``dp_shard``/``data``/``fsdp``/``ddp``...
-(the data-parallel ones multiply). Unnamed dimensions say nothing and are left out.
+``cp``/``context``, ``ep``/``expert``, and ``dp``/``dp_replicate``/``dp_shard``/``data``/
+``fsdp``/``ddp``... (the data-parallel ones multiply). Unnamed dimensions say nothing and are
+left out.
 
-The strategy string is the compound layout ``--strategy`` takes (``tp2xfsdp``, ``tp4xpp2xddp``)
-when a model-parallel degree is above 1. Context parallelism shards the sequence the way data
-parallelism shards the batch (its ranks reduce gradients together, torchtitan flattens
-``dp_shard`` with ``cp``), and the scaling models have no degree for it: it is logged as
-``gpuopt.cp`` and left out of the strategy string, whose data-parallel part then spans it.
+Expert parallelism splits each MoE layer's experts over ranks that are data-parallel ranks
+for the rest of the model (Megatron's expert-model-parallel group, docs/models.md): a mesh's
+``ep`` dimension therefore multiplies the data-parallel degree too (a ``(dp 2, ep 2)`` mesh
+is ``dp`` 4 with ``ep`` 2, the ``ep2xddp`` of ``--strategy``).
+
+The strategy string is the compound layout ``--strategy`` takes (``tp2xfsdp``, ``tp4xpp2xddp``,
+``ep2xfsdp``, ``cp2xfsdp``) when a tensor, pipeline, context or expert-parallel degree is above
+1: ``tpN``, ``ppN``, ``cpN``, ``epN``, then the data-parallel flavour where there are replicas.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ DIM_NAMES = {
     "tp": ("tp", "tensor", "tensor_parallel", "mp", "model"),
     "pp": ("pp", "pipeline", "pipe", "pipeline_parallel"),
     "cp": ("cp", "context", "context_parallel"),
+    "ep": ("ep", "expert", "expert_parallel"),
     "dp": ("dp", "data", "data_parallel", "dp_replicate", "dp_shard", "replicate", "shard",
            "fsdp", "ddp", "hsdp", "zero"),
 }
@@ -44,6 +49,7 @@ class ParallelLayout:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    ep: int = 1  # expert parallel: a split of the data-parallel ranks (counted in ``dp``)
 
     @property
     def model_parallel(self) -> bool:
@@ -51,24 +57,28 @@ class ParallelLayout:
 
     def strategy(self, dp_strategy: str) -> str:
         """The compound strategy string for data-parallel flavour ``dp_strategy`` (``ddp``,
-        ``fsdp``...): ``tp2xfsdp``, ``tp4xpp2xddp``; ``dp_strategy`` unchanged when no
-        model-parallel degree is above 1 (or when it is a compound layout already)."""
-        if not self.model_parallel or "x" in dp_strategy or dp_strategy in ("tp", "pp"):
+        ``fsdp``...): ``tp2xfsdp``, ``tp4xpp2xddp``, ``cp2xfsdp``, ``ep4xfsdp``;
+        ``dp_strategy`` unchanged when no tp / pp / cp / ep degree is above 1 (or when it is
+        a compound layout already)."""
+        split = self.model_parallel or self.cp > 1 or self.ep > 1
+        if not split or "x" in dp_strategy or dp_strategy in ("tp", "pp"):
             return dp_strategy
-        parts = ([f"tp{self.tp}"] if self.tp > 1 else []) + (
-            [f"pp{self.pp}"] if self.pp > 1 else [])
-        if self.dp * self.cp > 1:
+        parts = [f"{kind}{degree}" for kind, degree in
+                 (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep))
+                 if degree > 1]
+        if self.dp > 1:
             parts.append(dp_strategy if dp_strategy != "single" else "ddp")
         return "x".join(parts)
 
     def params(self) -> dict[str, int]:
-        """``gpuopt.tp`` / ``pp`` / ``dp`` / ``cp``."""
+        """``gpuopt.tp`` / ``pp`` / ``dp`` / ``cp`` / ``ep``."""
         return {contract.PARAM_TP: self.tp, contract.PARAM_PP: self.pp,
-                contract.PARAM_DP: self.dp, contract.PARAM_CP: self.cp}
+                contract.PARAM_DP: self.dp, contract.PARAM_CP: self.cp,
+                contract.PARAM_EP: self.ep}
 
 
 def mesh_degrees(mesh: Any) -> dict[str, int]:
-    """Degrees by kind (``tp``, ``pp``, ``dp``, ``cp``) from a ``DeviceMesh``'s named
+    """Degrees by kind (``tp``, ``pp``, ``dp``, ``cp``, ``ep``) from a ``DeviceMesh``'s named
     dimensions (its root mesh when it is a slice); kinds without a named dimension absent."""
     try:
         root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
@@ -107,11 +117,12 @@ def model_mesh(model: Any) -> Any:
 
 def detect_layout(model: Any, device_mesh: Any = None, tp: int | None = None,
                   pp: int | None = None, dp: int | None = None, cp: int | None = None,
-                  world_size: int = 1) -> ParallelLayout | None:
+                  world_size: int = 1, ep: int | None = None) -> ParallelLayout | None:
     """The job's layout (see the module doc), or None when nothing names a degree.
 
     A data-parallel degree that neither the config nor the mesh gives is what the world size
-    leaves: ``world / (tp × pp × cp)``.
+    leaves: ``world / (tp × pp × cp)``. A mesh's ``ep`` dimension multiplies the mesh's
+    data-parallel degree (its ranks are data-parallel ranks of the dense layers).
     """
     degrees: dict[str, int] = {}
     mesh = device_mesh
@@ -122,10 +133,12 @@ def detect_layout(model: Any, device_mesh: Any = None, tp: int | None = None,
             logger.debug("gpuopt: no device mesh from the model: %s", exc)
     if mesh is not None:
         degrees.update(mesh_degrees(mesh))
-    given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
+        if "ep" in degrees:  # the expert-parallel ranks are data-parallel ranks too
+            degrees["dp"] = degrees.get("dp", 1) * degrees["ep"]
+    given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep}
     degrees.update({k: int(v) for k, v in given.items() if v})
     if not degrees:
         return None
     t, p, c = degrees.get("tp", 1), degrees.get("pp", 1), degrees.get("cp", 1)
     d = degrees.get("dp") or max(1, world_size // max(1, t * p * c))
-    return ParallelLayout(tp=t, pp=p, dp=d, cp=c)
+    return ParallelLayout(tp=t, pp=p, dp=d, cp=c, ep=degrees.get("ep", 1))
