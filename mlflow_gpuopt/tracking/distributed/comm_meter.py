@@ -167,6 +167,8 @@ def instrument(model, meter: CommMeter) -> str:
 _ALL_TO_ALL = {"all_to_all_single": 1, "alltoall": 1}
 _a2a_lock = threading.Lock()
 _a2a_meters: list[CommMeter] = []  # the newest is metered into
+#: name -> the class's own attribute (pybind's ``instancemethod``, which binds ``self``; a
+#: plain ``getattr`` on the class returns the unbound builtin), None where it was inherited
 _a2a_originals: dict[str, object] = {}
 
 
@@ -208,17 +210,25 @@ def meter_all_to_all(meter: CommMeter) -> bool:
         if not _a2a_originals:
             try:
                 for name in _ALL_TO_ALL:
-                    _a2a_originals[name] = getattr(ProcessGroup, name)
-                for name, original in _a2a_originals.items():
-                    setattr(ProcessGroup, name, _timed_all_to_all(name, original))
+                    _a2a_originals[name] = ProcessGroup.__dict__.get(name)
+                for name in _ALL_TO_ALL:
+                    setattr(ProcessGroup, name,
+                            _timed_all_to_all(name, getattr(ProcessGroup, name)))
             except Exception as exc:  # a torch whose ProcessGroup cannot be wrapped
-                for name, original in _a2a_originals.items():
-                    setattr(ProcessGroup, name, original)
-                _a2a_originals.clear()
+                _restore(ProcessGroup)
                 logger.warning("gpuopt: cannot time all-to-all (%s); not measured", exc)
                 return False
         _a2a_meters.append(meter)
     return True
+
+
+def _restore(process_group: type) -> None:
+    for name, original in _a2a_originals.items():
+        if original is not None:
+            setattr(process_group, name, original)
+        elif name in process_group.__dict__:
+            delattr(process_group, name)  # inherited: the base class's again
+    _a2a_originals.clear()
 
 
 def release_all_to_all(meter: CommMeter) -> None:
@@ -232,8 +242,7 @@ def release_all_to_all(meter: CommMeter) -> None:
         try:
             from torch.distributed import ProcessGroup
 
-            for name, original in _a2a_originals.items():
-                setattr(ProcessGroup, name, original)
+            _restore(ProcessGroup)
         except Exception as exc:
             logger.debug("gpuopt: all-to-all timing not removed: %s", exc)
-        _a2a_originals.clear()
+            _a2a_originals.clear()
