@@ -8,6 +8,8 @@ one-process mesh, the compound strategy string, and the interconnect label on an
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -115,3 +117,26 @@ def test_interconnect_names_infinity_fabric_on_amd_nodes(monkeypatch):
         assert interconnect([0], gpus_per_node=8, nodes=2) == "infinity_fabric+network"
     with fake_amdsmi([FakeAmdGPU(xgmi=False) for _ in range(2)]):
         assert interconnect([0], gpus_per_node=2, nodes=1) == "pcie"  # no xGMI: PCIe
+
+
+def test_torchtitan_mesh_with_a_flattened_ep_mesh(one_process_group):
+    """torchtitan's expert-parallel mesh: ``dp_shard`` split into ``dp_shard_mod_ep`` x
+    ``dp_shard_in_ep`` (both data parallel) and ``ep`` a mesh flattened from
+    ``dp_shard_in_ep`` (with ``cp``), kept by the root mesh: its size is the degree, its
+    ranks already in dp. On one process every size is 1; the shapes say the rest."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, 1, 1, 1),
+                            mesh_dim_names=("dp_shard_mod_ep", "dp_shard_in_ep", "cp", "tp"))
+    assert "ep" not in mesh_degrees(mesh)  # not flattened yet: no degree
+    mesh["dp_shard_in_ep", "cp"]._flatten("ep")
+    assert mesh_degrees(mesh["tp"]) == {"dp": 1, "cp": 1, "tp": 1, "ep": 1}
+
+    class Titan:  # the same names at (mod_ep 2, in_ep 4, cp 1, tp 2), ep flattened to 4
+        mesh_dim_names, shape = ("dp_shard_mod_ep", "dp_shard_in_ep", "cp", "tp"), (2, 4, 1, 2)
+        _flatten_mapping = {"ep": SimpleNamespace(size=lambda: 4)}
+
+    layout = detect_layout(None, device_mesh=Titan(), world_size=16)
+    assert (layout.dp, layout.ep, layout.tp) == (8, 4, 2)  # ep not multiplied into dp again
+    assert layout.strategy("fsdp") == "tp2xep4xfsdp"
+    parse_layout(layout.strategy("fsdp"))

@@ -12,7 +12,10 @@ left out.
 Expert parallelism splits each MoE layer's experts over ranks that are data-parallel ranks
 for the rest of the model (Megatron's expert-model-parallel group, docs/models.md): a mesh's
 ``ep`` dimension therefore multiplies the data-parallel degree too (a ``(dp 2, ep 2)`` mesh
-is ``dp`` 4 with ``ep`` 2, the ``ep2xddp`` of ``--strategy``).
+is ``dp`` 4 with ``ep`` 2, the ``ep2xddp`` of ``--strategy``). torchtitan instead splits
+``dp_shard`` into ``dp_shard_mod_ep`` × ``dp_shard_in_ep`` dimensions (data parallel, both)
+and flattens the expert-parallel ranks into an ``ep`` mesh kept by the root mesh
+(``_flatten``): that mesh's size is the ``ep`` degree, its ranks already counted in ``dp``.
 
 The strategy string is the compound layout ``--strategy`` takes (``tp2xfsdp``, ``tp4xpp2xddp``,
 ``ep2xfsdp``, ``cp2xfsdp``) when a tensor, pipeline, context or expert-parallel degree is above
@@ -37,7 +40,7 @@ DIM_NAMES = {
     "cp": ("cp", "context", "context_parallel"),
     "ep": ("ep", "expert", "expert_parallel"),
     "dp": ("dp", "data", "data_parallel", "dp_replicate", "dp_shard", "replicate", "shard",
-           "fsdp", "ddp", "hsdp", "zero"),
+           "fsdp", "ddp", "hsdp", "zero", "dp_shard_mod_ep", "dp_shard_in_ep"),
 }
 
 
@@ -80,10 +83,7 @@ class ParallelLayout:
 def mesh_degrees(mesh: Any) -> dict[str, int]:
     """Degrees by kind (``tp``, ``pp``, ``dp``, ``cp``, ``ep``) from a ``DeviceMesh``'s named
     dimensions (its root mesh when it is a slice); kinds without a named dimension absent."""
-    try:
-        root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
-    except Exception:  # a mesh without the private accessor: read it as it is
-        root = mesh
+    root = _root(mesh)
     names = getattr(root, "mesh_dim_names", None) or ()
     shape = tuple(getattr(root, "shape", ()) or ())
     if len(names) != len(shape):
@@ -95,7 +95,36 @@ def mesh_degrees(mesh: Any) -> dict[str, int]:
             if key in spellings:
                 out[kind] = out.get(kind, 1) * int(size)
                 break
+    if "ep" not in out:
+        flat = _flattened_ep(root)
+        if flat:
+            out["ep"] = flat
     return out
+
+
+def _root(mesh: Any) -> Any:
+    try:
+        return mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    except Exception:  # a mesh without the private accessor: read it as it is
+        return mesh
+
+
+def _flattened_ep(root: Any) -> int | None:
+    """The size of an ``ep`` mesh flattened from ``root``'s dimensions (torchtitan's), or
+    None. Reads the root's private ``_flatten_mapping`` (torch 2.9+); never raises."""
+    try:
+        flat = getattr(root, "_flatten_mapping", None) or {}
+        for name, sub in flat.items():
+            if str(name).lower() in DIM_NAMES["ep"]:
+                return int(sub.size())
+    except Exception as exc:  # another torch's layout: no flattened degree read
+        logger.debug("gpuopt: flattened meshes not read: %s", exc)
+    return None
+
+
+def _has_ep_dimension(mesh: Any) -> bool:
+    names = getattr(_root(mesh), "mesh_dim_names", None) or ()
+    return any(str(n).lower() in DIM_NAMES["ep"] for n in names)
 
 
 def model_mesh(model: Any) -> Any:
@@ -133,7 +162,7 @@ def detect_layout(model: Any, device_mesh: Any = None, tp: int | None = None,
             logger.debug("gpuopt: no device mesh from the model: %s", exc)
     if mesh is not None:
         degrees.update(mesh_degrees(mesh))
-        if "ep" in degrees:  # the expert-parallel ranks are data-parallel ranks too
+        if _has_ep_dimension(mesh):  # its ranks are data-parallel ranks of the dense layers
             degrees["dp"] = degrees.get("dp", 1) * degrees["ep"]
     given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep}
     degrees.update({k: int(v) for k, v in given.items() if v})
