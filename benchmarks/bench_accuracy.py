@@ -18,7 +18,8 @@ a naive baseline, and in the summary the median interval width, high / low):
   1c. multi-node: given 8 GPUs (one node), predict 16-256 (BERT/Transformer-XL tables);
   2.  across GPU types: given one type's 1-GPU row, predict the other type's 1-GPU rows
       (V100 <-> A100; fp32 <-> tf32 and amp <-> amp);
-  3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone.
+  3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone; 3a the
+      transformers described by their architecture (BERT), 3b the others (FLOPs and a shape).
 
 Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only). With ``--lomo`` it
 also checks task 3's interval width leave-one-model-out and reports task 2
@@ -256,10 +257,21 @@ def task_cross_gpu(rows, wl, hw) -> list[Result]:
     return out
 
 
-def task_prior_only(rows, wl, hw) -> list[Result]:
+def described(workload) -> bool:
+    """Whether a workload file describes a transformer's architecture (layers, hidden size,
+    sequence, heads, vocabulary): what the models derive every term from."""
+    return bool(workload.num_layers and workload.hidden_size and workload.tokens_per_sample
+                and workload.num_heads and workload.vocab_size)
+
+
+def task_prior_only(rows, wl, hw, which=None) -> list[Result]:
+    """Task 3: every 1-GPU row from its workload file alone; ``which`` True keeps the
+    described transformers only, False the others, None all."""
     out = []
     for t in rows:
         if t.gpus != 1 or t.multinode_table:
+            continue
+        if which is not None and described(wl[t.model][2]) != which:
             continue
         def no_baseline(given, row):
             return math.nan
@@ -420,6 +432,12 @@ def main() -> int:
         "3 prior only (no GPU run)": report(
             "Task 3: no GPU measurement (CPU-only case): 1-GPU rows from the profile alone",
             task_prior_only(rows, wl, hw), "none"),
+        "3a prior only, described transformer": report(
+            "Task 3a: no GPU measurement, transformers described by their architecture",
+            task_prior_only(rows, wl, hw, True), "none"),
+        "3b prior only, FLOPs and shape only": report(
+            "Task 3b: no GPU measurement, workloads without a transformer architecture",
+            task_prior_only(rows, wl, hw, False), "none"),
     }
     if "--lomo" in sys.argv[1:]:
         print("\n== Task 2 leave-one-model-out: constants picked without the model scored")

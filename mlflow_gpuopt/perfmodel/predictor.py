@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from mlflow_gpuopt.perfmodel import moe
+from mlflow_gpuopt.perfmodel import moe, vendor
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
     GENERATION_MFU,
@@ -228,13 +228,20 @@ class Predictor:
                        f"{source}, no GPU measurement", spread)
 
     def _prior_sigma(self, key: Key) -> float:
-        """Width of a prediction with no GPU measurement: ``SIGMA_PRIOR_TRANSFORMER`` for a
-        transformer described by its architecture on a generation and precision
-        ``GENERATION_MFU`` has a figure for, else ``SIGMA_PRIOR_ONLY``."""
-        group = (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1])
-        if self._transformer and transformer_mfu_group(group) in GENERATION_MFU:
+        """Width of a prediction with no GPU measurement. A transformer described by its
+        architecture: ``SIGMA_PRIOR_TRANSFORMER``, plus the pieces for a generation or a
+        precision ``GENERATION_MFU`` has no figure for (NVIDIA GPUs;
+        :func:`.uncertainty.prior_transformer_sigma`). Anything else: ``SIGMA_PRIOR_ONLY``,
+        the spread measured over such workloads."""
+        arch, precision = transformer_mfu_group(
+            (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1]))
+        if not self._transformer or vendor.is_amd(key[0]) or arch == "unknown":
+            return unc.SIGMA_PRIOR_ONLY
+        if (arch, precision) in GENERATION_MFU:
             return unc.SIGMA_PRIOR_TRANSFORMER
-        return unc.SIGMA_PRIOR_ONLY
+        generation = any(a == arch for a, _ in GENERATION_MFU)
+        known = precision in ("bf16", "fp8")
+        return unc.prior_transformer_sigma(generation, known)
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:

@@ -126,3 +126,34 @@ def test_operator_classes_sum_to_the_micro_step_and_explain_a_transfer():
     note = [n for n in pred.predict(config, a100).assumptions if "operator class" in n]
     assert note and "matmuls" in note[0] and v100.gpu in note[0]
     assert pred.transfer_classes(config, v100) == []  # measured there: nothing carried
+
+
+def test_prior_width_is_built_from_what_was_assumed():
+    from mlflow_gpuopt.perfmodel import uncertainty as unc
+
+    v100 = Hardware(gpu="V100-SXM2-16GB", memory_bytes=16e9,
+                    memory_bandwidth_bytes_per_s=900e9,
+                    peak_flops_per_s={"fp32": 15.7e12, "fp16": 125e12},
+                    intra_node_bytes_per_s=150e9, inter_node_bytes_per_s=50e9)
+    described = fit(BERT, [], {})
+    bare = fit(Workload(params=336_000_000, flops_per_sample=264e9, precision="fp16"), [], {})
+
+    def sigma(pred, hw, precision):
+        return pred.predict(ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=16,
+                                           precision=precision), hw).log_sigma
+
+    # Ampere at 16 bit: GENERATION_MFU has it, the whole prior's published spread
+    assert sigma(described, NVLINK, "fp16") == pytest.approx(unc.SIGMA_PRIOR_TRANSFORMER)
+    # Volta: no published MFU, Ampere's carried with the generations' spread
+    assert sigma(described, v100, "fp16") == pytest.approx(
+        math.hypot(unc.SIGMA_PRIOR_TRANSFORMER, unc.SIGMA_GENERATION_UNMEASURED))
+    # TF32 on Ampere: another operator path
+    assert sigma(described, NVLINK, "tf32") == pytest.approx(
+        math.hypot(unc.SIGMA_PRIOR_TRANSFORMER, unc.SIGMA_OTHER_PRECISION))
+    # V100 fp32: both pieces, still narrower than a workload given by its size alone
+    both = sigma(described, v100, "fp32")
+    assert both == pytest.approx(math.sqrt(unc.SIGMA_PRIOR_TRANSFORMER ** 2
+                                           + unc.SIGMA_GENERATION_UNMEASURED ** 2
+                                           + unc.SIGMA_OTHER_PRECISION ** 2))
+    assert sigma(bare, v100, "fp16") == pytest.approx(unc.SIGMA_PRIOR_ONLY)
+    assert both < unc.SIGMA_PRIOR_ONLY
