@@ -157,3 +157,34 @@ def test_prior_width_is_built_from_what_was_assumed():
                                            + unc.SIGMA_OTHER_PRECISION ** 2))
     assert sigma(bare, v100, "fp16") == pytest.approx(unc.SIGMA_PRIOR_ONLY)
     assert both < unc.SIGMA_PRIOR_ONLY
+
+
+def test_predict_names_the_operator_classes_of_a_cross_gpu_prediction(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from mlflow_gpuopt.cli import gpuopt
+
+    w = tmp_path / "workload.json"
+    w.write_text(json.dumps({"schema": "gpuopt.workload/1", "name": "bert", "params": 336e6,
+                             "flops_per_sample": 264e9, "precision": "fp16",
+                             "tokens_per_sample": 128, "num_layers": 24, "hidden_size": 1024,
+                             "num_heads": 16, "vocab_size": 30522, "attention": "eager"}))
+    o = tmp_path / "obs.csv"
+    o.write_text("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision\n"
+                 "V100-SXM2-16GB,1,1,64,224,single,fp16\n")
+
+    def run(gpu, *extra):
+        r = CliRunner().invoke(gpuopt, ["predict", "--workload", str(w), "--observations",
+                                        str(o), "--gpu", gpu, "--gpus", "1", "--micro-batch",
+                                        "64", *extra], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    carried = json.loads(run("A100-80GB-SXM4", "--json"))
+    classes = carried["operator_classes"]
+    assert classes[0]["class"] == "matmuls" and classes[0]["source"] == "V100-SXM2-16GB fp16"
+    assert abs(classes[0]["step_change"]) >= abs(classes[-1]["step_change"])
+    assert "by operator class" in run("A100-80GB-SXM4")  # the human output says it
+    assert json.loads(run("V100-SXM2-16GB", "--json"))["operator_classes"] == []
