@@ -291,7 +291,7 @@ def _pct(values: list[float], q: float) -> float:
 def report(title: str, results: list[Result], baseline_name: str) -> dict:
     print(f"\n== {title} ({len(results)} predictions)")
     print(f"{'model':28s} {'n':>3s} {'median%':>8s} {'p90%':>7s} {'cover':>6s} "
-          f"{'base med%':>9s} {'base p90%':>9s}")
+          f"{'width':>6s} {'base med%':>9s} {'base p90%':>9s}")
     by_model = defaultdict(list)
     for r in results:
         by_model[r.model].append(r)
@@ -300,8 +300,10 @@ def report(title: str, results: list[Result], baseline_name: str) -> dict:
         errs = [r.error for r in rs]
         base = [r.baseline_error for r in rs if not math.isnan(r.baseline_error)]
         cover = 100 * sum(r.covered for r in rs) / len(rs) if rs else math.nan
+        w = [r.width for r in rs if not math.isnan(r.width)]
         print(f"{model:28s} {len(rs):3d} {100 * statistics.median(errs):8.1f} "
               f"{_pct(errs, 0.9):7.1f} {cover:5.0f}% "
+              f"{statistics.median(w) if w else math.nan:5.2f}x "
               f"{(100 * statistics.median(base)) if base else math.nan:9.1f} "
               f"{_pct(base, 0.9):9.1f}")
     errs = [r.error for r in results]
