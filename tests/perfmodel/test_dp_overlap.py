@@ -88,6 +88,11 @@ def test_ddp_step_adds_the_exposed_buckets_to_the_micro_steps():
     straggle = comm.sync_overhead_s(t_micro, 8)
     assert eight.step_s == pytest.approx(one.step_s + exposed + straggle, rel=1e-9)
     assert eight.exposed_comm_s > 0
+    # the fitted communication scale scales the collectives and the straggler share together
+    two = step_terms(BERT, PCIE, "fp32", layout, 32, 1, shape, 8.0, Calibration(comm_scale=2.0))
+    exposed2 = comm.ddp_exposed_s(336e6 * 4, 30522 * 1024 * 4, layout, PCIE,
+                                  comm.BACKWARD_SHARE * t_micro, 2.0)
+    assert two.step_s == pytest.approx(one.step_s + exposed2 + 2 * straggle, rel=1e-9)
 
 
 def test_fsdp_gathers_hide_under_a_long_micro_step_but_not_the_first_and_last_unit():
