@@ -120,7 +120,6 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     if full_recompute:
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
-    t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
     t_a2a = kappa * moe.alltoall_s(workload, layout, hardware, micro_batch, shape.seq_len,
                                    act_bytes)
     if full_recompute:
@@ -138,6 +137,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         t_stage = t_micro + kappa * vp * comm.pp_p2p_s(boundary, layout, hardware)
         bubble = (pp - 1) * t_stage / vp
         pipe = s * t_stage + bubble
+        t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
         step = pipe + exposed_dp + t_opt + t_straggle
     elif comm.sharded_params(layout):
