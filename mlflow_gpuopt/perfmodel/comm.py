@@ -253,12 +253,19 @@ def overlap_s(compute_s: float, comm_s: float, gamma: float) -> float:
     return hi * (1.0 + (lo / hi) ** gamma) ** (1.0 / gamma)
 
 
-def sync_overhead_s(micro_step_s: float, dp: int) -> float:
+def sync_overhead_s(micro_step_s: float, dp: int, scale: float = 1.0) -> float:
     """Time lost to stragglers and synchronisation once per step: a share of one micro-step
-    per doubling of the replica count."""
+    per doubling of the replica count, ``SYNC_OVERHEAD_PER_DOUBLING`` (Pollux's
+    retrogression).
+
+    ``scale`` (the fitted communication scale) scales the first doubling's share: what a
+    measured run loses beyond the prior once it runs distributed at all (DDP's bucket copies
+    and hooks, collective kernels contending for the SMs and memory beneath the backward, the
+    processes' synchronisation) is a per-step cost that does not grow with the ring; further
+    doublings add the prior's share."""
     if dp <= 1:
         return 0.0
-    return SYNC_OVERHEAD_PER_DOUBLING * math.log2(dp) * micro_step_s
+    return SYNC_OVERHEAD_PER_DOUBLING * (math.log2(dp) - 1.0 + scale) * micro_step_s
 
 
 #: PyTorch DDP's gradient bucket: ``DistributedDataParallel(bucket_cap_mb=25)``, the default

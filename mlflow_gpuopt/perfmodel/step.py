@@ -126,9 +126,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         t_a2a *= 1.5  # the forward's dispatch and combine again
     t_micro = t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap) + t_a2a
     # One multi-GPU run cannot tell a slower collective from more time lost to
-    # synchronisation: the fitted scale takes both (a hidden collective alone could not
-    # reproduce a measured loss).
-    t_straggle = kappa * comm.sync_overhead_s(t_micro, dp)
+    # synchronisation: the fitted scale takes both (comm.sync_overhead_s).
+    t_straggle = comm.sync_overhead_s(t_micro, dp, kappa)
 
     bubble = 0.0
     if pp > 1:

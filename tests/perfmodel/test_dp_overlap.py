@@ -92,7 +92,9 @@ def test_ddp_step_adds_the_exposed_buckets_to_the_micro_steps():
     two = step_terms(BERT, PCIE, "fp32", layout, 32, 1, shape, 8.0, Calibration(comm_scale=2.0))
     exposed2 = comm.ddp_exposed_s(336e6 * 4, 30522 * 1024 * 4, layout, PCIE,
                                   comm.BACKWARD_SHARE * t_micro, 2.0)
-    assert two.step_s == pytest.approx(one.step_s + exposed2 + 2 * straggle, rel=1e-9)
+    # ... the straggler share's first doubling: 2% x (log2(8) - 1 + 2) of the micro-step
+    assert two.step_s == pytest.approx(one.step_s + exposed2 + 0.02 * 4 * t_micro, rel=1e-9)
+    assert straggle == pytest.approx(0.02 * 3 * t_micro)
 
 
 def test_fsdp_gathers_hide_under_a_long_micro_step_but_not_the_first_and_last_unit():
