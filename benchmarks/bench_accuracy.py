@@ -18,7 +18,8 @@ a naive baseline, and in the summary the median interval width, high / low):
   1c. multi-node: given 8 GPUs (one node), predict 16-256 (BERT/Transformer-XL tables);
   2.  across GPU types: given one type's 1-GPU row, predict the other type's 1-GPU rows
       (V100 <-> A100; fp32 <-> tf32 and amp <-> amp);
-  3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone.
+  3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone; 3a the
+      transformers described by their architecture (BERT), 3b the others (FLOPs and a shape).
 
 Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only). With ``--lomo`` it
 also checks task 3's interval width leave-one-model-out and reports task 2
@@ -256,10 +257,21 @@ def task_cross_gpu(rows, wl, hw) -> list[Result]:
     return out
 
 
-def task_prior_only(rows, wl, hw) -> list[Result]:
+def described(workload) -> bool:
+    """Whether a workload file describes a transformer's architecture (layers, hidden size,
+    sequence, heads, vocabulary): what the models derive every term from."""
+    return bool(workload.num_layers and workload.hidden_size and workload.tokens_per_sample
+                and workload.num_heads and workload.vocab_size)
+
+
+def task_prior_only(rows, wl, hw, which=None) -> list[Result]:
+    """Task 3: every 1-GPU row from its workload file alone; ``which`` True keeps the
+    described transformers only, False the others, None all."""
     out = []
     for t in rows:
         if t.gpus != 1 or t.multinode_table:
+            continue
+        if which is not None and described(wl[t.model][2]) != which:
             continue
         def no_baseline(given, row):
             return math.nan
@@ -279,7 +291,7 @@ def _pct(values: list[float], q: float) -> float:
 def report(title: str, results: list[Result], baseline_name: str) -> dict:
     print(f"\n== {title} ({len(results)} predictions)")
     print(f"{'model':28s} {'n':>3s} {'median%':>8s} {'p90%':>7s} {'cover':>6s} "
-          f"{'base med%':>9s} {'base p90%':>9s}")
+          f"{'width':>6s} {'base med%':>9s} {'base p90%':>9s}")
     by_model = defaultdict(list)
     for r in results:
         by_model[r.model].append(r)
@@ -288,8 +300,10 @@ def report(title: str, results: list[Result], baseline_name: str) -> dict:
         errs = [r.error for r in rs]
         base = [r.baseline_error for r in rs if not math.isnan(r.baseline_error)]
         cover = 100 * sum(r.covered for r in rs) / len(rs) if rs else math.nan
+        w = [r.width for r in rs if not math.isnan(r.width)]
         print(f"{model:28s} {len(rs):3d} {100 * statistics.median(errs):8.1f} "
               f"{_pct(errs, 0.9):7.1f} {cover:5.0f}% "
+              f"{statistics.median(w) if w else math.nan:5.2f}x "
               f"{(100 * statistics.median(base)) if base else math.nan:9.1f} "
               f"{_pct(base, 0.9):9.1f}")
     errs = [r.error for r in results]
@@ -420,6 +434,12 @@ def main() -> int:
         "3 prior only (no GPU run)": report(
             "Task 3: no GPU measurement (CPU-only case): 1-GPU rows from the profile alone",
             task_prior_only(rows, wl, hw), "none"),
+        "3a prior only, described transformer": report(
+            "Task 3a: no GPU measurement, transformers described by their architecture",
+            task_prior_only(rows, wl, hw, True), "none"),
+        "3b prior only, FLOPs and shape only": report(
+            "Task 3b: no GPU measurement, workloads without a transformer architecture",
+            task_prior_only(rows, wl, hw, False), "none"),
     }
     if "--lomo" in sys.argv[1:]:
         print("\n== Task 2 leave-one-model-out: constants picked without the model scored")

@@ -84,6 +84,16 @@ def _intra_node_gb_per_s(spec: GpuSpec, offer: Offer | None) -> float:
     return PCIE_GB_PER_S.get(spec.pcie_gen, 16.0)
 
 
+def _intra_node_link(spec: GpuSpec, offer: Offer | None) -> str:
+    """The fabric :func:`_intra_node_gb_per_s` took its figure from: the offer's link, else
+    ``nvlink`` for SXM parts with NVLink, else ``pcie<gen>``."""
+    if offer is not None and offer.intra_node_link and offer.intra_node_link != "none":
+        return offer.intra_node_link
+    if spec.nvlink_gb_per_s and "PCIE" not in spec.name.upper():
+        return "nvlink"
+    return f"pcie{spec.pcie_gen}" if spec.pcie_gen else "pcie"
+
+
 def peak_flops_by_precision(spec: GpuSpec) -> dict[str, float]:
     """Dense peak FLOP/s per precision, with the spec's own fallbacks (TF32 → FP32, ...)."""
     peaks = {p: spec.peak_tflops(p) for p in PRECISIONS}  # every one is known: no ValueError
@@ -113,6 +123,7 @@ def hardware_for_gpu(spec: GpuSpec, *, gpus_per_node: int, offer: Offer | None =
         inter_node_bytes_per_s=inter_gbps * 1e9 / 8.0,
         gpus_per_node=int(offer.gpu_count if offer is not None else gpus_per_node),
         tdp_w=float(spec.tdp_w) if spec.tdp_w else None,
+        intra_node_link=_intra_node_link(spec, offer),
     )
 
 

@@ -1,5 +1,8 @@
-"""Communication time: ring collectives (NCCL), per-strategy volumes, tensor-parallel
-all-reduces, pipeline point-to-point and bubble, and Pollux's overlap with compute.
+"""Communication time: ring collectives (NCCL), per-strategy volumes, bus bandwidth per
+fabric class (NVLink/NVSwitch, PCIe, Infinity Fabric), tensor-parallel all-reduces, pipeline
+point-to-point and bubble, and the overlap with compute: data-parallel collectives bucket by
+bucket under the backward as DDP and FSDP issue them (:func:`ddp_exposed_s`,
+:func:`fsdp_exposed_s`), a pipeline's by Pollux's overlap (:func:`overlap_s`).
 
 All times are seconds; bandwidths bytes/s, one direction, per GPU unless named otherwise.
 
@@ -29,8 +32,16 @@ from mlflow_gpuopt.perfmodel import vendor
 from mlflow_gpuopt.perfmodel.layout import SHARDED_PARAMS, Layout
 from mlflow_gpuopt.perfmodel.types import Hardware
 
-#: Bus bandwidth NCCL reaches as a share of the link's datasheet figure (nccl-tests busbw).
+#: Bus bandwidth NCCL reaches as a share of the link's datasheet figure (nccl-tests busbw),
+#: on NVLink / NVSwitch and on the node network.
 BUS_EFFICIENCY = 0.75
+#: The same share on GPUs that talk over PCIe (no NVLink: L4, A10G, RTX cards, PCIe
+#: A100/H100 without bridges), by ring size: the traffic crosses the PCIe switches and the
+#: CPUs' root complexes, and "on PCI systems, the performance you get is usually determined
+#: by the bandwidth your CPU and memory can deliver" (NCCL's maintainer, NVIDIA/nccl#1639):
+#: 8 × RTX 5090 on PCIe 5.0 x16 (64 GB/s each way) reach 28 GB/s all-reduce bus bandwidth
+#: with 8 GPUs and 35 GB/s with 4 (same issue): 0.44 and 0.55 of the slot.
+PCIE_BUS_EFFICIENCY = {4: 35.0 / 64.0, 8: 28.0 / 64.0}
 #: Per ring step latency inside a node (NVLink/PCIe) and across nodes.
 INTRA_NODE_LATENCY_S = 5e-6
 INTER_NODE_LATENCY_S = 20e-6
@@ -40,7 +51,8 @@ INTER_NODE_LATENCY_S = 20e-6
 #: exchanges one (NVIDIA/NeMo ``nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py``,
 #: e.g. ``userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192``): 16 / 132.
 TP_OVERLAP_SM_SHARE = 16.0 / 132.0
-#: Pollux's overlap exponent prior: 1 = communication adds to compute, large = fully hidden.
+#: Pollux's overlap exponent prior (a pipeline's data-parallel traffic): 1 = communication
+#: adds to compute, large = fully hidden.
 GAMMA_PRIOR = 2.0
 #: Compute time lost per doubling of data-parallel replicas to stragglers, synchronisation
 #: jitter and input-pipeline contention (Pollux's "retrogression"); set from the spread of
@@ -53,15 +65,19 @@ STRATEGY_VOLUME = {"single": 0.0, "ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3
                    "fsdp": 1.5}
 
 
-def intra_bus_efficiency(hardware: Hardware) -> float:
+def intra_bus_efficiency(hardware: Hardware, ranks: int | None = None) -> float:
     """All-reduce bus bandwidth over the intra-node fabric's datasheet figure for
-    ``hardware``'s GPU: RCCL's measured share on AMD Infinity Fabric
-    (:func:`.vendor.collective_bus_efficiency`, 0.70 on MI300X: a full mesh cannot reduce in
-    a switch), ``BUS_EFFICIENCY`` on NVIDIA. The NCCL health-check figures vendor.py lists for
-    H100/H200 NVSwitch (~1.0, NVLS) are not applied: the NVIDIA models were calibrated on 0.75.
-    """
+    ``hardware``'s GPU, per fabric class (``Hardware.intra_node_link``): RCCL's measured share
+    on AMD Infinity Fabric (:func:`.vendor.collective_bus_efficiency`, 0.70 on MI300X: a full
+    mesh cannot reduce in a switch); on PCIe ``PCIE_BUS_EFFICIENCY`` for a ring of ``ranks``
+    (default: the node's GPUs; 0.55 up to 4, 0.44 beyond); ``BUS_EFFICIENCY`` on NVLink /
+    NVSwitch. The NCCL health-check figures vendor.py lists for H100/H200 NVSwitch (~1.0,
+    NVLS) are not applied: the NVIDIA models were calibrated on 0.75."""
     if vendor.is_amd(hardware.gpu):
         return vendor.collective_bus_efficiency(hardware.gpu, BUS_EFFICIENCY)
+    if hardware.intra_node_link.startswith("pcie"):
+        n = ranks if ranks is not None else hardware.gpus_per_node
+        return PCIE_BUS_EFFICIENCY[4] if n <= 4 else PCIE_BUS_EFFICIENCY[8]
     return BUS_EFFICIENCY
 
 
@@ -96,7 +112,7 @@ def hierarchical_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware) 
     of the network, then all-gather over NVLink."""
     r = max(1, layout.dp_ranks_per_node)
     n_nodes = max(1, layout.dp // r)
-    intra = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
+    intra = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware, r)
     nic = nic_bytes_per_s_per_gpu(hardware) * BUS_EFFICIENCY
     inside = 0.0
     if r > 1:
@@ -126,7 +142,8 @@ def dp_link(hardware: Hardware, layout: Layout) -> tuple[float, float]:
     link bounds the ring, and a node's network is shared by the GPUs in it that run different
     rings at once (``gpus_per_node / dp_ranks_per_node`` of them).
     """
-    intra = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
+    intra = hardware.intra_node_bytes_per_s * intra_bus_efficiency(
+        hardware, max(1, layout.dp_ranks_per_node))
     if not layout.dp_spans_nodes:
         return intra, INTRA_NODE_LATENCY_S
     concurrent = max(1, hardware.gpus_per_node // max(1, layout.dp_ranks_per_node))
@@ -168,7 +185,7 @@ def tp_allreduce_s(num_layers: int, micro_batch: float, seq_len: float, hidden: 
     if tp <= 1:
         return 0.0
     nbytes = micro_batch * seq_len * hidden * act_bytes
-    bw = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware)
+    bw = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware, tp)
     return 4.0 * num_layers * ring_allreduce_s(nbytes, tp, bw, INTRA_NODE_LATENCY_S)
 
 
@@ -236,9 +253,91 @@ def overlap_s(compute_s: float, comm_s: float, gamma: float) -> float:
     return hi * (1.0 + (lo / hi) ** gamma) ** (1.0 / gamma)
 
 
-def sync_overhead_s(micro_step_s: float, dp: int) -> float:
+def sync_overhead_s(micro_step_s: float, dp: int, scale: float = 1.0) -> float:
     """Time lost to stragglers and synchronisation once per step: a share of one micro-step
-    per doubling of the replica count."""
+    per doubling of the replica count, ``SYNC_OVERHEAD_PER_DOUBLING`` (Pollux's
+    retrogression).
+
+    ``scale`` (the fitted communication scale) scales the first doubling's share: what a
+    measured run loses beyond the prior once it runs distributed at all (DDP's bucket copies
+    and hooks, collective kernels contending for the SMs and memory beneath the backward, the
+    processes' synchronisation) is a per-step cost that does not grow with the ring; further
+    doublings add the prior's share."""
     if dp <= 1:
         return 0.0
-    return SYNC_OVERHEAD_PER_DOUBLING * math.log2(dp) * micro_step_s
+    return SYNC_OVERHEAD_PER_DOUBLING * (math.log2(dp) - 1.0 + scale) * micro_step_s
+
+
+#: PyTorch DDP's gradient bucket: ``DistributedDataParallel(bucket_cap_mb=25)``, the default
+#: (torch.nn.parallel.DistributedDataParallel docs). Parameters go into buckets in reverse
+#: order of ``model.parameters()``, so the buckets fill as the backward produces their
+#: gradients, and each bucket's all-reduce starts once its last gradient is ready.
+DDP_BUCKET_BYTES = 25.0 * 1024 * 1024
+#: Share of a micro-step's compute in the backward pass: 4 of the 6 FLOPs per weight and
+#: token (the forward's one matmul per weight, the backward's two: Kaplan et al. 2020, 6·N).
+BACKWARD_SHARE = 2.0 / 3.0
+
+
+def bucketed_exposed_s(comm_s: float, window_s: float, buckets: int, last_s: float) -> float:
+    """Seconds a sequence of per-bucket collectives runs past the compute it overlaps.
+
+    ``buckets`` collectives of ``comm_s`` seconds in all run one after another on one NCCL
+    stream; bucket i's starts when the compute (``window_s`` seconds, making the buckets ready
+    evenly) has produced it and the previous one has finished. The last one can only start
+    when the window ends, so its own time ``last_s`` is always exposed; the others run under
+    the first ``1 − 1/n`` of the window and are exposed only where they take longer than it.
+    """
+    if comm_s <= 0:
+        return 0.0
+    n = max(1, int(buckets))
+    last = min(last_s, comm_s)
+    window = max(0.0, window_s) * (1.0 - 1.0 / n)
+    return last + max(0.0, comm_s - last - window)
+
+
+def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
+                  hardware: Hardware, backward_s: float, comm_scale: float = 1.0) -> float:
+    """Exposed seconds of DDP's (and ZeRO-1/2's) gradient synchronisation after the last
+    micro-step's backward (``backward_s``; accumulation steps run under ``no_sync``).
+
+    ``grad_bytes`` go in ``DDP_BUCKET_BYTES`` buckets, each an all-reduce as NCCL runs it
+    (:func:`dp_allreduce_s`, so each pays the collective's latency once); the last bucket
+    (``last_bucket_bytes``: the first layers' gradients, at least the input embedding where it
+    is a parameter larger than a bucket) is all-reduced after the backward. ZeRO-1/2 move the
+    same volume as a reduce-scatter and an all-gather (``STRATEGY_VOLUME``). Overlap by
+    :func:`bucketed_exposed_s`; ``comm_scale`` is the fitted communication scale."""
+    if layout.dp <= 1 or grad_bytes <= 0:
+        return 0.0
+    volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
+    buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
+    last = min(grad_bytes, max(last_bucket_bytes, grad_bytes / buckets))
+    latency = dp_allreduce_s(1.0, layout, hardware)  # one all-reduce's latency term
+    total = comm_scale * volume * (dp_allreduce_s(grad_bytes, layout, hardware)
+                                   + (buckets - 1) * latency)
+    last_s = comm_scale * volume * dp_allreduce_s(last, layout, hardware)
+    return bucketed_exposed_s(total, backward_s, buckets, last_s)
+
+
+def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: Layout,
+                   hardware: Hardware, forward_s: float, backward_s: float,
+                   comm_scale: float = 1.0) -> float:
+    """Exposed seconds of one ZeRO-3/FSDP micro-step's parameter gathers and gradient
+    reduce-scatters, per wrapped unit as FSDP runs them (each unit's all-gather prefetched
+    under the previous unit's compute; each reduce-scatter issued when the unit's backward is
+    done).
+
+    Forward: the all-gathers (half an all-reduce's volume, :func:`dp_allreduce_s` / 2) over
+    the forward; the first unit's cannot hide. Backward: the all-gathers again and the
+    reduce-scatters (another half) over the backward; the last unit's reduce-scatter cannot
+    hide. ``units``: the wrapped units (decoder blocks), the largest ``unit_bytes``; each
+    pass by :func:`bucketed_exposed_s`."""
+    if layout.dp <= 1 or shard_bytes <= 0:
+        return 0.0
+    n = max(1, int(units))
+    half = 0.5 * comm_scale
+    gather = half * (dp_allreduce_s(shard_bytes, layout, hardware)
+                     + (n - 1) * dp_allreduce_s(1.0, layout, hardware))
+    unit = half * dp_allreduce_s(min(shard_bytes, unit_bytes), layout, hardware)
+    forward = bucketed_exposed_s(gather, forward_s, n, unit)
+    backward = bucketed_exposed_s(2.0 * gather, backward_s, n, unit)
+    return forward + backward

@@ -542,3 +542,54 @@ def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_para
     per_param = 2 * (4 + optimizer_state_bytes_per_param) + 4 + (2 if is_mixed(precision) else 0)
     return params_updated * per_param / (hardware.memory_bandwidth_bytes_per_s
                                          * memory_efficiency(hardware))
+
+
+#: The operator classes a micro-step's time is split into for explaining a transfer between
+#: GPU types (:func:`operator_class_times_s`), each scaling with its own GPU figure.
+OPERATOR_CLASSES = {
+    "matmuls": "matmuls and convolutions (dense peak of the precision × its efficiency, or "
+               "their operands' traffic where that takes longer)",
+    "attention": "attention's fused kernel (its own share of the 16-bit peak per generation)",
+    "memory": "memory-bound work: normalisation, element-wise, weight and gradient traffic "
+              "(memory bandwidth)",
+    "latency": "latency-bound kernels (SM count × clock, the FP32 rate)",
+    "dispatch": "host-side kernel dispatch (CPU time, the same on every GPU)",
+}
+
+
+def operator_class_times_s(workload: Workload, hardware: Hardware, precision: str,
+                           micro_batch: float, compute_scale: float = 1.0,
+                           fixed_scale: float = 1.0, overhead_scale: float | None = None,
+                           latency_flops: tuple[float, float] = (0.0, 0.0)
+                           ) -> dict[str, float]:
+    """Seconds of one single-GPU micro-step of ``micro_batch`` per operator class
+    (``OPERATOR_CLASSES``), as :mod:`.step` puts it together: the roofline's per-sample time
+    (:func:`per_sample_time_prior_s`): the matmul kernels' part (their arithmetic, or their
+    own operands' traffic where that is longer) to the matmuls and attention, the rest of
+    the traffic and the weights' to memory; the calibration's latency-bound work and the
+    host dispatch. The classes sum to the
+    micro-step's compute (``T_grad``) at that calibration."""
+    p = normalize_precision(precision)
+    m = float(micro_batch)
+    mm = matmul_time_s(workload, hardware, p)
+    eff = attention_efficiency(workload, hardware, p)
+    attn_share = attention_flops_share(workload) if eff is not None else 0.0
+    attention = 0.0
+    if attn_share > 0:
+        attention = workload.flops_per_sample * attn_share / (
+            peak_flops_per_s(hardware.peak_flops_per_s, "bf16" if p == "fp8" else p) * eff)
+    traffic = traffic_time_s(workload, hardware, p)
+    hidden = MATMUL_HIDDEN_TRAFFIC_SHARE
+    k = compute_scale
+    out = dict.fromkeys(OPERATOR_CLASSES, 0.0)
+    # The matmul kernels take their arithmetic or their own operands' traffic, whichever is
+    # longer (per_sample_time_prior_s); attention keeps its share of that.
+    bound = max(mm, hidden * traffic)
+    out["attention"] = k * m * attention * bound / mm if mm > 0 else 0.0
+    out["matmuls"] = k * m * bound - out["attention"]
+    out["memory"] = k * m * (1.0 - hidden) * traffic
+    out["memory"] += k * fixed_scale * weight_traffic_time_s(workload.params, hardware, p)
+    out["latency"] = latency_time_s(latency_flops[0], latency_flops[1], m, hardware)
+    overhead = k * fixed_scale if overhead_scale is None else overhead_scale
+    out["dispatch"] = overhead * micro_step_overhead_s(kernel_count(workload)[0])
+    return out

@@ -7,7 +7,8 @@ What the data can identify is fitted, the rest stays at its prior (Pollux's guar
 - ``log r`` per (GPU, precision) with two or more distinct micro-batches: how much of the
   micro-step is batch-independent (``a`` vs ``b``);
 - ``log κ`` when any run used more than one GPU: the communication/straggler scale;
-- ``γ`` (overlap, in [1, 10]) when two or more multi-GPU configurations differ in replicas.
+- ``γ`` (the pipeline's overlap of data-parallel traffic, in [1, 10]) when two or more
+  pipeline-parallel configurations differ in replicas.
 
 Then, per (GPU, precision), the fitted compute is split into what the roofline explains and
 latency-bound work beyond it (:func:`split_latency_bound`): a measurement slower than the
@@ -194,7 +195,9 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     split_keys = [key for key in keys if len(batches[key]) >= 2]
     multi = [o for o in prepared if o.layout.dp > 1 or o.layout.tp > 1 or o.layout.pp > 1]
     fit_kappa = bool(multi)
-    fit_gamma = len({(o.layout.dp, o.nodes) for o in multi}) >= 2
+    # γ shapes only the pipeline's data-parallel overlap (DDP and FSDP overlap bucket by
+    # bucket, comm.bucketed_exposed_s): fitted where two pipeline runs differ in replicas.
+    fit_gamma = len({(o.layout.dp, o.nodes) for o in multi if o.layout.pp > 1}) >= 2
 
     names: list[str] = [f"k:{k}" for k in keys] + [f"r:{k}" for k in split_keys]
     if fit_kappa:

@@ -7,13 +7,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from mlflow_gpuopt.perfmodel import moe
+from mlflow_gpuopt.perfmodel import moe, vendor
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
     GENERATION_MFU,
+    OPERATOR_CLASSES,
     architecture,
     attention_term,
     matmul_efficiency,
+    operator_class_times_s,
     transformer_mfu_group,
 )
 from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
@@ -226,13 +228,20 @@ class Predictor:
                        f"{source}, no GPU measurement", spread)
 
     def _prior_sigma(self, key: Key) -> float:
-        """Width of a prediction with no GPU measurement: ``SIGMA_PRIOR_TRANSFORMER`` for a
-        transformer described by its architecture on a generation and precision
-        ``GENERATION_MFU`` has a figure for, else ``SIGMA_PRIOR_ONLY``."""
-        group = (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1])
-        if self._transformer and transformer_mfu_group(group) in GENERATION_MFU:
+        """Width of a prediction with no GPU measurement. A transformer described by its
+        architecture: ``SIGMA_PRIOR_TRANSFORMER``, plus the pieces for a generation or a
+        precision ``GENERATION_MFU`` has no figure for (NVIDIA GPUs;
+        :func:`.uncertainty.prior_transformer_sigma`). Anything else: ``SIGMA_PRIOR_ONLY``,
+        the spread measured over such workloads."""
+        arch, precision = transformer_mfu_group(
+            (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1]))
+        if not self._transformer or vendor.is_amd(key[0]) or arch == "unknown":
+            return unc.SIGMA_PRIOR_ONLY
+        if (arch, precision) in GENERATION_MFU:
             return unc.SIGMA_PRIOR_TRANSFORMER
-        return unc.SIGMA_PRIOR_ONLY
+        generation = any(a == arch for a, _ in GENERATION_MFU)
+        known = precision in ("bf16", "fp8")
+        return unc.prior_transformer_sigma(generation, known)
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:
@@ -316,7 +325,7 @@ class Predictor:
             notes += ("this configuration was observed to run: called fitting although the "
                       "memory estimate exceeds the GPU",)
         if extrapolated or (key not in res.log_compute_scale and res.log_compute_scale):
-            notes += self._operator_notes(key, hardware)
+            notes += self._class_notes(key, hardware, m) + self._operator_notes(key, hardware)
         tokens = self.workload.tokens_per_sample
         notes += self._shape_notes(layout, recompute == "full")
         notes += moe.notes(self.workload, layout, terms.alltoall_s)
@@ -331,6 +340,54 @@ class Predictor:
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"),
             p_fits=chance, memory_usable_bytes=usable, alltoall_s=terms.alltoall_s)
+
+    def transfer_classes(self, config: ParallelConfig, hardware: Hardware) -> list[dict]:
+        """For a prediction carried from a measured GPU type or precision: per operator class
+        (``compute.OPERATOR_CLASSES``), its seconds in one micro-step at ``config``'s
+        micro-batch on the measured source (the first of ``_pool``) and on ``hardware``, each
+        at its own calibration, and the change as a share of the source's micro-step, largest
+        change first; empty where nothing was carried (measured here, or no measurement)."""
+        _, precision, m = self._resolve(config, hardware)
+        return self._transfer_classes((hardware.gpu, precision), hardware, m)
+
+    def _transfer_classes(self, key: Key, hardware: Hardware, m: int) -> list[dict]:
+        res = self.result
+        if key in res.log_compute_scale or not res.log_compute_scale:
+            return []
+        sources = [k for k in self._pool(key) if k[0] in self._hardware]
+        if not sources:
+            return []
+        src = sources[0]
+
+        def times(k: Key, hw: Hardware) -> dict[str, float]:
+            c = self._calibration(k)[0]
+            return operator_class_times_s(
+                self.workload, hw, k[1], m, c.compute_scale, c.fixed_scale, c.overhead_scale,
+                (c.latency_fixed_flops, c.latency_per_sample_flops))
+
+        before, after = times(src, self._hardware[src[0]]), times(key, hardware)
+        total = sum(before.values()) or 1.0
+        rows = [{"class": name, "source": f"{src[0]} {src[1]}", "source_s": before[name],
+                 "target_s": after[name], "step_change": (after[name] - before[name]) / total}
+                for name in OPERATOR_CLASSES if before[name] > 0 or after[name] > 0]
+        return sorted(rows, key=lambda r: -abs(r["step_change"]))
+
+    def _class_notes(self, key: Key, hardware: Hardware, m: int) -> tuple[str, ...]:
+        """The operator classes that move a carried prediction, in words (largest first)."""
+        rows = self._transfer_classes(key, hardware, m)
+        if not rows:
+            return ()
+        total = sum(r["source_s"] for r in rows) or 1.0
+        parts = []
+        for r in rows:
+            if abs(r["step_change"]) < 0.01 and r["class"] != "dispatch":
+                continue
+            ratio = (f"x{r['target_s'] / r['source_s']:.2f}" if r["source_s"] > 0
+                     else "new")
+            parts.append(f"{r['class']} {r['source_s'] / total:.0%} of the micro-step, {ratio} "
+                         f"({100 * r['step_change']:+.0f}% of it)")
+        return (f"moved from {rows[0]['source']} to {hardware.gpu} {key[1]} by operator class "
+                "(compute.OPERATOR_CLASSES): " + "; ".join(parts),)
 
     def _operator_notes(self, key: Key, hardware: Hardware) -> tuple[str, ...]:
         """The operator classes that move a calibration carried to ``key`` from the measured

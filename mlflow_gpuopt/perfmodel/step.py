@@ -1,12 +1,14 @@
 """One optimizer step put together: compute, communication, overlap, accumulation, bubble.
 
     T_grad  = a + b·m                                     per micro-step, per GPU (compute.py)
-    T_sync  = (T_grad^γ + T_comm^γ)^(1/γ)                 Pollux overlap (comm.py)
-    T_step  = (s−1)·T_grad + T_sync + T_opt + T_straggle          DDP / ZeRO-1/2
-    T_step  = s·(T_grad ⊕ T_gather) + T_opt + T_straggle          ZeRO-3 / FSDP
-                                                                  (gathers every micro-step)
+    T_step  = s·T_grad + exposed(T_allreduce) + T_opt + T_straggle   DDP / ZeRO-1/2: 25 MB
+                                                   buckets under the last backward (comm.py)
+    T_step  = s·(T_grad + exposed(T_gather, T_rs)) + T_opt + T_straggle   ZeRO-3 / FSDP: per
+                                                   unit, every micro-step (comm.py)
     T_step  = (s + (p−1)/v)·(T_stage + v·T_p2p) + exposed T_comm + ...    pipeline (1F1B),
-                                                                  bubble (p−1)/(v·s) of ideal
+                                                   bubble (p−1)/(v·s) of ideal; its data-
+                                                   parallel traffic by Pollux's overlap
+                                                   (T_stage^γ + T_comm^γ)^(1/γ)
 
 The pipeline bubble is Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
 on GPU Clusters Using Megatron-LM", Sec. 2.2): (p−1)/m of the ideal time for 1F1B with m
@@ -18,8 +20,8 @@ Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` a
 FP32 rate. ``a`` = host-side overhead + weight traffic; the overhead (kernel dispatch, CPU time)
 is the same on every GPU type, so a calibration carried to another GPU scales it by what was
 fitted where it was measured (``overhead_scale``), not by the target's factors.
-``comm_scale`` scales communication (the straggler share stays at its prior: one or two
-multi-GPU runs cannot tell it from bandwidth). Pure arithmetic, no allocation beyond the
+``comm_scale`` scales communication and the straggler share together (one or two multi-GPU
+runs cannot tell them apart). Pure arithmetic, no allocation beyond the
 result: the recommender calls this thousands of times.
 """
 
@@ -118,13 +120,14 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     if full_recompute:
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
-    t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
     t_a2a = kappa * moe.alltoall_s(workload, layout, hardware, micro_batch, shape.seq_len,
                                    act_bytes)
     if full_recompute:
         t_a2a *= 1.5  # the forward's dispatch and combine again
     t_micro = t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap) + t_a2a
-    t_straggle = comm.sync_overhead_s(t_micro, dp)  # a prior share, not fitted
+    # One multi-GPU run cannot tell a slower collective from more time lost to
+    # synchronisation: the fitted scale takes both (comm.sync_overhead_s).
+    t_straggle = comm.sync_overhead_s(t_micro, dp, kappa)
 
     bubble = 0.0
     if pp > 1:
@@ -133,13 +136,25 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         t_stage = t_micro + kappa * vp * comm.pp_p2p_s(boundary, layout, hardware)
         bubble = (pp - 1) * t_stage / vp
         pipe = s * t_stage + bubble
+        t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
         step = pipe + exposed_dp + t_opt + t_straggle
     elif comm.sharded_params(layout):
-        step = s * comm.overlap_s(t_micro, t_dp, calib.gamma) + t_opt + t_straggle
+        # Per wrapped unit (decoder block): gathers prefetched under the forward and backward,
+        # reduce-scatters under the backward (comm.fsdp_exposed_s).
+        fwd = (1.0 - comm.BACKWARD_SHARE) * t_micro
+        exposed_dp = comm.fsdp_exposed_s(
+            params_shard * grad_bytes, shape.largest_layer_params / tp * grad_bytes,
+            max(1, shape.num_layers // pp), layout, hardware, fwd, t_micro - fwd, kappa)
+        step = s * (t_micro + exposed_dp) + t_opt + t_straggle
     else:
-        step = (s - 1) * t_micro + comm.overlap_s(t_micro, t_dp, calib.gamma) + t_opt \
-            + t_straggle
+        # DDP's 25 MB buckets all-reduced as the last micro-step's backward fills them; the
+        # last (the input embedding's gradient where it is larger) after it (comm.ddp_exposed_s).
+        embedding = float(workload.vocab_size or 0) * float(workload.hidden_size or 0) / tp
+        exposed_dp = comm.ddp_exposed_s(
+            params_shard * grad_bytes, embedding * grad_bytes, layout, hardware,
+            comm.BACKWARD_SHARE * t_micro, kappa)
+        step = s * t_micro + exposed_dp + t_opt + t_straggle
     compute = s * t_grad + t_opt
     exposed = max(0.0, step - compute - bubble)
     return StepTerms(step_s=step, compute_s=compute, exposed_comm_s=exposed, bubble_s=bubble,

@@ -104,6 +104,10 @@ class Hardware:
     #: The power limit ``peak_flops_per_s`` is already scaled to (None: the TDP's clock);
     #: set by ``compute.power_capped``, so a second cap rescales rather than compounds.
     power_limit_w: float | None = None
+    #: The GPU-to-GPU fabric inside the node, as the catalog spells it (``nvswitch``,
+    #: ``nvlink``, ``pcie4``, ``infinity_fabric``...); "" where not known. Sets the share of the
+    #: link's figure collectives reach (``comm.intra_bus_efficiency``).
+    intra_node_link: str = ""
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,17 @@ SIGMA_PRIOR_ONLY = 0.75
 #: --derive-prior-width`` prints it). Other workloads and generations keep
 #: ``SIGMA_PRIOR_ONLY``.
 SIGMA_PRIOR_TRANSFORMER = 0.29
+#: The pieces a described transformer's prior adds where its GPU generation or precision has
+#: no published MFU (``compute.GENERATION_MFU``), each only where assumed
+#: (:func:`prior_transformer_sigma`):
+#: - a generation without a figure (Volta, Turing, Ada...) takes Ampere's efficiency
+#:   (``compute.tensor_efficiency``); it strays from it by about as much as the published
+#:   generations differ from each other: Ampere bf16 0.538 against Hopper bf16 0.46, log
+#:   0.157 (the same derivation set);
+#: - a precision without a figure on that generation (TF32, fp32 on the FP32 units) takes
+#:   another operator path's efficiency: ``SIGMA_OTHER_PRECISION``, the same-GPU
+#:   other-precision width.
+SIGMA_GENERATION_UNMEASURED = 0.157
 #: Calibrated on another GPU type (roofline transfer, Habitat-style) where nothing says
 #: more: the two pieces below in quadrature (0.24), rounded to 0.25. A proxy transfer of a
 #: workload not described as a transformer uses it (``transfer.DEFAULT_SPREAD``).
@@ -128,6 +139,16 @@ def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str]
     if a is None or b is None:
         return None
     return combine(a, b)
+
+
+def prior_transformer_sigma(generation_measured: bool, precision_measured: bool) -> float:
+    """Width of a described transformer's prediction without a GPU measurement:
+    ``SIGMA_PRIOR_TRANSFORMER`` (the whole prior's spread where ``compute.GENERATION_MFU`` has
+    the generation and precision), with ``SIGMA_GENERATION_UNMEASURED`` and
+    ``SIGMA_OTHER_PRECISION`` added for what it lacks."""
+    return combine(SIGMA_PRIOR_TRANSFORMER,
+                   0.0 if generation_measured else SIGMA_GENERATION_UNMEASURED,
+                   0.0 if precision_measured else SIGMA_OTHER_PRECISION)
 
 
 def other_gpu_sigma(other_gpu: bool, other_precision: bool) -> float:

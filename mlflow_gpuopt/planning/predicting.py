@@ -195,6 +195,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         "observations_used": len(observations), "run_ids": list(r.run_ids),
         "assumptions": [*inputs.notes, *p.assumptions], "network": network.as_dict(),
         "instance_type": offer.instance_type if offer is not None else None,
+        "operator_classes": predictor.transfer_classes(config, target_hw),
         "defaults": [{**d.as_dict(), "throughput_change": change} for d, change in effects]
         + [d.as_dict() | {"throughput_change": 0.0} for d in predictor.defaults
            if all(d is not e for e, _ in effects)],

@@ -357,7 +357,9 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
                      "a prior efficiency (wide interval). One short tracked run on any GPU "
                      "narrows it.")
     elif p.extrapolated:
+        moved = next((n for n in p.assumptions if "by operator class" in n), None)
         lines.append("Note: no run was measured on this GPU type; the prediction is "
-                     "transferred from the measured GPUs (wider interval).")
+                     "transferred from the measured GPUs (wider interval)"
+                     + (f"; {moved}" if moved else "") + ".")
     lines.append(f"Launch: {win.launch}")
     return tuple(lines)

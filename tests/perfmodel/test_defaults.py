@@ -66,6 +66,8 @@ def test_prior_width_is_narrower_for_a_transformer_on_a_generation_with_a_publis
     assert fit(DESCRIBED, [], HW).predict(cfg, A100).log_sigma == pytest.approx(
         unc.SIGMA_PRIOR_TRANSFORMER)
     assert fit(BARE, [], HW).predict(cfg, A100).log_sigma == pytest.approx(unc.SIGMA_PRIOR_ONLY)
-    # Volta has no GENERATION_MFU figure: the generic width
-    assert fit(DESCRIBED, [], HW).predict(cfg, V100).log_sigma == pytest.approx(
-        unc.SIGMA_PRIOR_ONLY)
+    # Volta has no GENERATION_MFU figure: Ampere's is carried, with the generations' spread
+    volta = fit(DESCRIBED, [], HW).predict(cfg, V100).log_sigma
+    assert volta == pytest.approx(unc.combine(unc.SIGMA_PRIOR_TRANSFORMER,
+                                              unc.SIGMA_GENERATION_UNMEASURED))
+    assert volta < unc.SIGMA_PRIOR_ONLY

@@ -536,3 +536,18 @@ def test_scaling_chart_has_one_line_per_gpu_and_instance_family():
     kept = run(offers=offers, target=Target(1e7, deadline_hours=None, per_rank_batch=24,
                                             global_batch=24))
     assert kept.scaling and all(24 % p.gpus == 0 for p in kept.scaling)
+
+
+def test_explanation_names_the_operator_classes_of_a_transferred_winner():
+    from mlflow_gpuopt.perfmodel import Observation, fit
+
+    v100 = hardware_for(GPUS["V100-SXM2-16GB"], OFFERS[1])
+    measured = fit(RESNET, [Observation(gpu="V100-SXM2-16GB", gpu_count=1, micro_batch=256,
+                                        throughput_samples_per_s=1200.0, strategy="single",
+                                        precision="fp16")], {"V100-SXM2-16GB": v100})
+    a100 = [o for o in OFFERS if o.gpu == "A100-80GB-SXM4"]
+    target = Target(total_samples=90 * 1_281_167, deadline_hours=None, per_rank_batch=256)
+    rec = recommend(measured, RESNET, a100, GPUS, target, hardware_for=hardware_for,
+                    space=SearchSpace())
+    note = [line for line in rec.explanation if line.startswith("Note: no run was measured")]
+    assert note and "by operator class" in note[0] and "matmuls" in note[0]
