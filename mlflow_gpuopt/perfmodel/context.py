@@ -14,8 +14,10 @@ that again and the same volume of their gradients (``EXCHANGE_VOLUME`` = 3 × th
 - ``ring`` (point-to-point, Megatron's ``cp_comm_type = p2p``, ring attention): ``cp − 1``
   steps, each passing one chunk to the next rank while attention runs on the chunk in hand;
   a step is exposed only by what its transfer takes beyond its chunk's attention.
-- ``allgather``: K and V gathered before attention, their gradients reduce-scattered after
-  (torchtitan's default rotate method; Megatron's ``all_gather``): not overlapped.
+- ``allgather``: the other ranks' K and V gathered at once, their gradients reduce-scattered
+  in the backward (torchtitan's default rotate method, PyTorch's ``_AllGatherRotater``): the
+  collective runs under the rank's own chunk's attention only (PyTorch issues it before the
+  first, local, sub-attention), and what that does not cover is exposed.
 
 Inside a node the exchange runs on NVLink-class links; a group that crosses nodes is bound by
 its hop over the network (each GPU its NIC share).
@@ -142,19 +144,22 @@ def exchange_s(workload: Workload, layout: Layout, hardware: Hardware, precision
     bw, lat = _link(layout, hardware)
     fwd_bytes = exchange_bytes_per_layer(workload, micro_batch, seq_len, act_bytes, layout.tp,
                                          cp)
-    if normalize_exchange(workload.cp_exchange) == "allgather":
-        # ring all-gather of K, V; the backward gathers again and reduce-scatters dK, dV
-        one = fwd_bytes / bw + (cp - 1) * lat
-        total = comm_scale * layers * (one + 2.0 * one)
-        return total, total
-    chunk = fwd_bytes / (cp - 1)
-    x_fwd = comm_scale * (chunk / bw + lat)
-    x_bwd = comm_scale * ((EXCHANGE_VOLUME - 1.0) * chunk / bw + lat)
     # attention of one chunk pair on this GPU (the rank's 1/cp of the sample, in cp steps)
     attn_fwd = (compute_scale * attention_s_per_sample(workload, hardware, precision)
                 * micro_batch / (layout.tp * cp) / float(workload.num_layers or 1)
                 / (1.0 + BACKWARD_TO_FORWARD) / cp)
     attn_bwd = BACKWARD_TO_FORWARD * attn_fwd
+    if normalize_exchange(workload.cp_exchange) == "allgather":
+        # ring all-gather of K, V; the backward gathers again and reduce-scatters dK, dV;
+        # each under the local chunk's attention only
+        g_fwd = comm_scale * (fwd_bytes / bw + (cp - 1) * lat)
+        g_bwd = (EXCHANGE_VOLUME - 1.0) * g_fwd
+        total = layers * (g_fwd + g_bwd)
+        exposed = layers * (max(0.0, g_fwd - attn_fwd) + max(0.0, g_bwd - attn_bwd))
+        return total, exposed
+    chunk = fwd_bytes / (cp - 1)
+    x_fwd = comm_scale * (chunk / bw + lat)
+    x_bwd = comm_scale * ((EXCHANGE_VOLUME - 1.0) * chunk / bw + lat)
     total = layers * (cp - 1) * (x_fwd + x_bwd)
     exposed = layers * (cp - 1) * (max(0.0, x_fwd - attn_fwd) + max(0.0, x_bwd - attn_bwd))
     return total, exposed
@@ -186,8 +191,9 @@ def notes(workload: Workload, layout: Layout, total_step_s: float,
         exchange = (f"ring exchange of keys and values {total_step_s * 1e3:.3g} ms per step, "
                     f"{exposed_step_s * 1e3:.3g} ms of it not hidden by attention")
     else:
-        exchange = f"all-gather of keys and values {total_step_s * 1e3:.3g} ms per step, " \
-                   "not overlapped"
+        exchange = (f"all-gather of keys and values {total_step_s * 1e3:.3g} ms per step, "
+                    f"{exposed_step_s * 1e3:.3g} ms of it not hidden by the local chunk's "
+                    "attention")
     return (f"context parallel cp{layout.cp}: each sample's sequence split {layout.cp} ways "
             f"(causal attention load-balanced, 2·cp chunks), activations and FLOPs per GPU "
             f"÷ {layout.cp}; {exchange}, {where}",)

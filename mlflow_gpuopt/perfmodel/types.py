@@ -86,8 +86,8 @@ class Workload:
     capacity_factor: float | None = None
     #: How a context-parallel job exchanges keys and values (docs/models.md#context-
     #: parallelism): "ring" (point-to-point, overlapped with attention: Megatron's ``p2p``,
-    #: ring attention) or "allgather" (gathered before attention, not overlapped:
-    #: torchtitan's ``context_parallel_rotate_method`` default); None: ring
+    #: ring attention) or "allgather" (gathered at once, under the local chunk's attention
+    #: only: torchtitan's ``context_parallel_rotate_method`` default); None: ring
     cp_exchange: str | None = None
 
 

@@ -103,15 +103,19 @@ def test_exchange_bytes_by_hand(llama):
     assert gathered.cp_buffers_bytes == 8 * 2 * 32768 * KV_WIDTH * 2
 
 
-def test_allgather_is_all_exposed_and_the_ring_only_beyond_attention(llama):
+def test_the_exchange_shows_only_beyond_the_attention_beneath_it(llama):
     layout = _layout("fsdpxcp4")
     bw = 450e9 * BUS_EFFICIENCY
     fwd = 402_653_184
+    # one chunk pair's forward attention on a GPU: its quarter of the sample in 4 steps
+    attn = context.attention_s_per_sample(llama, H100, "bf16") / (4 * 32 * 3 * 4)
     total, exposed = context.exchange_s(replace(llama, cp_exchange="allgather"), layout, H100,
                                         "bf16", 1, SEQ, 2)
-    # 32 layers x (forward gather + backward gather and reduce-scatter), 3 latencies each
+    # 32 layers x (forward gather + backward gather and reduce-scatter), 3 latencies each,
+    # each under the local chunk's attention only
     one = fwd / bw + 3 * INTRA_NODE_LATENCY_S
-    assert total == pytest.approx(32 * 3 * one) and exposed == total
+    assert total == pytest.approx(32 * 3 * one)
+    assert exposed == pytest.approx(32 * (max(0, one - attn) + max(0, 2 * one - 2 * attn)))
     total, exposed = context.exchange_s(llama, layout, H100, "bf16", 1, SEQ, 2)
     chunk = fwd / 3
     ring = 32 * 3 * ((chunk / bw + INTRA_NODE_LATENCY_S) + (2 * chunk / bw

@@ -26,7 +26,9 @@ from mlflow_gpuopt.tracking.run_params import with_layout
     (ParallelLayout(tp=2, dp=4), "fsdp", "tp2xfsdp"),
     (ParallelLayout(tp=4, pp=2, dp=2), "ddp", "tp4xpp2xddp"),
     (ParallelLayout(tp=8), "ddp", "tp8"),  # no replicas
-    (ParallelLayout(tp=2, cp=2), "single", "tp2xddp"),  # cp ranks act as data parallel
+    # cp ranks reduce gradients with the data-parallel ones: the flavour is named with cp
+    (ParallelLayout(tp=2, cp=2), "single", "tp2xddpxcp2"),
+    (ParallelLayout(dp=4, cp=2), "fsdp", "fsdpxcp2"),
     (ParallelLayout(dp=8), "fsdp", "fsdp"),  # no model parallelism: unchanged
     (ParallelLayout(tp=2, dp=2), "tp2xzero3", "tp2xzero3"),  # the user's own layout wins
 ])

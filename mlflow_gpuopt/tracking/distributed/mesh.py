@@ -8,11 +8,11 @@ name, as torchtitan and PyTorch's tutorials name them: ``tp``/``tensor``, ``pp``
 ``cp``/``context``, and ``dp``/``dp_replicate``/``dp_shard``/``data``/``fsdp``/``ddp``...
 (the data-parallel ones multiply). Unnamed dimensions say nothing and are left out.
 
-The strategy string is the compound layout ``--strategy`` takes (``tp2xfsdp``, ``tp4xpp2xddp``)
-when a model-parallel degree is above 1. Context parallelism shards the sequence the way data
-parallelism shards the batch (its ranks reduce gradients together, torchtitan flattens
-``dp_shard`` with ``cp``), and the scaling models have no degree for it: it is logged as
-``gpuopt.cp`` and left out of the strategy string, whose data-parallel part then spans it.
+The strategy string is the compound layout ``--strategy`` takes (``tp2xfsdp``, ``tp4xpp2xddp``,
+``fsdpxcp2``, ``tp2xfsdpxcp2``) when a model-parallel or context-parallel degree is above 1.
+Context parallelism shards the sequence; its ranks reduce gradients with the data-parallel
+ones (torchtitan flattens ``dp_shard`` with ``cp``), so the data-parallel flavour is named
+whenever the two together have more than one rank (docs/models.md#context-parallelism).
 """
 
 from __future__ import annotations
@@ -51,14 +51,18 @@ class ParallelLayout:
 
     def strategy(self, dp_strategy: str) -> str:
         """The compound strategy string for data-parallel flavour ``dp_strategy`` (``ddp``,
-        ``fsdp``...): ``tp2xfsdp``, ``tp4xpp2xddp``; ``dp_strategy`` unchanged when no
-        model-parallel degree is above 1 (or when it is a compound layout already)."""
-        if not self.model_parallel or "x" in dp_strategy or dp_strategy in ("tp", "pp"):
+        ``fsdp``...): ``tp2xfsdp``, ``tp4xpp2xddp``, ``fsdpxcp2``; ``dp_strategy`` unchanged
+        when no model-parallel or context-parallel degree is above 1 (or when it is a
+        compound layout already)."""
+        if (not self.model_parallel and self.cp <= 1) or "x" in dp_strategy \
+                or dp_strategy in ("tp", "pp"):
             return dp_strategy
         parts = ([f"tp{self.tp}"] if self.tp > 1 else []) + (
             [f"pp{self.pp}"] if self.pp > 1 else [])
         if self.dp * self.cp > 1:
             parts.append(dp_strategy if dp_strategy != "single" else "ddp")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
         return "x".join(parts)
 
     def params(self) -> dict[str, int]:
