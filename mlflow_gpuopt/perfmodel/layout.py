@@ -179,8 +179,8 @@ def resolve_layout(config: ParallelConfig) -> Layout:
             f"tensor-parallel {tp} x pipeline {pp} = {tp * pp} does not divide {gpus} GPUs")
     dp = gpus // (tp * pp)
     if dp % cp:
-        raise PerfModelError(f"strategy {config.strategy!r}: context-parallel cp{cp} x "
-                             f"tensor-parallel {tp} x pipeline {pp} does not divide {gpus} GPUs")
+        raise PerfModelError(f"context-parallel cp{cp} x tensor-parallel {tp} x pipeline {pp} "
+                             f"does not divide {gpus} GPUs")
     if dp_s and dp_s * cp != dp:
         raise PerfModelError(f"strategy {config.strategy!r}: dp{dp_s} x tp{tp} x pp{pp}"
                              + (f" x cp{cp}" if cp > 1 else "")

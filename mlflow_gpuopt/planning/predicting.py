@@ -129,6 +129,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     vp = r.virtual_stages or parse_layout(strategy or "ddp")[3]
     ep = expert_degree(strategy or "ddp")
     cp = context_degree(strategy or "ddp")
+    replicas = parse_layout(strategy or "ddp")[4]  # dpN: checked against the GPUs below
     if tp == 0:
         tp = per_node
     if pp == 0:
@@ -148,7 +149,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         target_hw = power_capped(target_hw, r.power_limit_w, catalog.gpus[target].tdp_w)
     config = ParallelConfig(
         gpus_per_node=per_node, nodes=nodes,
-        strategy="x".join([dp_strategy] + ([f"ep{ep}"] if ep > 1 else [])
+        strategy="x".join([f"dp{replicas}" if replicas and dp_strategy == "ddp"
+                           else dp_strategy] + ([f"ep{ep}"] if ep > 1 else [])
                           + ([f"cp{cp}"] if cp > 1 else [])),
         micro_batch=r.micro_batch or workload.micro_batch,
         grad_accum=r.grad_accum or workload.grad_accum or 1,

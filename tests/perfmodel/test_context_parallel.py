@@ -16,7 +16,7 @@ from mlflow_gpuopt.perfmodel.comm import BUS_EFFICIENCY, INTRA_NODE_LATENCY_S
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import context_degree, parse_layout, resolve_layout
 from mlflow_gpuopt.perfmodel.memory import memory_per_gpu
-from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig
+from mlflow_gpuopt.perfmodel.types import Hardware, Observation, ParallelConfig
 from mlflow_gpuopt.workload_files import read_workload
 
 H100 = Hardware(gpu="H100-SXM5-80GB", memory_bytes=80e9, memory_bandwidth_bytes_per_s=3.35e12,
@@ -143,3 +143,17 @@ def test_128k_llama_fits_8_h100_with_cp_and_not_without(llama):
     assert with_cp.step_time_s == pytest.approx(without.step_time_s / 4, rel=0.05)
     assert with_cp.cp_exchange_s == 0.0 and without.cp_exchange_s == 0.0
     assert any("context parallel cp4" in n for n in with_cp.assumptions)
+
+
+def test_a_context_parallel_run_calibrates_its_own_configuration(llama):
+    """A measured cp4 run (its strategy spelled as track() logs it) is fitted in its own
+    layout: predicting that configuration gives back what was measured."""
+    cfg = ParallelConfig(gpus_per_node=8, strategy="fsdpxcp4", micro_batch=1,
+                         recompute="full")
+    prior = fit(llama, [], {}).predict(cfg, H100)
+    measured = 0.7 * prior.throughput_samples_per_s  # a run slower than the prior
+    obs = Observation(gpu=H100.gpu, gpu_count=8, throughput_samples_per_s=measured,
+                      micro_batch=1, strategy="fsdpxcp4", precision="bf16", recompute="full")
+    fitted = fit(llama, [obs], {H100.gpu: H100}).predict(cfg, H100)
+    assert fitted.throughput_samples_per_s == pytest.approx(measured, rel=0.02)
+    assert fitted.basis == "measured"
