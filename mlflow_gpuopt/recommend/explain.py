@@ -195,6 +195,10 @@ def batch_line(c: Candidate, target: Target) -> str:
 def describe(c: Candidate) -> str:
     """'2 × p4d.24xlarge (16 × A100-40GB-SXM4) on aws us-east-1, DDP, bf16, on-demand'."""
     strategy = _STRATEGY_WORDS.get(c.config.strategy, c.config.strategy)
+    cp = context_degree(c.config.strategy)
+    if cp > 1:
+        base = "x".join(p for p in c.config.strategy.split("x") if p != f"cp{cp}")
+        strategy = f"{_STRATEGY_WORDS.get(base, base)}, context parallel {cp}"
     return (f"{c.nodes} × {c.offer.instance_type} ({c.gpus} × {c.offer.gpu}) on "
             f"{c.offer.provider} {c.offer.region}, {strategy}"
             f" [{strategy_label(c.config)}], micro-batch {c.config.micro_batch} × "

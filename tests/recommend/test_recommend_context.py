@@ -61,6 +61,10 @@ def test_128k_llama_gets_cp_plans_that_fit_where_the_same_without_cp_does_not(tm
     winner = out["winner"]
     assert winner["cp"] > 1 and "xcp" in winner["strategy"], winner["strategy"]
     assert f"context parallel {winner['cp']}" in winner["launch"]
+    text = CliRunner().invoke(gpuopt, ["recommend", "--workload", str(path), "--seq-len",
+                                       "131072", "--tokens", "10B", "--provider", "aws",
+                                       "--no-log", "--top", "3"]).output
+    assert f", context parallel {winner['cp']} [" in text, text
     cp_plans = [c for c in out["candidates"] if c["cp"] > 1]
     assert cp_plans
     for plan in cp_plans[:3]:
