@@ -52,6 +52,15 @@ def test_cp4_json_has_the_degree_the_exchange_and_its_buffers(config):
     assert plain["time_breakdown"]["cp_exchange_s"] == 0
 
 
+def test_cp4_text_output_names_the_buffers_and_the_exchange(config):
+    r = _predict(config, "cp4xfsdp")
+    assert r.exit_code == 0, r.output
+    assert "context-parallel K/V buffers 0.54 GB" in r.output  # 4 x 134,217,728 bytes
+    assert "ring exchange of keys and values" in r.output
+    plain = _predict(config, "fsdp").output
+    assert "K/V buffers" not in plain and "context parallel" not in plain
+
+
 @pytest.mark.parametrize("strategy, words, seq", [
     ("cp3xfsdp", "context-parallel cp3 x tensor-parallel 1 x pipeline 1 does not divide 8",
      "131072"),
