@@ -40,7 +40,12 @@ the rest; Megatron's interleaved ``vp`` from the notes (``--virtual-stages``). t
 pipeline splits the local batch into pp × (stages per rank) micro-batches (1 stage per rank
 for 1F1B, 2 for interleaved: torchtitan ``pipeline_llama.py`` defaults, 2024-12), so 405B's
 local batch 32 runs as 8 micro-batches of 4 (1F1B) or 16 of 2 (interleaved). Context
-parallelism is not modelled: rows with cp > 1 are skipped (counted). Networks
+parallelism (the notes' cp) is ``cpN`` in the layout, the table's dp counting the replicas
+(tp × pp × cp × dp = GPUs); torchtitan exchanges keys and values with its default
+all-gather rotate method (torchtitan ``config_manager.py``,
+``--experimental.context_parallel_rotate_method``: "The default value is 'allgather'"),
+NVIDIA's stacks with Megatron's default ring (``cp_comm_type = p2p``): workload key
+``cp_exchange``. Networks
 (``--inter-node-gbps``): 8 × 400 Gbit/s per node (DGX H100/B200 InfiniBand, Grand Teton
 RDMA), 8 × 200 Gbit/s for the A100 cluster (not stated in the source: DGX A100's HCAs). The
 Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, 700 W TDP held at a 500 W default limit; the 95 GB
@@ -204,6 +209,14 @@ class Row:
         return "te" if self.family == "nvidia" else None
 
     @property
+    def cp_exchange(self) -> str | None:
+        """How the source's context-parallel runs exchange keys and values (None without
+        cp): torchtitan's default all-gather rotate method, Megatron's default ring (p2p)."""
+        if self.cp <= 1:
+            return None
+        return "allgather" if self.family == "torchtitan" else "ring"
+
+    @property
     def family(self) -> str:
         """Software family: a user's runs on two GPU types use the same stack."""
         return "torchtitan" if self.source.startswith("torchtitan") else "nvidia"
@@ -214,8 +227,8 @@ class Row:
 
 
 def load_rows() -> tuple[list[Row], int]:
-    """Report and derivation rows as tokens/s per GPU, and the number skipped (cp > 1, tp/pp
-    unknown)."""
+    """Report and derivation rows as tokens/s per GPU, and the number skipped (tp/pp unknown,
+    or degrees that do not multiply to the GPU count)."""
     lines = [ln for ln in DATA.read_text().splitlines() if ln and not ln.startswith("#")]
     reader = csv.DictReader(lines, delimiter="\t")
     raw = list(reader)
@@ -238,12 +251,12 @@ def load_rows() -> tuple[list[Row], int]:
         tp, pp, dp = num(r["tp"]), num(r["pp"]), num(r["dp"])
         notes = r.get("notes") or ""
         cp = int(num(note(notes, "cp") or "1") or 1)
-        if r["gpu"] not in GPUS or tp is None or pp is None or cp > 1:
+        if r["gpu"] not in GPUS or tp is None or pp is None:
             skipped += 1
             continue
         gpus = int(float(r["gpus"]))
-        dp = dp if dp is not None else gpus / (tp * pp)
-        if int(tp * pp * dp) != gpus:
+        dp = dp if dp is not None else gpus / (tp * pp * cp)
+        if int(tp * pp * cp * dp) != gpus:
             skipped += 1
             continue
         prec = "fp8" if r["precision"].lower().startswith("fp8") else "bf16"
@@ -314,7 +327,7 @@ def workload_doc(row: Row) -> dict:
            "num_kv_heads": kv_heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "mlp": mlp,
            "attention": "sdpa", "dropout": dropout, "recompute": row.recompute,
            "fp8_recipe": row.fp8_recipe, "tp_comm_overlap": row.tp_comm_overlap,
-           "attention_kernel": row.attention_kernel}
+           "attention_kernel": row.attention_kernel, "cp_exchange": row.cp_exchange}
     return {k: v for k, v in doc.items() if v is not None}
 
 
@@ -325,11 +338,12 @@ def catalog_gpu(row: Row) -> str:
 
 
 def strategy(row: Row) -> str:
-    """The ``--strategy`` layout string of the row (tp × pp × the data-parallel strategy)."""
+    """The ``--strategy`` layout string of the row (tp × pp × the data-parallel strategy ×
+    cp)."""
     if row.gpus == 1:
         return "single"
     parts = ([f"tp{row.tp}"] if row.tp > 1 else []) + ([f"pp{row.pp}"] if row.pp > 1 else [])
-    return "x".join(parts + [row.dp_strategy])
+    return "x".join(parts + [row.dp_strategy] + ([f"cp{row.cp}"] if row.cp > 1 else []))
 
 
 def grad_accum(row: Row) -> int:
@@ -388,7 +402,7 @@ def same_shape(a: Row, b: Row) -> bool:
 
 
 def group_key(r: Row, *, gpus=False, mb=False, prec=False, gpu=False):
-    key = [r.layers, r.hidden, r.seq, r.recompute, r.tp, r.pp, r.variant]
+    key = [r.layers, r.hidden, r.seq, r.recompute, r.tp, r.pp, r.cp, r.variant]
     if not gpu:
         key += [r.source, r.gpu]
     if not prec:
@@ -526,11 +540,11 @@ def main() -> None:
     report = [r for r in rows if not r.derivation]
     print(f"LLM training throughput: {len(rows)} usable rows ({len(report)} report, "
           f"{len(rows) - len(report)} derivation set, never scored); {skipped} skipped "
-          "(context parallel > 1, tp/pp unknown)")
-    lines = []
+          "(tp/pp unknown, or degrees not the GPU count)")
+    lines, cp_lines = [], []
     tmp = Path(tempfile.mkdtemp(prefix="bench_llm_"))
     for name, pairs in tasks(rows).items():
-        res = []
+        res, cp_res = [], []
         print(f"\n== Task {name}")
         for target, refs in pairs:
             try:
@@ -540,12 +554,17 @@ def main() -> None:
                 continue
             err = 100.0 * abs(got - target.tokens_per_s_per_gpu) / target.tokens_per_s_per_gpu
             res.append((err, low <= target.tokens_per_s_per_gpu <= high, high / low))
+            if target.cp > 1:
+                cp_res.append(res[-1])
             ref = ", ".join(f"{r.gpus}x{r.gpu} {r.precision} mb{r.micro_batch}" for r in refs)
             print(f"  {target.model:14s} {target.gpus:5d}x{target.gpu:25s} {target.precision} "
-                  f"tp{target.tp} pp{target.pp} mb{target.micro_batch:<3d} published "
+                  f"tp{target.tp} pp{target.pp} cp{target.cp} mb{target.micro_batch:<3d} "
+                  "published "
                   f"{target.tokens_per_s_per_gpu:8.0f}  predicted {got:8.0f} "
                   f"({low:.0f}-{high:.0f}) err {err:5.1f}%  from [{ref or 'workload alone'}]")
         lines.append(summarise(name, res))
+        if cp_res:
+            cp_lines.append(summarise(name + ", cp > 1 rows", cp_res))
     infeasible = []
     for r in report:
         try:
@@ -556,6 +575,9 @@ def main() -> None:
             infeasible.append(r)
     print("\nSummary (tokens/s per GPU; " + GOALS + ")")
     for line in lines:
+        print(line)
+    print("Context-parallel rows of the report set (within the tasks above):")
+    for line in cp_lines or ["  none"]:
         print(line)
     print(f"  published configurations called infeasible: {len(infeasible)} of {len(report)} "
           "(goal 0; activations from perfmodel.activations: architecture, SDPA, recompute as "

@@ -17,8 +17,9 @@ Megatron's default, selective). The layout is the source's tp × pp × dp with F
 torchtitan and Megatron-FSDP rows and ZeRO-1 (Megatron's distributed optimizer) otherwise,
 the interleaved schedule's virtual stages from the notes; a micro-batch the table does not
 give is 1; torchtitan's pipelines split the local batch into pp × stages-per-rank
-micro-batches (``pipeline_llama.py``, 2024-12). Context-parallel rows (cp > 1) are skipped:
-``perfmodel`` does not split the sequence.
+micro-batches (``pipeline_llama.py``, 2024-12). Context-parallel rows (the notes' cp) run as
+``cpN`` in the layout (docs/models.md#context-parallelism), torchtitan's with its all-gather
+exchange (``cp_exchange``).
 
 GPUs: the catalog's H100-SXM5-80GB, A100-80GB-SXM4 and B200. torchtitan's Grand Teton H100s
 have 96 GB (95 GB on the 2024-08 page): the prediction is made on the 80 GB part and its
@@ -80,7 +81,7 @@ def configurations() -> tuple[list[dict], int]:
         notes = r["notes"] or ""
         tp, pp = num(r["tp"]), num(r["pp"])
         cp = int(num(note(notes, "cp")) or 1)
-        if r["gpu"] not in GPUS or tp is None or pp is None or cp > 1:
+        if r["gpu"] not in GPUS or tp is None or pp is None:
             skipped += 1
             continue
         clean = ";".join(p for p in notes.split(";") if not p.strip().startswith("alt value"))
@@ -89,7 +90,7 @@ def configurations() -> tuple[list[dict], int]:
         if key in seen:
             continue
         seen.add(key)
-        out.append({**r, "notes": notes, "tp": int(tp), "pp": int(pp)})
+        out.append({**r, "notes": notes, "tp": int(tp), "pp": int(pp), "cp": cp})
     return out, skipped
 
 
@@ -100,6 +101,8 @@ def workload(r: dict) -> dict:
     w = {"name": r["model"], "params": params, "flops_per_sample": 6.0 * params * seq,
          "precision": "bf16", "optimizer": "adamw", "attention": "sdpa",
          "num_layers": layers, "hidden_size": hidden, "tokens_per_sample": seq}
+    if r.get("cp", 1) > 1 and r["source"].startswith("torchtitan"):
+        w["cp_exchange"] = "allgather"  # torchtitan's default rotate method
     fam = FAMILIES.get((_family(r["model"]) or "", layers, hidden))
     if fam is not None:
         heads, kv, ffn, vocab = fam
@@ -128,9 +131,11 @@ def cli_args(r: dict, path: str) -> list[str]:
     gpus, tp, pp = int(float(r["gpus"])), r["tp"], r["pp"]
     notes = r["notes"]
     fsdp = r["source"].startswith("torchtitan") or note(notes, "fsdp") not in (None, "NA", "0")
-    dp = gpus // (tp * pp)
-    dp_strategy = ("fsdp" if fsdp else "zero1") if dp > 1 else "ddp"
+    cp = r.get("cp", 1)
+    dp = gpus // (tp * pp * cp)  # replicas; with cp the ranks sharing weights are dp x cp
+    dp_strategy = ("fsdp" if fsdp else "zero1") if dp * cp > 1 else "ddp"
     parts = ([f"tp{tp}"] if tp > 1 else []) + ([f"pp{pp}"] if pp > 1 else []) + [dp_strategy]
+    parts += [f"cp{cp}"] if cp > 1 else []
     mb = int(num(r["micro_batch"]) or 1)
     accum = None
     vp = int(num(note(notes, "vp")) or 1) if pp > 1 else 1
@@ -179,7 +184,7 @@ def main() -> int:
             p, share = p_fits_on(out, gb, gpu)
             results.append((r, out, p, share))
     print(f"Published LLM configurations through `mlflow gpuopt predict` ({DATA.name}): "
-          f"{len(results)} distinct, {skipped} rows skipped (context parallel, tp/pp unknown)")
+          f"{len(results)} distinct, {skipped} rows skipped (tp/pp unknown)")
     print(f"  {'source':28s} {'model':15s} {'GPUs':>11s}  layout                mb  recompute  "
           f"predicted GB  of usable  p_fits")
     for r, out, p, share in sorted(results, key=lambda x: -x[3]):

@@ -7,7 +7,7 @@ and one software stack (torchtitan's eager / ``torch.compile`` / async-TP varian
 apart; each Megatron-Bridge release is its own family). In each family the smallest model is
 the proxy: each of its rows is the "proxy measurement", and every bigger model's row is a
 target. Rows whose layout is not stated (tp/pp unknown) or that use context parallelism
-(cp > 1, which the models have no term for) are left out, counted.
+(cp > 1; ``bench_llm.py`` scores those) are left out, counted.
 
 Each pair goes through what a user runs, in-process through the click entry point:
 

@@ -56,9 +56,11 @@ BOUNDS: dict[str, Bound] = {
     "params": Bound(1, 1e14, "the largest trained models have ~2e12 parameters"),
     "trainable_params": Bound(0, 1e14, "at most the model's parameters (<= 1e14)"),
     "largest_layer_params": Bound(0, 1e14, "at most the model's parameters (<= 1e14)"),
-    # Forward + backward ≈ 6 · params · tokens per sample: 1e12 params × 1e5 tokens = 6e17.
-    "flops_per_sample": Bound(0, 1e18, "6 x 1e12 parameters x 1e5 tokens is 6e17",
-                              low_open=True),
+    # Forward + backward ≈ 6 · params · tokens + 12 · layers · hidden · tokens² per sample:
+    # 1e12 params × 1e6 tokens = 6e18, and a 405B-shaped model's attention at a million-token
+    # context (126 layers, hidden 16384) 2.5e19.
+    "flops_per_sample": Bound(0, 1e21, "6 x 1e12 parameters x 1e6 tokens is 6e18, attention "
+                              "at a million tokens ~3e19", low_open=True),
     # Per-GPU micro-batches reach ~1e5 rows for tiny recommender/tabular samples; the search
     # scans divisors of the per-GPU batch, so this also bounds its work.
     "micro_batch": Bound(1, 1e7, "per-GPU micro-batches of tiny samples reach ~1e5"),
@@ -77,12 +79,13 @@ BOUNDS: dict[str, Bound] = {
     "tokens_per_sample": Bound(0, 1e8, "context windows reach ~1e7 tokens", low_open=True),
     # Adam keeps 8 B (m, v) + 4 B master copy per parameter; 64 leaves room for any optimizer.
     "optimizer_state_bytes_per_param": Bound(0, 64, "Adam keeps 12 bytes per parameter"),
-    # ~34·hidden bytes per token per layer (Korthikanti et al.): 1e5 × 1e3 layers × 1e5 tokens.
-    "activation_bytes_per_sample": Bound(0, 1e16, "34 x hidden x layers x tokens stays "
-                                                  "below 1e15 bytes"),
-    "memory_traffic_bytes_per_sample": Bound(0, 1e19, "at most ~10 bytes per FLOP"),
+    # ~34·hidden bytes per token per layer (Korthikanti et al.): 34 × 16384 × 126 layers ×
+    # 1e6 tokens (a 405B-shaped model at a million-token context) is 7e16.
+    "activation_bytes_per_sample": Bound(0, 1e18, "34 x hidden x layers x tokens stays "
+                                                  "below 1e17 bytes"),
+    "memory_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
     # A replay reruns at most the forward (a third of a step's model FLOPs): the same cap.
-    "recompute_flops_per_sample": Bound(0, 1e18, "a replay reruns at most the forward"),
+    "recompute_flops_per_sample": Bound(0, 1e21, "a replay reruns at most the forward"),
     # An eager step of a large model dispatches ~1e4–1e5 operators.
     "kernels_per_micro_step": Bound(0, 1e8, "an eager step launches ~1e5 kernels"),
     "num_layers": Bound(0, 1e5, "the deepest trained networks have ~1e3-1e4 layers"),

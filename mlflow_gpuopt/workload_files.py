@@ -24,6 +24,7 @@ from mlflow_gpuopt.bounded_read import read_capped
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel, normalize_fp8_recipe
+from mlflow_gpuopt.perfmodel.context import normalize_exchange
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
@@ -45,7 +46,8 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
                "recompute_flops_per_sample", "capacity_factor"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
-             "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel"}
+             "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
+             "cp_exchange"}
 _BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -222,6 +224,8 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
             kwargs["fp8_recipe"] = normalize_fp8_recipe(kwargs["fp8_recipe"])
         if "attention_kernel" in kwargs:
             kwargs["attention_kernel"] = normalize_attention_kernel(kwargs["attention_kernel"])
+        if "cp_exchange" in kwargs:
+            kwargs["cp_exchange"] = normalize_exchange(kwargs["cp_exchange"])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:

@@ -72,7 +72,9 @@ def _human(result: dict) -> str:
                  f"{_fmt_bytes(m['weights_bytes'])}, gradients {_fmt_bytes(m['gradients_bytes'])}"
                  f", optimizer {_fmt_bytes(m['optimizer_bytes'])}, activations "
                  f"{_fmt_bytes(m['activations_bytes'])}, workspace "
-                 f"{_fmt_bytes(m['workspace_bytes'])})")
+                 f"{_fmt_bytes(m['workspace_bytes'])}"
+                 + (f", context-parallel K/V buffers {_fmt_bytes(m['cp_buffers_bytes'])}"
+                    if m.get("cp_buffers_bytes") else "") + ")")
     lines.append(f"  largest micro-batch that fits: {result['max_micro_batch']}")
     net = result.get("network")
     if net and result["nodes"] > 1:

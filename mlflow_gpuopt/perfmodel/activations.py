@@ -80,6 +80,10 @@ The backward's extra over what is stored (the loss's gradients, or one layer reb
 full recomputation) is ``ActivationBytes.recompute_bytes``; the two are not held at once (the
 loss's gradients are freed before the first layer is rebuilt), so the larger counts.
 
+Context parallelism over ``c`` ranks keeps ``seq/c`` tokens of each sample on a GPU: every
+per-token term above is held for ``b·s/c`` tokens (eager attention's scores would be
+``s/c × s`` per head; context parallelism runs fused attention only).
+
 With 1F1B pipelining the first stage holds ``min(p, accumulation steps)`` micro-batches of
 its ``L/p`` layers in flight (Sec. 4.2.3); an interleaved schedule with ``v`` virtual stages
 multiplies that by ``1 + (p − 1)/(p·v)``.
@@ -278,21 +282,22 @@ def activation_bytes(dims: TransformerDims, micro_batch: float, element_bytes: f
                      attention_dropout: bool = True, recompute: str = "none", tp: int = 1,
                      pp: int = 1, grad_accum: int = 1, virtual_stages: int = 1,
                      sequence_parallel: bool = True, cross_entropy: str = "fused",
-                     ) -> ActivationBytes:
+                     cp: int = 1) -> ActivationBytes:
     """Activation bytes of the busiest GPU (first or last pipeline stage) for ``micro_batch``
     samples of ``dims.seq_len`` tokens.
 
     ``mask_bytes`` is 0 for a model without dropout; ``attention_dropout`` says whether the
     scores are dropped out too (eager attention then keeps a mask and the dropped-out copy);
     ``cross_entropy`` is the loss's implementation (module docstring; ``fused`` keeps the
-    fp32 log-probabilities the paper counts).
+    fp32 log-probabilities the paper counts); ``cp`` is the context-parallel degree (each
+    GPU holds ``seq/cp`` tokens of each sample).
     """
     kept_logit, loss_logit = CROSS_ENTROPY_BYTES[normalize_cross_entropy(cross_entropy)
                                                  or "fused"]
     attention = normalize_attention(attention)
     recompute = normalize_recompute(recompute)
     t, p = max(1, tp), max(1, pp)
-    tokens = float(micro_batch) * float(dims.seq_len)
+    tokens = float(micro_batch) * float(dims.seq_len) / max(1, cp)
     h, e, d = float(dims.hidden_size), float(element_bytes), float(mask_bytes)
     full_layer = layer_bytes_per_token(dims, e, d, attention, attention_dropout,
                                        "none" if recompute in ("full", "selective-op")

@@ -14,7 +14,7 @@ from mlflow_gpuopt.perfmodel.types import STRATEGIES, Hardware, ParallelConfig
 #: Data-parallel flavours; ``tp``/``pp`` mean "model parallel, replicas (if any) use DDP".
 DP_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 SHARDED_PARAMS = frozenset({"zero3", "fsdp"})
-_PART = re.compile(r"^(tp|pp|vp|dp|ep)(\d*)$")
+_PART = re.compile(r"^(tp|pp|vp|dp|ep|cp)(\d*)$")
 _SEPARATORS = re.compile(r"[x×+,*]")
 
 
@@ -27,8 +27,10 @@ def parse_layout(text: str) -> tuple[str, int, int, int, int]:
     degrees are given: their replicas use DDP). A degree of 0 (``tp`` or ``pp`` without a
     number) means "fill the node" / "fill the job"; absent degrees are 1. ``vp`` is the number
     of virtual stages of an interleaved pipeline schedule; ``dp`` with a number is the
-    data-parallel degree the layout must come to (0 when not given). An ``epN`` part (expert
-    parallelism, :func:`expert_degree`) is accepted and left out of the tuple.
+    data-parallel degree the layout must come to (0 when not given; with context parallel,
+    the replicas: GPUs ÷ (tp × pp × cp)). An ``epN`` part (expert parallelism,
+    :func:`expert_degree`) and a ``cpN`` part (context parallelism, :func:`context_degree`)
+    are accepted and left out of the tuple.
     """
     return _parse(text)[:5]
 
@@ -39,13 +41,19 @@ def expert_degree(text: str) -> int:
     return _parse(text)[5]
 
 
+def context_degree(text: str) -> int:
+    """The context-parallel degree ``cpN`` of a strategy string (``cp4xfsdp``,
+    ``tp2xcp4xfsdp``); 1 when it has none (docs/models.md#context-parallelism)."""
+    return _parse(text)[6]
+
+
 @functools.lru_cache(maxsize=256)  # pure; the recommender asks thousands of times
-def _parse(text: str) -> tuple[str, int, int, int, int, int]:
+def _parse(text: str) -> tuple[str, int, int, int, int, int, int]:
     parts = [p for p in _SEPARATORS.split(str(text).strip().lower()) if p]
     if not parts:
         raise PerfModelError(f"empty strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, "
                              "tp, pp or e.g. tp2xpp2xddp")
-    dp_name, tp, pp, vp, dp, ep = None, 1, 1, 1, 0, 1
+    dp_name, tp, pp, vp, dp, ep, cp = None, 1, 1, 1, 0, 1, 1
     seen: dict[str, str] = {}  # kind of part -> the part, so none is given twice
     for part in parts:
         m = None if part in DP_STRATEGIES else _PART.match(part)
@@ -53,14 +61,14 @@ def _parse(text: str) -> tuple[str, int, int, int, int, int]:
             raise PerfModelError(
                 f"unknown strategy {text!r}; use one of {', '.join(DP_STRATEGIES)}, tp, pp, "
                 "or a combination such as tp2xpp2xddp (vpN: interleaved virtual stages, "
-                "epN: expert parallel)")
+                "epN: expert parallel, cpN: context parallel)")
         kind_name = {"tp": "tensor-parallel", "pp": "pipeline", "vp": "virtual-stage",
-                     "ep": "expert-parallel"}.get(
+                     "ep": "expert-parallel", "cp": "context-parallel"}.get(
             m.group(1) if m else "", "data-parallel")
         if kind_name in seen:
             raise PerfModelError(
                 f"strategy {text!r} gives the {kind_name} part twice ({seen[kind_name]} and "
-                f"{part}); give each of data-parallel, tp, pp, vp and ep at most once")
+                f"{part}); give each of data-parallel, tp, pp, vp, ep and cp at most once")
         seen[kind_name] = part
         if m is None:
             dp_name = part
@@ -78,13 +86,18 @@ def _parse(text: str) -> tuple[str, int, int, int, int, int]:
                 raise PerfModelError(f"strategy {text!r}: ep needs a number of expert-parallel "
                                      "ranks (ep8)")
             ep = degree
+        elif kind == "cp":
+            if degree < 1:
+                raise PerfModelError(f"strategy {text!r}: cp needs a number of context-parallel "
+                                     "ranks (cp4)")
+            cp = degree
         else:
             if degree < 1:
                 raise PerfModelError(f"strategy {text!r}: vp needs a number of virtual stages")
             vp = degree
     if dp_name is None:
         dp_name = "tp" if tp != 1 and pp == 1 else ("pp" if pp != 1 else "ddp")
-    return dp_name, tp, pp, vp, dp, ep
+    return dp_name, tp, pp, vp, dp, ep, cp
 
 
 def is_strategy(text: str) -> bool:
@@ -102,6 +115,8 @@ class Layout:
 
     tp: int
     pp: int
+    #: ranks holding the same weight shard, which reduce gradients together: the
+    #: data-parallel replicas × the context-parallel degree (Megatron's dp×cp group)
     dp: int
     dp_strategy: str  # one of DP_STRATEGIES
     dp_ranks_per_node: int  # replicas of one model shard that share a node
@@ -112,6 +127,15 @@ class Layout:
     #: data-parallel group (Megatron's expert-model-parallel group); divides ``dp``
     ep: int = 1
     ep_spans_nodes: bool = False  # the expert-parallel group crosses a node boundary
+    #: context-parallel degree: each sample's sequence split over ``cp`` ranks of the
+    #: ``dp`` group, which hold the same weights (docs/models.md#context-parallelism)
+    cp: int = 1
+    cp_spans_nodes: bool = False  # the context-parallel group crosses a node boundary
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas, each taking its own samples: ``dp ÷ cp``."""
+        return self.dp // self.cp
 
     def gpus_total(self) -> int:
         """GPUs in the job: ``tp × pp × dp``."""
@@ -131,7 +155,7 @@ def resolve_layout(config: ParallelConfig) -> Layout:
     (:func:`parse_layout`), whose degrees apply where ``config.tp``/``pp`` are left at 1.
     ``tp`` without a degree uses the whole node, and ``pp`` without one puts one stage on every
     GPU left after tensor parallel."""
-    name, tp_s, pp_s, vp_s, dp_s, ep = _parse(config.strategy)
+    name, tp_s, pp_s, vp_s, dp_s, ep, cp = _parse(config.strategy)
     if name not in STRATEGIES:
         raise PerfModelError(
             f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
@@ -154,9 +178,13 @@ def resolve_layout(config: ParallelConfig) -> Layout:
         raise PerfModelError(
             f"tensor-parallel {tp} x pipeline {pp} = {tp * pp} does not divide {gpus} GPUs")
     dp = gpus // (tp * pp)
-    if dp_s and dp_s != dp:
-        raise PerfModelError(f"strategy {config.strategy!r}: dp{dp_s} x tp{tp} x pp{pp} is not "
-                             f"the {gpus} GPUs of the job")
+    if dp % cp:
+        raise PerfModelError(f"context-parallel cp{cp} x tensor-parallel {tp} x pipeline {pp} "
+                             f"does not divide {gpus} GPUs")
+    if dp_s and dp_s * cp != dp:
+        raise PerfModelError(f"strategy {config.strategy!r}: dp{dp_s} x tp{tp} x pp{pp}"
+                             + (f" x cp{cp}" if cp > 1 else "")
+                             + f" is not the {gpus} GPUs of the job")
     if dp_strategy == "single":
         if gpus != 1:
             raise PerfModelError(f"strategy 'single' runs on 1 GPU, not {gpus}; use ddp")
@@ -172,7 +200,8 @@ def resolve_layout(config: ParallelConfig) -> Layout:
                   dp_ranks_per_node=min(dp, dp_in_node),
                   dp_spans_nodes=config.nodes > 1 and dp > dp_in_node,
                   pp_spans_nodes=config.nodes > 1 and tp * pp > g, vp=vp, ep=ep,
-                  ep_spans_nodes=config.nodes > 1 and ep > dp_in_node)
+                  ep_spans_nodes=config.nodes > 1 and ep > dp_in_node, cp=cp,
+                  cp_spans_nodes=config.nodes > 1 and cp > dp_in_node)
 
 
 def validate_config(config: ParallelConfig, hardware: Hardware) -> None:

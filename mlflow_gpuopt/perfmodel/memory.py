@@ -38,8 +38,11 @@ activations (``precision.ACTIVATION_BYTES``).
 Activations: a measured figure where the profile has one; else, with the transformer's
 layers, hidden size and sequence length, the per-layer formula (:mod:`.activations`: the
 attention kernel, dropout, recomputation, tensor/sequence parallel, pipeline stage and the
-cross-entropy's logits); else a FLOPs-based guess. An ``activation_scale`` below 1 is the
-calibration that makes observed configurations fit (:mod:`.predictor`).
+cross-entropy's logits; context parallel keeps ``seq/cp`` tokens of each sample); else a
+FLOPs-based guess. Context parallel also holds the key/value chunks it exchanges
+(``MemoryBreakdown.cp_buffers_bytes``, :func:`.context.buffer_bytes`). An
+``activation_scale`` below 1 is the calibration that makes observed configurations fit
+(:mod:`.predictor`).
 
 Around them: the CUDA context with cuBLAS workspaces and NCCL buffers (``CONTEXT_BYTES``), and
 what PyTorch's caching allocator reserves beyond what it has allocated at the peak
@@ -68,10 +71,16 @@ from mlflow_gpuopt.perfmodel.activations import (
     recompute_time_factor,
     transformer_dims,
 )
+from mlflow_gpuopt.perfmodel import context
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
 from mlflow_gpuopt.perfmodel.moe import routed_expert_params
-from mlflow_gpuopt.perfmodel.precision import ELEMENT_BYTES, is_mixed, normalize_precision
+from mlflow_gpuopt.perfmodel.precision import (
+    COMM_ELEMENT_BYTES,
+    ELEMENT_BYTES,
+    is_mixed,
+    normalize_precision,
+)
 from mlflow_gpuopt.perfmodel.shape import Shape, model_shape
 from mlflow_gpuopt.perfmodel.types import MemoryBreakdown, ParallelConfig, Workload
 
@@ -265,7 +274,7 @@ def activation_notes(workload: Workload, recompute: str) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1024)  # pure; a search asks it for every plan's micro-batch
 def _formula_bytes(workload: Workload, dims: TransformerDims, precision: str,
                    micro_batch: float, recompute: str, tp: int = 1, pp: int = 1,
-                   grad_accum: int = 1, virtual_stages: int = 1) -> float:
+                   grad_accum: int = 1, virtual_stages: int = 1, cp: int = 1) -> float:
     """The per-layer formula's activation bytes at the peak of the backward, with the
     workload's attention kernel and dropout."""
     dropout = workload.dropout is None or workload.dropout > 0
@@ -274,7 +283,8 @@ def _formula_bytes(workload: Workload, dims: TransformerDims, precision: str,
         attention=normalize_attention(workload.attention), attention_dropout=dropout,
         recompute=recompute, tp=tp, pp=pp, grad_accum=grad_accum,
         virtual_stages=virtual_stages,
-        cross_entropy=normalize_cross_entropy(workload.cross_entropy) or "fused").peak_bytes
+        cross_entropy=normalize_cross_entropy(workload.cross_entropy) or "fused",
+        cp=cp).peak_bytes
 
 
 def _activations(workload: Workload, config: ParallelConfig, layout: Layout, precision: str,
@@ -284,9 +294,9 @@ def _activations(workload: Workload, config: ParallelConfig, layout: Layout, pre
     dims = None if workload.activation_bytes_per_sample else transformer_dims(workload)
     if dims is not None:
         return _formula_bytes(workload, dims, precision, micro_batch, recompute, layout.tp,
-                              layout.pp, config.grad_accum, layout.vp)
+                              layout.pp, config.grad_accum, layout.vp, layout.cp)
     act_per_sample, estimated = activation_bytes_per_sample(workload, precision)
-    act = act_per_sample * micro_batch / layout.tp
+    act = act_per_sample * micro_batch / (layout.tp * layout.cp)
     # A measured figure holds what the run kept under its own recomputation; an estimate
     # from FLOPs is what a step keeps without any.
     held = "none" if estimated else normalize_recompute(workload.recompute)
@@ -342,7 +352,8 @@ def _logits_sigma(workload: Workload, layout: Layout, micro_batch: float) -> flo
     if dims is None or not dims.vocab_size or workload.cross_entropy or \
             workload.activation_bytes_per_sample:
         return 0.0
-    return LOGIT_BYTES * float(dims.vocab_size) * float(micro_batch) * dims.seq_len / layout.tp
+    return (LOGIT_BYTES * float(dims.vocab_size) * float(micro_batch) * dims.seq_len
+            / (layout.tp * layout.cp))
 
 
 def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
@@ -367,7 +378,9 @@ def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
     m = micro_batch if micro_batch is not None else (config.micro_batch or workload.micro_batch
                                                      or 1)
     act = activation_scale * _activations(workload, config, layout, precision, m, shape)
-    allocated = w + g + o + act
+    # keys and values travel at 16 bits under FP8 too (attention runs in bf16)
+    kv = context.buffer_bytes(workload, layout, m, COMM_ELEMENT_BYTES[precision])
+    allocated = w + g + o + act + kv
     workspace = CONTEXT_BYTES + ALLOCATOR_OVERHEAD * allocated
     gathered = 0.0 if workload.largest_layer_params else gathered_bytes(
         params, precision, layout.dp_strategy, big, share)
@@ -380,7 +393,7 @@ def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
                       + (ALLOCATOR_SIGMA * allocated) ** 2 + CONTEXT_SIGMA_BYTES ** 2)
     return MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
                            activations_bytes=act, workspace_bytes=workspace,
-                           sigma_bytes=sigma)
+                           sigma_bytes=sigma, cp_buffers_bytes=kv)
 
 
 def max_micro_batch_fitting(workload: Workload, config: ParallelConfig, layout: Layout,

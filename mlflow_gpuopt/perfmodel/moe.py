@@ -68,7 +68,8 @@ def alltoall_s(workload: Workload, layout: Layout, hardware: Hardware, micro_bat
                seq_len: float, act_bytes: float) -> float:
     """Seconds of one micro-step's expert-parallel all-to-alls on one GPU (this pipeline
     stage's MoE layers; with tensor parallel, each rank dispatches its ``1/tp`` of the
-    tokens, as Megatron's sequence parallelism holds them)."""
+    tokens, as Megatron's sequence parallelism holds them; ``seq_len`` is the tokens of a
+    sample on the GPU, ``seq/cp`` under context parallel)."""
     if layout.ep <= 1 or not is_moe(workload):
         return 0.0
     tokens = micro_batch * seq_len / layout.tp

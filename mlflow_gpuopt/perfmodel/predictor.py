@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from mlflow_gpuopt.perfmodel import moe, vendor
+from mlflow_gpuopt.perfmodel import context, moe, vendor
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
     GENERATION_MFU,
@@ -248,6 +248,7 @@ class Predictor:
         validate_config(config, hardware)
         layout = resolve_layout(config)
         moe.check_experts(self.workload, layout)
+        context.check_context(self.workload, layout)
         precision = normalize_precision(config.precision or self.workload.precision)
         m = config.micro_batch or self.workload.micro_batch
         if not m:
@@ -329,6 +330,8 @@ class Predictor:
         tokens = self.workload.tokens_per_sample
         notes += self._shape_notes(layout, recompute == "full")
         notes += moe.notes(self.workload, layout, terms.alltoall_s)
+        notes += context.notes(self.workload, layout, terms.cp_exchange_total_s,
+                               terms.cp_exchange_s)
         return Prediction(
             gpu=hardware.gpu, config=config, throughput_samples_per_s=throughput,
             low=low, high=high, log_sigma=sigma, step_time_s=terms.step_s,
@@ -339,7 +342,8 @@ class Predictor:
             tokens_per_s=throughput * tokens if tokens else None, assumptions=notes,
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"),
-            p_fits=chance, memory_usable_bytes=usable, alltoall_s=terms.alltoall_s)
+            p_fits=chance, memory_usable_bytes=usable, alltoall_s=terms.alltoall_s,
+            cp_exchange_s=terms.cp_exchange_s)
 
     def transfer_classes(self, config: ParallelConfig, hardware: Hardware) -> list[dict]:
         """For a prediction carried from a measured GPU type or precision: per operator class
@@ -547,6 +551,7 @@ class Predictor:
         """Largest micro-batch per GPU whose memory fits ``hardware`` under ``config``."""
         validate_config(config, hardware)
         layout = resolve_layout(config)
+        context.check_context(self.workload, layout)
         return max_micro_batch_fitting(self.workload, config, layout,
                                        usable_memory_bytes(hardware.gpu, hardware.memory_bytes),
                                        self._shape, self._observed.activation_scale)
@@ -570,7 +575,7 @@ class ObservedFit:
 def _observed_key(gpu: str, config: ParallelConfig, layout: Layout, precision: str,
                   recompute: str) -> tuple:
     return (gpu, config.gpus_per_node, config.nodes, layout.tp, layout.pp, layout.vp,
-            layout.dp, layout.dp_strategy, precision, recompute)
+            layout.dp, layout.cp, layout.dp_strategy, precision, recompute)
 
 
 def observed_fit(workload: Workload, observations: Sequence[Observation],

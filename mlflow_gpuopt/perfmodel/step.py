@@ -10,6 +10,11 @@
                                                    parallel traffic by Pollux's overlap
                                                    (T_stage^γ + T_comm^γ)^(1/γ)
 
+Context parallel (``cp``) splits each sample's sequence: a GPU's per-sample work ``b`` is
+divided by ``tp·pp·cp``, its tensor-parallel and pipeline messages carry ``seq/cp`` tokens, and
+the key/value exchange adds what attention does not hide (``context.py``); the data-parallel
+group that reduces the gradients is the replicas × ``cp``.
+
 The pipeline bubble is Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
 on GPU Clusters Using Megatron-LM", Sec. 2.2): (p−1)/m of the ideal time for 1F1B with m
 micro-batches, (p−1)/(v·m) with the interleaved schedule's v model chunks per device, whose
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlflow_gpuopt.perfmodel import comm, moe
+from mlflow_gpuopt.perfmodel import comm, context, moe
 from mlflow_gpuopt.perfmodel.compute import (
     kernel_count,
     latency_time_s,
@@ -76,6 +81,10 @@ class StepTerms:
     #: per step: expert-parallel all-to-alls (dispatch and combine; not overlapped), within
     #: ``exposed_comm_s``
     alltoall_s: float = 0.0
+    #: per step: the context-parallel key/value exchange on the critical path (within
+    #: ``exposed_comm_s``), and all of it, hidden or not
+    cp_exchange_s: float = 0.0
+    cp_exchange_total_s: float = 0.0
 
 
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
@@ -87,8 +96,9 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     ``recompute_factor`` stretches each micro-step's compute for activation recomputation
     (4/3 for full: the forward runs twice, its kernel dispatch and weight reads included), and
     full recomputation re-runs the forward's two tensor-parallel all-reduces per layer."""
-    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    tp, pp, dp, cp = layout.tp, layout.pp, layout.dp, layout.cp
     shards = tp * pp
+    seq_local = shape.seq_len / cp  # tokens of each sample on this GPU
     s = max(1, int(grad_accum))
     params_shard = moe.params_per_shard(workload, layout)  # experts also split by ep
     k = calib.compute_scale
@@ -99,12 +109,13 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     overhead = micro_step_overhead_s(kernels / pp if kernels else None)
     a = (kr * weight_traffic_time_s(params_shard, hardware, precision)
          + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
-    b = k * per_sample_time_prior_s(workload, hardware, precision) / shards
+    b = k * per_sample_time_prior_s(workload, hardware, precision) / (shards * cp)
     t_grad = a + b * micro_batch
     if calib.latency_fixed_flops or calib.latency_per_sample_flops:
         # Each stage runs its share of the kernels; tensor parallelism splits each kernel.
         t_grad += latency_time_s(calib.latency_fixed_flops / pp,
-                                 calib.latency_per_sample_flops / shards, micro_batch, hardware)
+                                 calib.latency_per_sample_flops / (shards * cp), micro_batch,
+                                 hardware)
     t_grad *= recompute_factor
     opt_params = params_shard / dp if layout.dp_strategy in ("zero1", "zero2", "zero3",
                                                             "fsdp") else params_shard
@@ -115,23 +126,29 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     act_bytes = COMM_ELEMENT_BYTES[precision]
     kappa = calib.comm_scale
     t_tp = kappa * comm.tp_allreduce_s(max(1, shape.num_layers // pp), micro_batch,
-                                       shape.seq_len, shape.hidden_size, act_bytes, tp,
+                                       seq_local, shape.hidden_size, act_bytes, tp,
                                        hardware)
     if full_recompute:
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
-    t_a2a = kappa * moe.alltoall_s(workload, layout, hardware, micro_batch, shape.seq_len,
+    t_a2a = kappa * moe.alltoall_s(workload, layout, hardware, micro_batch, seq_local,
                                    act_bytes)
     if full_recompute:
         t_a2a *= 1.5  # the forward's dispatch and combine again
-    t_micro = t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap) + t_a2a
+    t_cp_total, t_cp = context.exchange_s(workload, layout, hardware, precision, micro_batch,
+                                          shape.seq_len, act_bytes, k, kappa)
+    if full_recompute:  # the forward's exchange again: 4 volumes of 3
+        t_cp_total *= 4.0 / 3.0
+        t_cp *= 4.0 / 3.0
+    t_micro = (t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap) + t_a2a
+               + t_cp)
     # One multi-GPU run cannot tell a slower collective from more time lost to
     # synchronisation: the fitted scale takes both (comm.sync_overhead_s).
     t_straggle = comm.sync_overhead_s(t_micro, dp, kappa)
 
     bubble = 0.0
     if pp > 1:
-        boundary = micro_batch * shape.seq_len * shape.hidden_size * act_bytes
+        boundary = micro_batch * seq_local * shape.hidden_size * act_bytes
         vp = max(1, layout.vp)
         t_stage = t_micro + kappa * vp * comm.pp_p2p_s(boundary, layout, hardware)
         bubble = (pp - 1) * t_stage / vp
@@ -158,4 +175,5 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     compute = s * t_grad + t_opt
     exposed = max(0.0, step - compute - bubble)
     return StepTerms(step_s=step, compute_s=compute, exposed_comm_s=exposed, bubble_s=bubble,
-                     samples_per_step=micro_batch * s * dp, alltoall_s=s * t_a2a)
+                     samples_per_step=micro_batch * s * layout.replicas, alltoall_s=s * t_a2a,
+                     cp_exchange_s=s * t_cp, cp_exchange_total_s=s * t_cp_total)

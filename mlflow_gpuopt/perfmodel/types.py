@@ -84,6 +84,11 @@ class Workload:
     #: tokens an expert takes, over its even share (Switch/GShard); None: dropless, planned
     #: at 1.0 (no imbalance)
     capacity_factor: float | None = None
+    #: How a context-parallel job exchanges keys and values (docs/models.md#context-
+    #: parallelism): "ring" (point-to-point, overlapped with attention: Megatron's ``p2p``,
+    #: ring attention) or "allgather" (gathered at once, under the local chunk's attention
+    #: only: torchtitan's ``context_parallel_rotate_method`` default); None: ring
+    cp_exchange: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,12 +178,15 @@ class MemoryBreakdown:
     workspace_bytes: float  # allocator fragmentation, CUDA context, communication buffers
     #: standard deviation of the peak (the estimates' spreads in quadrature; 0: exact)
     sigma_bytes: float = 0.0
+    #: context parallel: the key/value chunks received (and their gradients) held at the
+    #: peak of one layer's backward (0 without context parallelism)
+    cp_buffers_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
         """Everything above added up."""
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.workspace_bytes)
+                + self.activations_bytes + self.workspace_bytes + self.cp_buffers_bytes)
 
 
 @dataclass(frozen=True)
@@ -221,3 +229,6 @@ class Prediction:
     #: per step: expert-parallel all-to-all dispatch and combine (within ``exposed_comm_s``;
     #: 0 without expert parallelism)
     alltoall_s: float = 0.0
+    #: per step: the context-parallel key/value exchange left on the critical path (within
+    #: ``exposed_comm_s``; a ring hides what attention covers; 0 without context parallelism)
+    cp_exchange_s: float = 0.0

@@ -88,7 +88,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     """The prediction for the request's configuration (the ``predict --json`` object)."""
     from mlflow_gpuopt.hardware import hardware_for_gpu
     from mlflow_gpuopt.perfmodel import ParallelConfig, normalize_precision
-    from mlflow_gpuopt.perfmodel.layout import expert_degree, parse_layout
+    from mlflow_gpuopt.perfmodel.layout import context_degree, expert_degree, parse_layout
     from mlflow_gpuopt.planning.fitting import fit_runs
     from mlflow_gpuopt.planning.inputs import read_inputs
 
@@ -128,6 +128,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     dp_strategy, tp, pp = parse_strategy(strategy or ("single" if gpus == 1 else "ddp"))
     vp = r.virtual_stages or parse_layout(strategy or "ddp")[3]
     ep = expert_degree(strategy or "ddp")
+    cp = context_degree(strategy or "ddp")
+    replicas = parse_layout(strategy or "ddp")[4]  # dpN: checked against the GPUs below
     if tp == 0:
         tp = per_node
     if pp == 0:
@@ -147,7 +149,9 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         target_hw = power_capped(target_hw, r.power_limit_w, catalog.gpus[target].tdp_w)
     config = ParallelConfig(
         gpus_per_node=per_node, nodes=nodes,
-        strategy=dp_strategy if ep == 1 else f"{dp_strategy}xep{ep}",
+        strategy="x".join([f"dp{replicas}" if replicas and dp_strategy == "ddp"
+                           else dp_strategy] + ([f"ep{ep}"] if ep > 1 else [])
+                          + ([f"cp{cp}"] if cp > 1 else [])),
         micro_batch=r.micro_batch or workload.micro_batch,
         grad_accum=r.grad_accum or workload.grad_accum or 1,
         precision=precision or workload.precision,
@@ -178,7 +182,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         "gpu": target, "gpus": gpus, "nodes": nodes,
         "strategy": strategy or ("single" if gpus == 1 else "ddp"),
         "micro_batch": config.micro_batch, "grad_accum": config.grad_accum,
-        "precision": config.precision, "tp": tp, "pp": pp, "virtual_stages": vp,
+        "precision": config.precision, "tp": tp, "pp": pp, "virtual_stages": vp, "cp": cp,
         "recompute": config.recompute_mode(workload.recompute),
         "throughput_samples_per_s": p.throughput_samples_per_s, "low": p.low, "high": p.high,
         "step_time_s": p.step_time_s, "memory_per_gpu_bytes": m.total_bytes, "fits": p.fits,
@@ -189,9 +193,11 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         "log_sigma": p.log_sigma, "extrapolated": p.extrapolated, "basis": p.basis,
         "memory": {"weights_bytes": m.weights_bytes, "gradients_bytes": m.gradients_bytes,
                    "optimizer_bytes": m.optimizer_bytes, "activations_bytes": m.activations_bytes,
-                   "workspace_bytes": m.workspace_bytes},
+                   "workspace_bytes": m.workspace_bytes,
+                   "cp_buffers_bytes": m.cp_buffers_bytes},
         "time_breakdown": {"compute_s": p.compute_s, "exposed_comm_s": p.exposed_comm_s,
-                           "bubble_s": p.bubble_s, "alltoall_s": p.alltoall_s},
+                           "bubble_s": p.bubble_s, "alltoall_s": p.alltoall_s,
+                           "cp_exchange_s": p.cp_exchange_s},
         "observations_used": len(observations), "run_ids": list(r.run_ids),
         "assumptions": [*inputs.notes, *p.assumptions], "network": network.as_dict(),
         "instance_type": offer.instance_type if offer is not None else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+from mlflow_gpuopt.perfmodel.layout import context_degree
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
 from mlflow_gpuopt.perfmodel.vendor import is_amd
 from mlflow_gpuopt.recommend.types import Candidate, Target
@@ -73,18 +74,24 @@ def preemption_text(expected: float) -> str:
 def strategy_label(config: ParallelConfig) -> str:
     """Short label for tables: ``ddp``, ``fsdp``, ``tp8``, ``tp8+pp2``, ``pp4``, ``fsdp+ac``;
     model-parallel layouts whose replicas shard more than DDP name it last:
-    ``tp4+pp2+dp8+zero1``."""
+    ``tp4+pp2+dp8+zero1``, with a context-parallel degree after the model-parallel ones
+    (``tp4+cp8+zero1``); without tp/pp the strategy string is the label (``fsdpxcp4``)."""
     if config.strategy in ("tp", "pp") or config.tp > 1 or config.pp > 1:
         parts = []
         if config.tp > 1:
             parts.append(f"tp{config.tp}")
         if config.pp > 1:
             parts.append(f"pp{config.pp}")
-        dp = config.gpus // (config.tp * config.pp)
+        cp = context_degree(config.strategy)
+        flavour = config.strategy
+        if cp > 1:  # named with the model-parallel degrees; its ranks shard as dp's do
+            parts.append(f"cp{cp}")
+            flavour = "x".join(p for p in config.strategy.split("x") if p != f"cp{cp}")
+        dp = data_parallel_ranks(config)
         if dp > 1:
             parts.append(f"dp{dp}")
-            if config.strategy not in ("tp", "pp", "ddp"):
-                parts.append(config.strategy)
+        if dp * cp > 1 and flavour not in ("tp", "pp", "ddp"):
+            parts.append(flavour)
         label = "+".join(parts) or config.strategy
     else:
         label = config.strategy
@@ -102,9 +109,17 @@ def launch_line(candidate: Candidate) -> str:
     common = f"micro-batch {mb} per GPU, gradient accumulation {accum}, {prec}"
     if cfg.activation_checkpointing:
         common += ", activation checkpointing on"
-    s = cfg.strategy
+    cp = context_degree(cfg.strategy)
+    cp_words = ""
+    if cp > 1:
+        cp_words = (f"context parallel {cp}: each sequence split over {cp} GPUs, load-balanced "
+                    "(torch.distributed.tensor.experimental.context_parallel on a 'cp' mesh "
+                    "dimension, or Megatron --context-parallel-size), micro-batch per group "
+                    "of them")
+        common += f", {cp_words}"
+    s = cfg.strategy.split("x")[0] if "xcp" in cfg.strategy else cfg.strategy
     if s in ("tp", "pp") or cfg.tp > 1 or cfg.pp > 1:
-        dp = cfg.gpus // (cfg.tp * cfg.pp)
+        dp = data_parallel_ranks(cfg)
         layout = (f"tensor parallel {cfg.tp} inside each node "
                   f"(torch.distributed.tensor.parallel), pipeline {cfg.pp} stages "
                   f"(torch.distributed.pipelining, {accum} micro-batches), data parallel {dp}")
@@ -115,7 +130,8 @@ def launch_line(candidate: Candidate) -> str:
                 ds[prec] = {"enabled": True}
             return (f"{head} train.py --deepspeed --deepspeed_config ds_config.json  # "
                     f"{layout} with ZeRO-{s[-1]}; ds_config.json: "
-                    f"{json.dumps(ds, separators=(',', ':'))}")
+                    f"{json.dumps(ds, separators=(',', ':'))}"
+                    + (f"; {cp_words}" if cp_words else ""))
         if s == "fsdp":
             return (f"{head} train.py  # {layout}, replicas sharded with FSDP "
                     f"(fully_shard / ShardingStrategy.FULL_SHARD); {common}")
@@ -126,7 +142,8 @@ def launch_line(candidate: Candidate) -> str:
         if prec in ("bf16", "fp16"):
             ds[prec] = {"enabled": True}
         return (f"{head} train.py --deepspeed --deepspeed_config ds_config.json"
-                f"  # ds_config.json: {json.dumps(ds, separators=(',', ':'))}")
+                f"  # ds_config.json: {json.dumps(ds, separators=(',', ':'))}"
+                + (f"; {cp_words}" if cp_words else ""))
     if s == "fsdp":
         mp = f", MixedPrecision(param_dtype={prec})" if prec in ("bf16", "fp16") else ""
         return (f"{head} train.py  # FSDP: fully_shard / ShardingStrategy.FULL_SHARD{mp}, "
@@ -137,8 +154,9 @@ def launch_line(candidate: Candidate) -> str:
 
 
 def data_parallel_ranks(config: ParallelConfig) -> int:
-    """Replicas that each take a share of the global batch (GPUs ÷ (tensor × pipeline))."""
-    return max(1, config.gpus // (config.tp * config.pp))
+    """Replicas that each take a share of the global batch (GPUs ÷ (tensor × pipeline ×
+    context parallel))."""
+    return max(1, config.gpus // (config.tp * config.pp * context_degree(config.strategy)))
 
 
 def global_batch(config: ParallelConfig) -> int:
@@ -177,6 +195,10 @@ def batch_line(c: Candidate, target: Target) -> str:
 def describe(c: Candidate) -> str:
     """'2 × p4d.24xlarge (16 × A100-40GB-SXM4) on aws us-east-1, DDP, bf16, on-demand'."""
     strategy = _STRATEGY_WORDS.get(c.config.strategy, c.config.strategy)
+    cp = context_degree(c.config.strategy)
+    if cp > 1:
+        base = "x".join(p for p in c.config.strategy.split("x") if p != f"cp{cp}")
+        strategy = f"{_STRATEGY_WORDS.get(base, base)}, context parallel {cp}"
     return (f"{c.nodes} × {c.offer.instance_type} ({c.gpus} × {c.offer.gpu}) on "
             f"{c.offer.provider} {c.offer.region}, {strategy}"
             f" [{strategy_label(c.config)}], micro-batch {c.config.micro_batch} × "

@@ -16,8 +16,12 @@ The search is pruned so the whole catalog takes well under half a second:
 * large models (``LARGE_MODEL_PARAMS``) whose transformer shape (layers, hidden size,
   sequence) is known also get compound layouts: tensor parallel inside a
   node (2, 4, 8) × pipeline stages (powers of two, at most one per layer) × data-parallel
-  replicas with ZeRO-1 (Megatron's distributed optimizer) or FSDP. Context parallelism is not
-  searched: the step-time and memory models have no term for it;
+  replicas with ZeRO-1 (Megatron's distributed optimizer) or FSDP;
+* long sequences (``CP_MIN_SEQ_LEN`` tokens or more) also get each ZeRO-1 and FSDP shape
+  (plain and compound) with context parallelism (``fsdpxcp4``): every power-of-two ``cp``
+  from 2 that divides the data-parallel degree (and splits the sequence into ``2·cp``
+  chunks), in increasing order until one fits without recomputation (a larger one only adds
+  exchange), tried whatever fitted before it;
 * mixtures of experts (``num_experts`` of 2 or more) also get each data-parallel shape with
   expert parallelism (``fsdpxep8``): every power-of-two ``ep`` from 2 that divides the
   data-parallel degree and the experts, tried whatever fitted before it (the experts it
@@ -55,6 +59,7 @@ from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.activations import normalize_recompute
+from mlflow_gpuopt.perfmodel.layout import context_degree
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
@@ -83,6 +88,11 @@ from mlflow_gpuopt.recommend.types import (
 _DATA_PARALLEL_LADDER = ("ddp", "zero1", "zero2", "fsdp")
 #: Models at least this big also get tensor/pipeline-parallel plans.
 LARGE_MODEL_PARAMS = 1_000_000_000
+#: Shortest sequence (tokens) context parallelism is searched for: below it a GPU's share of
+#: the sequence is too short for the exchange to hide under attention, and the activations
+#: that make it pay are small (Megatron-Bridge and torchtitan run cp from 16k-32k tokens).
+CP_MIN_SEQ_LEN = 16384
+_CONTEXT_PARALLEL_FLAVOURS = ("zero1", "fsdp")
 _MIN_NODE_GAIN = 1.05
 #: A plan no more than this much faster than a cheaper sibling is not worth a row.
 _SAME_SPEED = 1.05
@@ -179,8 +189,8 @@ def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
 
 
 def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
-            num_layers: int | None = None, num_experts: int | None = None
-            ) -> list[tuple[str, int, int]]:
+            num_layers: int | None = None, num_experts: int | None = None,
+            seq_len: float | None = None) -> list[tuple[str, int, int]]:
     """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs; with
     ``compound``, also tensor × pipeline × data-parallel layouts (module docstring)."""
     per_node = offer.gpu_count
@@ -201,7 +211,28 @@ def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
         shapes += _compound_shapes(per_node, total, fast_link, num_layers, set(shapes))
     if num_experts and num_experts > 1:
         shapes += _expert_shapes(shapes, total, num_experts)
+    if seq_len and seq_len >= CP_MIN_SEQ_LEN:
+        shapes += _context_shapes(shapes, total, int(seq_len))
     return shapes
+
+
+def _context_shapes(shapes: list[tuple[str, int, int]], total: int, seq_len: int
+                    ) -> list[tuple[str, int, int]]:
+    """Each ZeRO-1 and FSDP shape (the flavours of the compound layouts; DDP and ZeRO-2 keep
+    more per GPU and move no less) again with ``cpN``: powers of two from 2 dividing its
+    data-parallel degree, with the sequence splitting into ``2·N`` chunks (the load-balanced
+    causal split)."""
+    out = []
+    for strategy, tp, pp in shapes:
+        if strategy not in _CONTEXT_PARALLEL_FLAVOURS:
+            continue
+        dp = total // (tp * pp)
+        cp = 2
+        while cp <= dp:
+            if dp % cp == 0 and seq_len % (2 * cp) == 0:
+                out.append((f"{strategy}xcp{cp}", tp, pp))
+            cp *= 2
+    return out
 
 
 def _expert_shapes(shapes: list[tuple[str, int, int]], total: int, num_experts: int
@@ -220,6 +251,13 @@ def _expert_shapes(shapes: list[tuple[str, int, int]], total: int, num_experts: 
                 out.append((f"{strategy}xep{ep}", tp, pp))
             ep *= 2
     return out
+
+
+def _without_cp(strategy: str) -> str:
+    """``strategy`` less its ``cpN`` part (``fsdpxcp4`` -> ``fsdp``)."""
+    if "xcp" not in strategy:
+        return strategy
+    return "x".join(p for p in strategy.split("x") if not re.fullmatch(r"cp\d+", p))
 
 
 def _compound_shapes(per_node: int, total: int, fast_link: bool, num_layers: int | None,
@@ -376,7 +414,8 @@ class _Search:
         With ``must_beat_mb``, a shape whose micro-batch is no larger is skipped: a later
         rung of the memory ladder only helps if it lets a bigger micro-batch fit.
         """
-        batch = self.target.rank_batch(per_node * nodes // (tp * pp))
+        # context-parallel ranks share their samples: the replicas are GPUs / (tp·pp·cp)
+        batch = self.target.rank_batch(per_node * nodes // (tp * pp * context_degree(strategy)))
         if batch is None:
             step.dropped[UNEVEN_BATCH_REASON] += 1
             return None
@@ -429,6 +468,8 @@ class _Search:
         # expert parallelism needs the all-to-all's volume: layers and hidden size
         ep_experts = w.num_experts if (w.num_experts or 0) > 1 and w.num_layers \
             and w.hidden_size and w.tokens_per_sample else None
+        # context parallelism: the sequence it splits and the keys and values it exchanges
+        cp_seq = w.tokens_per_sample if w.num_layers and w.hidden_size else None
         out = []
         for precision in self.precisions(spec):
             steps: list[_Step] = []
@@ -441,11 +482,16 @@ class _Search:
                 any_dp_fit = False
                 best_mb = 0
                 model_best_mb: dict[tuple[int, int], int] = {}
+                # shapes that fit without recomputation: a larger cp only adds exchange
+                fit_plain: set[tuple[str, int, int]] = set()
                 for strategy, tp, pp in _shapes(offer, nodes, compound=compound,
                                                 num_layers=self.workload.num_layers,
-                                                num_experts=ep_experts):
+                                                num_experts=ep_experts, seq_len=cp_seq):
                     ladder = strategy in _DATA_PARALLEL_LADDER and tp * pp == 1
-                    experts = "xep" in strategy
+                    experts = "xep" in strategy or "xcp" in strategy  # their own degree
+                    base = _without_cp(strategy)
+                    if base != strategy and (base, tp, pp) in fit_plain:
+                        continue
                     if ladder and data_parallel_fit_full_batch:
                         continue
                     if not (ladder or experts) and strategy != "single" \
@@ -462,6 +508,8 @@ class _Search:
                     if fitted is None:
                         continue
                     config, pred = fitted
+                    if not config.activation_checkpointing:
+                        fit_plain.add((base, tp, pp))
                     if ladder or strategy == "single":
                         any_dp_fit = True
                         best_mb = max(best_mb, config.micro_batch or 0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlflow_gpuopt.perfmodel.layout import context_degree
 from mlflow_gpuopt.recommend.explain import global_batch, strategy_label
 from mlflow_gpuopt.recommend.types import Candidate, Recommendation, Target
 
@@ -63,6 +64,7 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
         # extras
         "region": c.offer.region, "gpus_per_node": cfg.gpus_per_node,
         "strategy_label": strategy_label(cfg), "tp": cfg.tp, "pp": cfg.pp,
+        "cp": context_degree(cfg.strategy),
         "global_batch": global_batch(cfg),
         "activation_checkpointing": cfg.activation_checkpointing,
         "price_per_hour_usd": round(c.price_per_hour_usd, 4),

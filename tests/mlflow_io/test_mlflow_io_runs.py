@@ -147,6 +147,21 @@ def test_compound_layouts_and_degrees_read_back(client):
         "tp8xpp12xddp", 8, 12, 96)
 
 
+def test_a_context_parallel_degree_joins_the_strategy(client):
+    """``gpuopt.cp`` is part of the layout: a run whose strategy does not spell it gets it
+    added; one that spells it (as track() logs it) keeps it."""
+    a = _log_run(client, device="NVIDIA H100 80GB HBM3", world=8, count=8, nodes=1,
+                 thr=10.0, profile=PROFILE,
+                 params_extra={"gpuopt.strategy": "fsdp", "gpuopt.dp": 4, "gpuopt.cp": 2})
+    b = _log_run(client, device="NVIDIA H100 80GB HBM3", world=8, count=8, nodes=1,
+                 thr=10.0, profile=PROFILE,
+                 params_extra={"gpuopt.strategy": "tp2xfsdpxcp2", "gpuopt.tp": 2,
+                               "gpuopt.cp": 2})
+    first, second = load_run_inputs([a, b], client=client).observations
+    assert first.strategy == "fsdpxcp2"
+    assert (second.strategy, second.tp) == ("tp2xfsdpxcp2", 2)
+
+
 def test_layouts_that_cannot_be_are_one_line_errors(client):
     bad = _log_run(client, world=4, count=4, params_extra={"gpuopt.strategy": "tp2xwhat"})
     with pytest.raises(RunInputError, match="unknown gpuopt.strategy 'tp2xwhat'"):

@@ -28,6 +28,9 @@ from mlflow_gpuopt.tracking.run_params import with_layout
     (ParallelLayout(tp=2, dp=4), "fsdp", "tp2xfsdp"),
     (ParallelLayout(tp=4, pp=2, dp=2), "ddp", "tp4xpp2xddp"),
     (ParallelLayout(tp=8), "ddp", "tp8"),  # no replicas
+    # cp ranks reduce gradients with the data-parallel ones: the flavour is named with cp
+    (ParallelLayout(tp=2, cp=2), "single", "tp2xcp2xddp"),
+    (ParallelLayout(dp=4, cp=2), "fsdp", "cp2xfsdp"),
     (ParallelLayout(dp=8), "fsdp", "fsdp"),  # no model parallelism: unchanged
     (ParallelLayout(tp=2, dp=2), "tp2xzero3", "tp2xzero3"),  # the user's own layout wins
     (ParallelLayout(dp=4, ep=2), "fsdp", "ep2xfsdp"),  # ep ranks are data-parallel ranks
@@ -40,7 +43,6 @@ def test_compound_strategy_string(layout, dp_strategy, expected):
 
 
 @pytest.mark.parametrize("layout,dp_strategy,expected", [
-    (ParallelLayout(tp=2, cp=2), "single", "tp2xcp2"),  # no replicas
     (ParallelLayout(dp=2, cp=2), "ddp", "cp2xddp"),
     (ParallelLayout(tp=2, pp=2, dp=2, cp=4, ep=2), "fsdp", "tp2xpp2xcp4xep2xfsdp"),
 ])

@@ -19,7 +19,11 @@ and flattens the expert-parallel ranks into an ``ep`` mesh kept by the root mesh
 
 The strategy string is the compound layout ``--strategy`` takes (``tp2xfsdp``, ``tp4xpp2xddp``,
 ``ep2xfsdp``, ``cp2xfsdp``) when a tensor, pipeline, context or expert-parallel degree is above
-1: ``tpN``, ``ppN``, ``cpN``, ``epN``, then the data-parallel flavour where there are replicas.
+1: ``tpN``, ``ppN``, ``cpN``, ``epN``, then the data-parallel flavour where gradients are
+reduced over more than one rank. Context parallelism shards the sequence; its ranks reduce
+gradients with the data-parallel ones (torchtitan flattens ``dp_shard`` with ``cp``), so the
+flavour is named whenever the two together have more than one rank
+(docs/models.md#context-parallelism).
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ class ParallelLayout:
         parts = [f"{kind}{degree}" for kind, degree in
                  (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep))
                  if degree > 1]
-        if self.dp > 1:
+        if self.dp * self.cp > 1:
             parts.append(dp_strategy if dp_strategy != "single" else "ddp")
         return "x".join(parts)
 
