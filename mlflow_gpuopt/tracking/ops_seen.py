@@ -1,8 +1,8 @@
 """What the profiled step's operators say about how the model runs: the attention kernel,
 activation recomputation, and the precision of its matrix products.
 
-The profiler's kernel-counting dispatch mode (:mod:`.profiler`) hands every operator of the
-profiled step to an :class:`OpsSeen`, with the phase it is in (the first forward, or what
+The profiler's kernel-counting dispatch mode (:mod:`.dispatch_count`) hands every operator of
+the profiled step to an :class:`OpsSeen`, with the phase it is in (the first forward, or what
 follows it until the optimizer steps: the loss and the backward pass). Read at the end:
 
 - **attention**: ``sdpa`` when the model calls ``scaled_dot_product_attention``: one of
