@@ -154,7 +154,7 @@ def _deliver(transport, state, run_id, journal, secrets, unreachable) -> tuple[i
 
     delivered = refused = 0
     for batch in delivery.batches(iter_pending(state)):
-        verify = batch.records[0]["seq"] <= state.uncertain_seq
+        verify = batch.records[0].seq <= state.uncertain_seq
         journal.mark_uncertain(batch.last_seq)  # a replay killed during the send verifies it
         try:
             delivered += delivery.send(transport, run_id, batch, verify=verify)

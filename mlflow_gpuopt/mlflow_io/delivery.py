@@ -1,7 +1,7 @@
 """Sending tracking records to MLflow: batching, one short request at a time, exactly once.
 
 Shared by :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` (its sender thread) and
-``mlflow gpuopt replay``. Records are the journal's dicts (see :mod:`.journal`).
+``mlflow gpuopt replay``. Records are :class:`~.records.JournalRecord` values.
 
 Why not ``MlflowClient``: for an ``http(s)://`` tracking server MLflow retries every request
 internally (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` = 7 with backoff factor 2, timeout 120 s), so a
@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol
 
+from mlflow_gpuopt.mlflow_io.records import JournalRecord
 from mlflow_gpuopt.redact import redact
 
 logger = logging.getLogger(__name__)
@@ -476,47 +477,47 @@ def make_transport(tracking_uri: str | None, timeout_s: float = 5.0,
 class Batch:
     """Consecutive records that go out in one request (or one artifact upload)."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[JournalRecord] = field(default_factory=list)
     n_metrics: int = 0
     n_params: int = 0
     n_tags: int = 0
 
     @property
     def last_seq(self) -> int:
-        return self.records[-1]["seq"]
+        return self.records[-1].seq
 
     @property
     def is_artifact(self) -> bool:
-        return bool(self.records) and self.records[0]["kind"] == "dict"
+        return bool(self.records) and self.records[0].kind == "dict"
 
-    def fits(self, record: dict[str, Any]) -> bool:
+    def fits(self, record: JournalRecord) -> bool:
         if not self.records:
             return True
-        if self.is_artifact or record["kind"] == "dict":
+        if self.is_artifact or record.kind == "dict":
             return False
-        n = len(record.get("values", {}))
-        kind = record["kind"]
-        if kind == "params" and set(record["values"]) & self._keys("params"):
+        n = len(record.values)
+        kind = record.kind
+        if kind == "params" and set(record.values) & self._keys("params"):
             return False  # the same param twice in one batch is an error in MLflow
         return (self.n_metrics + (n if kind == "metrics" else 0) <= MAX_BATCH_METRICS
                 and self.n_params + (n if kind == "params" else 0) <= MAX_BATCH_PARAMS
                 and self.n_tags + (n if kind == "tags" else 0) <= MAX_BATCH_TAGS)
 
     def _keys(self, kind: str) -> set[str]:
-        return {k for r in self.records if r["kind"] == kind for k in r["values"]}
+        return {k for r in self.records if r.kind == kind for k in r.values}
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: JournalRecord) -> None:
         self.records.append(record)
-        n = len(record.get("values", {}))
-        if record["kind"] == "metrics":
+        n = len(record.values)
+        if record.kind == "metrics":
             self.n_metrics += n
-        elif record["kind"] == "params":
+        elif record.kind == "params":
             self.n_params += n
-        elif record["kind"] == "tags":
+        elif record.kind == "tags":
             self.n_tags += n
 
 
-def batches(records: Iterable[dict[str, Any]]) -> Iterator[Batch]:
+def batches(records: Iterable[JournalRecord]) -> Iterator[Batch]:
     """Group records, in order, into batches within MLflow's limits."""
     batch = Batch()
     for record in records:
@@ -543,19 +544,19 @@ def send(transport: Transport, run_id: str, batch: Batch, *, verify: bool = Fals
     """
     if batch.is_artifact:
         rec = batch.records[0]
-        transport.log_json_artifact(run_id, rec["obj"], rec["file"])
+        transport.log_json_artifact(run_id, rec.obj, rec.file)
         return 0
     metrics: list[MetricTuple] = []
     params: dict[str, str] = {}
     tags: dict[str, str] = {}
     for rec in batch.records:
-        if rec["kind"] == "metrics":
-            metrics.extend((k, float(v), int(rec["ts"]), int(rec["step"]))
-                           for k, v in rec["values"].items())
-        elif rec["kind"] == "params":
-            params.update(rec["values"])
-        elif rec["kind"] == "tags":
-            tags.update(rec["values"])
+        if rec.kind == "metrics":
+            metrics.extend((k, float(v), int(rec.ts_ms), int(rec.step))
+                           for k, v in rec.values.items())
+        elif rec.kind == "params":
+            params.update(rec.values)
+        elif rec.kind == "tags":
+            tags.update(rec.values)
     if verify and metrics:
         metrics = _not_yet_logged(transport, run_id, metrics)
     if not (metrics or params or tags):
@@ -575,7 +576,7 @@ def send(transport: Transport, run_id: str, batch: Batch, *, verify: bool = Fals
                 if not one_exc.permanent:
                     raise
                 logger.warning("gpuopt: MLflow refused a tracking record (seq %s): %s",
-                               rec["seq"], redact(str(one_exc)))
+                               rec.seq, redact(str(one_exc)))
         return delivered
     return len(metrics)
 
