@@ -62,7 +62,7 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 LAYERS = (
     # names and checks
     ("contract.py", "errors.py", "redact.py", "validation.py", "quantities.py",
-     "bounded_read.py"),
+     "bounded_read.py", "atomic_write.py", "file_lock.py"),
     ("devices", "catalog"),  # readings; prices and GPU specs
     ("perfmodel",),  # pure scaling models
     ("hardware.py", "workload_files.py", "hf_config.py", "recommend"),  # model inputs; search

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from mlflow_gpuopt import contract
+from mlflow_gpuopt.file_lock import LockHeldError, exclusive_lock
 from mlflow_gpuopt.mlflow_io.records import JournalRecord
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,34 @@ _INT64 = 2**63
 
 class JournalError(Exception):
     """A journal that is missing, unreadable or not a gpuopt journal."""
+
+
+class JournalBusyError(JournalError):
+    """Another replay holds the journal's lock."""
+
+
+def lock_path(path: str | os.PathLike) -> Path:
+    """The journal's own lock file, ``PATH.lock`` beside it."""
+    return Path(f"{path}.lock")
+
+
+@contextlib.contextmanager
+def replay_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold the journal's lock (:func:`lock_path`) for the ``with`` block, so two replays of
+    one journal never run at once; :class:`JournalBusyError` at once if another holds it.
+
+    Raises:
+        JournalBusyError: another replay is running (the message names its pid).
+        OSError: the lock file cannot be created beside the journal.
+    """
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(exclusive_lock(lock_path(path), timeout_s=0,
+                                          what=f"replay of {path}"))
+    except LockHeldError as exc:
+        raise JournalBusyError(str(exc)) from None
+    with held:
+        yield
 
 
 def journal_dir(directory: str | os.PathLike | None = None) -> Path:

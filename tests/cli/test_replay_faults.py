@@ -75,13 +75,13 @@ def test_replay_of_a_deleted_run_keeps_the_journal(tmp_path):
 def test_a_second_replay_of_one_journal_refuses(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from mlflow_gpuopt.catalog.lock import exclusive_lock
+    from mlflow_gpuopt.mlflow_io.journal import replay_lock
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     _journal(path, run_id, uri, steps=50).close()
-    with exclusive_lock(Path(f"{path}.lock"), timeout_s=0, what="test holder"):
+    with replay_lock(path):
         result = _invoke(str(path))
     assert result.exit_code == 2, result.output
     assert "another replay" in _one_error_line(result)
