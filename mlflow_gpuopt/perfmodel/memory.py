@@ -324,7 +324,7 @@ def memory_per_gpu(workload: Workload, config: ParallelConfig,
     the median peak and its spread. ``hardware_memory_bytes`` is accepted for callers that
     pass the GPU's capacity; the estimate does not depend on it."""
     layout = resolve_layout(config)
-    return _memory(workload, config, layout, hardware_memory_bytes)
+    return memory_at(workload, config, layout, hardware_memory_bytes)
 
 
 def activation_source(workload: Workload) -> str:
@@ -345,9 +345,11 @@ def _logits_sigma(workload: Workload, layout: Layout, micro_batch: float) -> flo
     return LOGIT_BYTES * float(dims.vocab_size) * float(micro_batch) * dims.seq_len / layout.tp
 
 
-def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
-            hardware_memory_bytes: float | None, micro_batch: float | None = None,
-            shape: Shape | None = None, activation_scale: float = 1.0) -> MemoryBreakdown:
+def memory_at(workload: Workload, config: ParallelConfig, layout: Layout,
+              hardware_memory_bytes: float | None, micro_batch: float | None = None,
+              shape: Shape | None = None, activation_scale: float = 1.0) -> MemoryBreakdown:
+    """:func:`memory_per_gpu` for an already resolved ``layout``, at ``micro_batch``
+    samples (default: the config's), ``shape`` and a fitted ``activation_scale``."""
     precision = normalize_precision(config.precision or workload.precision)
     shape = shape or model_shape(workload)
     shards = layout.tp * layout.pp
@@ -389,8 +391,8 @@ def max_micro_batch_fitting(workload: Workload, config: ParallelConfig, layout: 
     """Largest micro-batch whose memory fits ``capacity_bytes`` (0 if not even one).
 
     Memory is linear in the micro-batch, so this solves it rather than searching."""
-    m0 = _memory(workload, config, layout, capacity_bytes, 0, shape, activation_scale).total_bytes
-    m1 = _memory(workload, config, layout, capacity_bytes, 1, shape, activation_scale).total_bytes
+    m0 = memory_at(workload, config, layout, capacity_bytes, 0, shape, activation_scale).total_bytes
+    m1 = memory_at(workload, config, layout, capacity_bytes, 1, shape, activation_scale).total_bytes
     return largest_fitting(m0, m1, capacity_bytes)
 
 
