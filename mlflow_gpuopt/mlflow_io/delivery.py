@@ -3,30 +3,14 @@
 Shared by :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` (its sender thread) and
 ``mlflow gpuopt replay``. Records are :class:`~.records.JournalRecord` values.
 
-Why not ``MlflowClient``: for an ``http(s)://`` tracking server MLflow retries every request
-internally (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` = 7 with backoff factor 2, timeout 120 s), so a
-dead server would hold the sender for minutes and a close() could not be bounded. Those
-settings are process-wide environment variables, so changing them would change the user's
-own MLflow calls too. Instead this module calls ``mlflow.utils.rest_utils.http_request`` with
-``max_retries=0`` and a short ``timeout`` for its own requests only, and does its own retrying
-(with backoff, on the writer's thread). Other tracking URIs (``sqlite:``, a local path) go
-through ``MlflowClient``: no network is involved.
-
-Exactly once: a record keeps its step, timestamp and value from the moment it is logged, so a
-re-send is the same (key, timestamp, step, value) — which MLflow's SQL stores keep once
-(primary key). When a send fails after the request may have reached the server (read timeout,
-connection reset, 5xx), the batch is *uncertain*: before sending it again the sender reads the
-run's metric history for the batch's keys and drops the values already there, so stores that
-do not de-duplicate (the file store) also end up with each value once.
-
-What counts as an answer: a 2xx whose body is a JSON object. A tracking request never follows
-a redirect (a login proxy's ``302 -> /login`` would turn a POST into a GET of the login page),
-and a 2xx that is an HTML page or any other body is a failed send, *uncertain* (something in
-between may have forwarded it), so its records stay in the journal and are checked against the
-run before they go again. Each request has one deadline as a whole, connecting, the headers
-and the whole body (:func:`_within`), so a server that drips its answer a byte at a time holds
-a send no longer than a dead one; a client-side deadline can be given for a series of requests
-too (the run's creation at the start of training).
+For ``http(s)://`` servers :class:`RestTransport` calls ``mlflow.utils.rest_utils.http_request``
+with ``max_retries=0`` and one deadline per request as a whole (:func:`_within`), because
+MLflow's own retries are process-wide settings that would hold a send for minutes; other URIs
+go through ``MlflowClient`` (:class:`ClientTransport`). Only a 2xx JSON object is an answer:
+no redirects, an HTML page is a failed, *uncertain* send. An uncertain batch is checked
+against the run's metric history before it goes again (:func:`send` with ``verify``), so
+each value lands once even in stores that keep duplicates. Why each of these:
+docs/reliability.md#the-writer.
 """
 
 from __future__ import annotations
