@@ -19,9 +19,10 @@ from typing import Any, Mapping
 RECORD_KINDS = ("metrics", "params", "tags", "dict")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JournalRecord:
-    """One tracking record (``seq`` 0: not numbered yet; the pump numbers it)."""
+    """One tracking record (``seq`` 0: not numbered yet; the pump numbers it). Slotted: the
+    writer may hold up to ``max_held_records`` of them in memory."""
 
     kind: str  # one of RECORD_KINDS
     #: metrics: name -> value; params and tags: name -> string (redacted); dict: empty
