@@ -123,7 +123,7 @@ def _run(sc: _Scenario, steps: int, plan: str) -> dict:
         exit_s = time.monotonic() - t_exit
     finally:
         mlflow.set_tracking_uri(None)
-    produced = writer._produced_metrics if writer is not None else 0
+    produced = writer.produced_metrics if writer is not None else 0
     if frozen:
         os.killpg(sc.server.proc.pid, signal.SIGCONT)
     if proxy is not None:

@@ -51,7 +51,7 @@ def main(n: int = 1_000_000, steps_per_s: float = 10_000.0) -> None:
     print(f"records: {n:,} at {n / elapsed:,.0f}/s (target {steps_per_s:,.0f}/s)")
     print(f"log_metrics cost: mean {sum(costs) / len(costs) * 1e6:.1f} us, "
           f"p99 {costs[int(len(costs) * 0.99)] * 1e6:.1f} us, max {costs[-1] * 1e3:.2f} ms")
-    print(f"dropped records: {writer._dropped}")
+    print(f"dropped records: {writer.dropped_records}")
     print(f"peak RSS growth: {(peak - rss0) / 2**20:.1f} MiB")
     print(f"journal: {os.path.getsize(report.journal_path) / 2**20:.1f} MiB, "
           f"{state.pending_metrics:,} metric values pending (expected {2 * n:,})")

@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as nnf
 
-from mlflow_gpuopt.tracking.profiler import WorkloadProfiler, kernel_count_mode
+from mlflow_gpuopt.tracking.dispatch_count import kernel_count_mode
+from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
 
 # DeepLearningExamples Tacotron2 arg_parser.py defaults
 N_MEL, N_SYMBOLS, EMB = 80, 148, 512

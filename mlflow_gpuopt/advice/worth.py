@@ -3,32 +3,9 @@
 For every finding the plan is predicted twice with the same offer, GPU count and global
 batch: once as the script runs now (its precision and micro-batch: the *baseline*) and once
 with the fix applied; the difference in predicted wall hours and expected cost for the
-user's target is the finding's worth. How each fix changes the prediction:
-
-* ``precision`` — the predictor at the fix's precision (its roofline over that peak).
-* ``micro_batch`` — the predictor at twice the micro-batch, half the accumulation (same
-  global batch), where the memory model says it fits.
-* ``recompute`` — the predictor without activation recomputation, where that fits.
-* ``input_wait`` — the measured host wait per sample, times the plan's samples per rank
-  and step, is added to the predicted step (or taken off it when the prediction was fitted
-  on runs of this GPU type, which already held the wait).
-* ``gemm_alignment`` — the unaligned share of the matmul FLOPs at ``UNALIGNED_SLOWDOWN``
-  times their 16-bit compute time.
-* ``ddp`` — ``nn.DataParallel``'s per-forward weight broadcast from GPU 0 and gradient
-  gather to it, over GPU 0's link, not overlapped (DDP's overlapped all-reduce is in the
-  prediction already).
-* ``sharding`` — the predictor with ZeRO-2 / FSDP (``strategy``) at the larger micro-batch
-  that sharding the optimizer state and gradients lets fit (and without the recomputation
-  it no longer needs), against the same plan as plain DDP at the measured micro-batch.
-* ``exposed_comm`` — the measured exposed communication beyond the model's share for the
-  measured configuration (a share of the step) is added to the plan's predicted step as the
-  script runs now, and removed by the fix.
-* ``dispatch`` — the plan predicted by the same fitted model for the workload compiled:
-  ``COMPILED_LAUNCHES_PER_MICRO_STEP`` launches per micro-step (the fix's
-  ``mode="reduce-overhead"`` replays one CUDA graph for the forward and one for the
-  backward) in place of the eager count; the saving is the difference of the two
-  predictions, so a compiled run of the script, measured and predicted as compiled, lands
-  where the advice said.
+user's target is the finding's worth. How each rule's fix changes the prediction is the
+"worth" column of docs/advise.md#the-rules; the constants here are its figures
+(``UNALIGNED_SLOWDOWN``, ``COMPILED_LAUNCHES_PER_MICRO_STEP``).
 
 Pure: predictor, plan and costing in, :class:`~.types.Finding` with hours/dollars out.
 """

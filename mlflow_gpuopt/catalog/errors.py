@@ -49,3 +49,7 @@ class UnknownGpuError(InputError):
 
 class RefreshError(CatalogError):
     """A refresh failed (network, HTTP, malformed or absurd payload); nothing was replaced."""
+
+
+class LockTimeoutError(RefreshError):
+    """Another refresh of the provider held its lock for longer than the allowed wait."""

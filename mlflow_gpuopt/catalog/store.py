@@ -16,13 +16,12 @@ import datetime as _dt
 import functools
 import logging
 import os
-import secrets
-import stat
 import threading
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlflow_gpuopt.atomic_write import not_regular_file
 from mlflow_gpuopt.bounded_read import read_capped
 from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.errors import CatalogError
@@ -112,25 +111,6 @@ def load_gpus() -> dict[str, GpuSpec]:
 @functools.lru_cache(maxsize=1)
 def _shipped_gpus() -> dict[str, GpuSpec]:
     return parse_gpus_csv(shipped_text("gpus.csv"), "pricing/gpus.csv")
-
-
-def not_regular_file(path: Path) -> str | None:
-    """What ``path`` is when it exists but is not a regular file (after symlinks): "a
-    directory", "a FIFO", "a symlink loop or dangling symlink", ...; ``None`` when it is a
-    regular file or absent."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "a dangling symlink" if os.path.islink(path) else None
-    except OSError as exc:  # ELOOP, EACCES on a folder above, ...
-        return "a symlink loop" if os.path.islink(path) else f"unreadable ({exc.strerror})"
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    return "not a file"
 
 
 #: Largest cached price file read (bytes). A provider's refreshed offers are a few thousand
@@ -236,45 +216,3 @@ def clear_catalog_cache() -> None:
     """Forget the catalog kept for this process (the next load reads the files again)."""
     with _lock:
         _loaded.clear()
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``.
-
-    A crash or error leaves either the old file or the new one, never a mix. The new file keeps
-    the old one's permission bits (a new file gets 0666 less the umask, as ``open`` would), so
-    others sharing the cache folder can still read it.
-
-    Raises:
-        OSError: also when ``path`` exists but is not a regular file (a directory, a FIFO, a
-            symlink loop): it is left alone.
-    """
-    kind = not_regular_file(path)
-    if kind is not None:
-        raise OSError(f"{path} is not a regular file ({kind}); left as it is")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        keep_mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        keep_mode = None
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    for _ in range(100):
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"no free temporary name beside {path}")
-    try:
-        if keep_mode is not None and hasattr(os, "fchmod"):
-            os.fchmod(fd, keep_mode)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

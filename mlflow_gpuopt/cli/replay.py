@@ -3,8 +3,8 @@
 Delivers the journal's undelivered records to its run, in order and exactly once, and
 removes the journal only once everything in it was delivered:
 
-* an exclusive lock (``PATH.lock``, the pricing refresh's lock) so two replays of one journal
-  never run at once: the second says so in one line, exit 2;
+* the journal's own lock (``PATH.lock``, :func:`~mlflow_gpuopt.mlflow_io.journal.replay_lock`)
+  so two replays of one journal never run at once: the second says so in one line, exit 2;
 * every line is validated first (:func:`~mlflow_gpuopt.mlflow_io.journal.read_state`): a
   corrupt journal is one line, exit 2, nothing sent;
 * the run must exist at the tracking URI (a typo in ``--tracking-uri``, a deleted run: one
@@ -50,17 +50,17 @@ def replay(path: str, tracking_uri: str | None, timeout_s: float) -> None:
     """Deliver a tracking journal (PATH) to MLflow, then remove it."""
     import logging
 
-    from mlflow_gpuopt.catalog.lock import LockTimeoutError, exclusive_lock
+    from mlflow_gpuopt.mlflow_io.journal import JournalBusyError, lock_path, replay_lock
 
     # MLflow's INFO chatter (e.g. creating a sqlite store's tables) would break "one line"
     logging.getLogger("mlflow").setLevel(logging.WARNING)
-    lock = Path(f"{path}.lock")
+    lock = lock_path(path)
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such journal file")
     try:
-        with exclusive_lock(lock, timeout_s=0, what=f"replay of {path}"):
+        with replay_lock(path):
             _replay_locked(path, tracking_uri, timeout_s, lock)
-    except LockTimeoutError as exc:
+    except JournalBusyError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:  # e.g. a full disk: progress can't be recorded, so nothing is sent
         raise _Unreachable(f"cannot write next to {path} ({exc.strerror or exc}); the journal "
@@ -154,7 +154,7 @@ def _deliver(transport, state, run_id, journal, secrets, unreachable) -> tuple[i
 
     delivered = refused = 0
     for batch in delivery.batches(iter_pending(state)):
-        verify = batch.records[0]["seq"] <= state.uncertain_seq
+        verify = batch.records[0].seq <= state.uncertain_seq
         journal.mark_uncertain(batch.last_seq)  # a replay killed during the send verifies it
         try:
             delivered += delivery.send(transport, run_id, batch, verify=verify)

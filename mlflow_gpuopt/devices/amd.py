@@ -28,6 +28,7 @@ from mlflow_gpuopt.devices.base import GPUs
 from mlflow_gpuopt.devices.errors import DeviceError, DeviceInitError, DeviceNotSupportedError
 from mlflow_gpuopt.devices.nvml import parse_visible_devices
 from mlflow_gpuopt.devices.samples import GpuSample
+from mlflow_gpuopt.validation import finite_float
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +53,10 @@ def amdsmi_importable() -> bool:
         return False
 
 
-def _number(value: Any) -> float | None:
-    """A reading as float, ``None`` for AMD SMI's "not supported" markers."""
-    if value is None or isinstance(value, (str, bool)):
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if int(v) in _UNSUPPORTED else v
+def _reading(value: Any) -> float | None:
+    """A reading as float, ``None`` for AMD SMI's "N/A" and "not supported" markers."""
+    v = finite_float(value)
+    return None if v is None or int(v) in _UNSUPPORTED else v
 
 
 def visible_physical_indices(count: int, env: Mapping[str, str]) -> list[int | str]:
@@ -182,17 +178,17 @@ class AmdSmiGPUs(GPUs):
         energy = None
         if hasattr(s, "amdsmi_get_energy_count"):
             energy = self._optional(s.amdsmi_get_energy_count, h)
-        used_mib = _number(vram.get("vram_used"))
-        total_mib = _number(vram.get("vram_total"))
-        watts = next((w for w in (_number(power.get(k)) for k in
+        used_mib = _reading(vram.get("vram_used"))
+        total_mib = _reading(vram.get("vram_total"))
+        watts = next((w for w in (_reading(power.get(k)) for k in
                                   ("socket_power", "current_socket_power",
                                    "average_socket_power")) if w is not None), None)
         mhz = None
         if clock:
-            mhz = _number(clock.get("clk", clock.get("cur_clk")))
+            mhz = _reading(clock.get("clk", clock.get("cur_clk")))
         return GpuSample(
             index=index,
-            utilization_percent=_number(activity.get("gfx_activity")),
+            utilization_percent=_reading(activity.get("gfx_activity")),
             memory_used_bytes=None if used_mib is None else used_mib * _MIB,
             memory_total_bytes=None if total_mib is None else total_mib * _MIB,
             power_watts=watts,
@@ -260,8 +256,8 @@ def _energy_joules(reading: Mapping[str, Any] | None) -> float | None:
     """Joules from ``amdsmi_get_energy_count``: counter × ``counter_resolution`` (µJ)."""
     if not reading:
         return None
-    ticks = _number(reading.get("energy_accumulator", reading.get("power")))
-    resolution_uj = _number(reading.get("counter_resolution"))
+    ticks = _reading(reading.get("energy_accumulator", reading.get("power")))
+    resolution_uj = _reading(reading.get("counter_resolution"))
     if ticks is None or resolution_uj is None:
         return None
     return ticks * resolution_uj / 1e6

@@ -1,32 +1,16 @@
 """Sending tracking records to MLflow: batching, one short request at a time, exactly once.
 
 Shared by :class:`~mlflow_gpuopt.mlflow_io.writer.RunWriter` (its sender thread) and
-``mlflow gpuopt replay``. Records are the journal's dicts (see :mod:`.journal`).
+``mlflow gpuopt replay``. Records are :class:`~.records.JournalRecord` values.
 
-Why not ``MlflowClient``: for an ``http(s)://`` tracking server MLflow retries every request
-internally (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` = 7 with backoff factor 2, timeout 120 s), so a
-dead server would hold the sender for minutes and a close() could not be bounded. Those
-settings are process-wide environment variables, so changing them would change the user's
-own MLflow calls too. Instead this module calls ``mlflow.utils.rest_utils.http_request`` with
-``max_retries=0`` and a short ``timeout`` for its own requests only, and does its own retrying
-(with backoff, on the writer's thread). Other tracking URIs (``sqlite:``, a local path) go
-through ``MlflowClient``: no network is involved.
-
-Exactly once: a record keeps its step, timestamp and value from the moment it is logged, so a
-re-send is the same (key, timestamp, step, value) — which MLflow's SQL stores keep once
-(primary key). When a send fails after the request may have reached the server (read timeout,
-connection reset, 5xx), the batch is *uncertain*: before sending it again the sender reads the
-run's metric history for the batch's keys and drops the values already there, so stores that
-do not de-duplicate (the file store) also end up with each value once.
-
-What counts as an answer: a 2xx whose body is a JSON object. A tracking request never follows
-a redirect (a login proxy's ``302 -> /login`` would turn a POST into a GET of the login page),
-and a 2xx that is an HTML page or any other body is a failed send, *uncertain* (something in
-between may have forwarded it), so its records stay in the journal and are checked against the
-run before they go again. Each request has one deadline as a whole, connecting, the headers
-and the whole body (:func:`_within`), so a server that drips its answer a byte at a time holds
-a send no longer than a dead one; a client-side deadline can be given for a series of requests
-too (the run's creation at the start of training).
+For ``http(s)://`` servers :class:`RestTransport` calls ``mlflow.utils.rest_utils.http_request``
+with ``max_retries=0`` and one deadline per request as a whole (:func:`_within`), because
+MLflow's own retries are process-wide settings that would hold a send for minutes; other URIs
+go through ``MlflowClient`` (:class:`ClientTransport`). Only a 2xx JSON object is an answer:
+no redirects, an HTML page is a failed, *uncertain* send. An uncertain batch is checked
+against the run's metric history before it goes again (:func:`send` with ``verify``), so
+each value lands once even in stores that keep duplicates. Why each of these:
+docs/reliability.md#the-writer.
 """
 
 from __future__ import annotations
@@ -40,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol
 
+from mlflow_gpuopt.mlflow_io.records import JournalRecord
 from mlflow_gpuopt.redact import redact
 
 logger = logging.getLogger(__name__)
@@ -476,47 +461,47 @@ def make_transport(tracking_uri: str | None, timeout_s: float = 5.0,
 class Batch:
     """Consecutive records that go out in one request (or one artifact upload)."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[JournalRecord] = field(default_factory=list)
     n_metrics: int = 0
     n_params: int = 0
     n_tags: int = 0
 
     @property
     def last_seq(self) -> int:
-        return self.records[-1]["seq"]
+        return self.records[-1].seq
 
     @property
     def is_artifact(self) -> bool:
-        return bool(self.records) and self.records[0]["kind"] == "dict"
+        return bool(self.records) and self.records[0].kind == "dict"
 
-    def fits(self, record: dict[str, Any]) -> bool:
+    def fits(self, record: JournalRecord) -> bool:
         if not self.records:
             return True
-        if self.is_artifact or record["kind"] == "dict":
+        if self.is_artifact or record.kind == "dict":
             return False
-        n = len(record.get("values", {}))
-        kind = record["kind"]
-        if kind == "params" and set(record["values"]) & self._keys("params"):
+        n = len(record.values)
+        kind = record.kind
+        if kind == "params" and set(record.values) & self._keys("params"):
             return False  # the same param twice in one batch is an error in MLflow
         return (self.n_metrics + (n if kind == "metrics" else 0) <= MAX_BATCH_METRICS
                 and self.n_params + (n if kind == "params" else 0) <= MAX_BATCH_PARAMS
                 and self.n_tags + (n if kind == "tags" else 0) <= MAX_BATCH_TAGS)
 
     def _keys(self, kind: str) -> set[str]:
-        return {k for r in self.records if r["kind"] == kind for k in r["values"]}
+        return {k for r in self.records if r.kind == kind for k in r.values}
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: JournalRecord) -> None:
         self.records.append(record)
-        n = len(record.get("values", {}))
-        if record["kind"] == "metrics":
+        n = len(record.values)
+        if record.kind == "metrics":
             self.n_metrics += n
-        elif record["kind"] == "params":
+        elif record.kind == "params":
             self.n_params += n
-        elif record["kind"] == "tags":
+        elif record.kind == "tags":
             self.n_tags += n
 
 
-def batches(records: Iterable[dict[str, Any]]) -> Iterator[Batch]:
+def batches(records: Iterable[JournalRecord]) -> Iterator[Batch]:
     """Group records, in order, into batches within MLflow's limits."""
     batch = Batch()
     for record in records:
@@ -543,19 +528,19 @@ def send(transport: Transport, run_id: str, batch: Batch, *, verify: bool = Fals
     """
     if batch.is_artifact:
         rec = batch.records[0]
-        transport.log_json_artifact(run_id, rec["obj"], rec["file"])
+        transport.log_json_artifact(run_id, rec.obj, rec.file)
         return 0
     metrics: list[MetricTuple] = []
     params: dict[str, str] = {}
     tags: dict[str, str] = {}
     for rec in batch.records:
-        if rec["kind"] == "metrics":
-            metrics.extend((k, float(v), int(rec["ts"]), int(rec["step"]))
-                           for k, v in rec["values"].items())
-        elif rec["kind"] == "params":
-            params.update(rec["values"])
-        elif rec["kind"] == "tags":
-            tags.update(rec["values"])
+        if rec.kind == "metrics":
+            metrics.extend((k, float(v), int(rec.ts_ms), int(rec.step))
+                           for k, v in rec.values.items())
+        elif rec.kind == "params":
+            params.update(rec.values)
+        elif rec.kind == "tags":
+            tags.update(rec.values)
     if verify and metrics:
         metrics = _not_yet_logged(transport, run_id, metrics)
     if not (metrics or params or tags):
@@ -575,7 +560,7 @@ def send(transport: Transport, run_id: str, batch: Batch, *, verify: bool = Fals
                 if not one_exc.permanent:
                     raise
                 logger.warning("gpuopt: MLflow refused a tracking record (seq %s): %s",
-                               rec["seq"], redact(str(one_exc)))
+                               rec.seq, redact(str(one_exc)))
         return delivered
     return len(metrics)
 

@@ -1,39 +1,16 @@
 """The tracking journal: tracking records kept on local disk while MLflow can't take them.
 
-A journal is one append-only file of JSON lines, named by run id, in ``$GPUOPT_JOURNAL_DIR``
-(default ``./.gpuopt-journal/``). The first line is a header; the others are records, acks
-and markers, always in the order they were produced:
+One append-only file of JSON lines per run, in ``$GPUOPT_JOURNAL_DIR`` (default
+``./.gpuopt-journal/``): a header, then records (:class:`~.records.JournalRecord`), acks and
+markers in the order they were produced. The format, the run a down server could not create
+(``create_run`` in the header, ``{"created": id}`` once made) and replay:
+docs/reliability.md#the-journal.
 
-    {"journal": <contract.JOURNAL_SCHEMA>, "run_id": "...", "tracking_uri": "http://u:***@h", ...}
-    {"seq": 1, "kind": "metrics", "step": 0, "ts": 1700000000000, "values": {"loss": 2.3}}
-    {"seq": 2, "kind": "params", "values": {<param name>: "cpu"}}
-    {"seq": 3, "kind": "tags", "values": {...}}
-    {"seq": 4, "kind": "dict", "file": <contract.PROFILE_ARTIFACT>, "obj": {...}}
-    {"ack": 2}          # every record with seq <= 2 is in MLflow
-    {"uncertain": 4}    # a send of records up to seq 4 failed after the request may have
-                        # reached the server: check the run before sending them again
-    {"created": "<id>"} # the run the header's create_run made (see below)
-    {"end": {"status": "FINISHED", "end_time_ms": ...}}   # set on the run after delivery
-
-A run that could not be created because the tracking server was unreachable when training
-started has a locally minted id (a uuid4 hex, as MLflow's own ids) and the header carries
-``"create_run": {"experiment_id" | "experiment_name", "run_name", "start_time_ms", "tags"}``.
-MLflow's REST API cannot create a run with a given id, so whoever delivers the journal first
-(the writer when the server comes back, or ``mlflow gpuopt replay``) creates the run, tagged
-``contract.TAG_LOCAL_RUN_ID`` = the local id, and appends ``{"created": <real id>}`` before
-sending any record; records then go to the real id. Before creating, the deliverer searches
-the experiment for a run with that tag, so a crash between creating and journaling the
-mapping never creates the run twice.
-
-Every line is validated (:func:`read_state`): types, ranges (seq and acks within 1..2**62,
-steps and timestamps within MLflow's int64), numbers for metric values, strings for params
-and tags. A line that fails makes the journal corrupt, named by line number.
-
-Records are written by one thread and synced to disk (fsync) once per batch. A crash can
-tear the last line; readers ignore a torn last line (those records were never acknowledged
-to anyone, and at worst a replay finds them missing). Any other unreadable line makes the
-journal corrupt (:class:`JournalError`). Secrets never reach the file: the header's URI is
-redacted and the writer redacts params, tags and artifacts before they are journaled.
+:class:`JournalWriter` appends (one writer thread; fsync once per batch; a failed write is cut
+back, so no partial line). :func:`read_state` validates every line (types, ranges, kinds) and
+names the first bad one; a torn last line (a crash mid-write) is ignored, those records were
+never acknowledged. Secrets never reach the file: the header's URI is redacted and the writer
+redacts params, tags and artifacts before they are journaled.
 """
 
 from __future__ import annotations
@@ -49,14 +26,14 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from mlflow_gpuopt import contract
+from mlflow_gpuopt.file_lock import LockHeldError, exclusive_lock
+from mlflow_gpuopt.mlflow_io.records import JournalRecord
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = contract.JOURNAL_SCHEMA
 #: Environment variable that overrides the default journal directory.
 JOURNAL_DIR_ENV = "GPUOPT_JOURNAL_DIR"
 _DEFAULT_DIR = ".gpuopt-journal"
-RECORD_KINDS = ("metrics", "params", "tags", "dict")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 _MAX_SEQ = 2**62  # far beyond any journal; larger numbers are corruption
 _INT64 = 2**63
@@ -64,6 +41,34 @@ _INT64 = 2**63
 
 class JournalError(Exception):
     """A journal that is missing, unreadable or not a gpuopt journal."""
+
+
+class JournalBusyError(JournalError):
+    """Another replay holds the journal's lock."""
+
+
+def lock_path(path: str | os.PathLike) -> Path:
+    """The journal's own lock file, ``PATH.lock`` beside it."""
+    return Path(f"{path}.lock")
+
+
+@contextlib.contextmanager
+def replay_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold the journal's lock (:func:`lock_path`) for the ``with`` block, so two replays of
+    one journal never run at once; :class:`JournalBusyError` at once if another holds it.
+
+    Raises:
+        JournalBusyError: another replay is running (the message names its pid).
+        OSError: the lock file cannot be created beside the journal.
+    """
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(exclusive_lock(lock_path(path), timeout_s=0,
+                                          what=f"replay of {path}"))
+    except LockHeldError as exc:
+        raise JournalBusyError(str(exc)) from None
+    with held:
+        yield
 
 
 def journal_dir(directory: str | os.PathLike | None = None) -> Path:
@@ -105,7 +110,7 @@ class JournalWriter:
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._size = 0
         try:
-            self._write(_dumps({"journal": SCHEMA, **header}) + "\n")
+            self._write(_dumps({"journal": contract.JOURNAL_SCHEMA, **header}) + "\n")
             self.sync()
         except OSError:
             self._discard()
@@ -155,9 +160,9 @@ class JournalWriter:
             raise
         self._size = before + len(data)
 
-    def append(self, records: Iterable[dict[str, Any]], sync: bool = True) -> None:
-        """Write records (each a dict with ``seq`` and ``kind``), then fsync once."""
-        self._write("".join(_dumps(r) + "\n" for r in records))
+    def append(self, records: Iterable[JournalRecord], sync: bool = True) -> None:
+        """Write numbered records, then fsync once."""
+        self._write("".join(_dumps(r.to_json()) + "\n" for r in records))
         if sync:
             self.sync()
 
@@ -323,8 +328,9 @@ def read_state(path: str | os.PathLike) -> JournalState:
     try:
         lines = iter_lines(path)
         first = next(lines, None)
-        if first is None or first[1].get("journal") != SCHEMA:
-            raise JournalError(f"{path}: not a gpuopt journal (no '{SCHEMA}' header)")
+        if first is None or first[1].get("journal") != contract.JOURNAL_SCHEMA:
+            raise JournalError(f"{path}: not a gpuopt journal "
+                               f"(no '{contract.JOURNAL_SCHEMA}' header)")
         body_offset, header = first
         problem = _header_problem(header)
         if problem:
@@ -379,8 +385,8 @@ def read_state(path: str | os.PathLike) -> JournalState:
                         sum(metric_counts[first_pending:]), body_offset, created, end)
 
 
-def iter_pending(state: JournalState) -> Iterator[dict[str, Any]]:
+def iter_pending(state: JournalState) -> Iterator[JournalRecord]:
     """Records of a validated journal that were not delivered, in order."""
     for _, obj in iter_lines(state.path, state.body_offset):
         if "seq" in obj and obj["seq"] > state.acked_seq:
-            yield obj
+            yield JournalRecord.from_json(obj)

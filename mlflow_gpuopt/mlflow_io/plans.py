@@ -114,7 +114,7 @@ def read_plan(plan_id: str, client: Any = None) -> PlanPrediction:
 def logged_plan_row(plan_id: str, workload: Any, client: Any = None) -> dict[str, Any]:
     """Row ``rank`` of plan ``plan_id``'s recommendation, checked to be a plan of
     ``workload`` (its source run measured the same model); :class:`PlanError` if not."""
-    from mlflow_gpuopt.mlflow_io.runs import RunInputError, _same_workload, load_run_inputs
+    from mlflow_gpuopt.mlflow_io.runs import RunInputError, load_run_inputs, same_workload
 
     try:
         run_id, rank = parse_plan_id(plan_id)
@@ -136,7 +136,7 @@ def logged_plan_row(plan_id: str, workload: Any, client: Any = None) -> dict[str
         theirs = load_run_inputs([sources[0]], client=client).workload
     except RunInputError as exc:
         raise PlanError(f"cannot read the plan's measured run: {exc}") from None
-    why = _same_workload(theirs, workload)
+    why = same_workload(theirs, workload)
     if why:
         raise PlanError(f"a plan of another workload ({why}); emit a plan recommended for "
                         "these runs")

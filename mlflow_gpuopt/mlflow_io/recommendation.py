@@ -22,11 +22,6 @@ from mlflow_gpuopt import contract
 
 logger = logging.getLogger(__name__)
 
-RECOMMENDATION_JSON = contract.RECOMMENDATION_JSON
-CANDIDATES_TABLE = contract.CANDIDATES_TABLE
-REPORT_HTML = contract.REPORT_HTML
-PARETO_PNG = contract.PARETO_PNG
-SCALING_PNG = contract.SCALING_PNG
 #: The run tag ``MlflowClient.log_table`` keeps its tables in (``mlflow.utils.mlflow_tags``).
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 
@@ -143,12 +138,12 @@ def _log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str]
                        if k != "rank" and best.get(k) is not None]
         # What log_table records so MLflow's UI lists the table.
         tags = [RunTag(LOGGED_ARTIFACTS_TAG,
-                       json.dumps([{"path": CANDIDATES_TABLE, "type": "table"}]))]
+                       json.dumps([{"path": contract.CANDIDATES_TABLE, "type": "table"}]))]
         client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
-        files = {RECOMMENDATION_JSON: json.dumps(dict(doc), indent=2, default=str),
-                 CANDIDATES_TABLE: _table_json(doc), REPORT_HTML: report_html}
-        files.update({path: charts[label] for label, path in (("pareto", PARETO_PNG),
-                                                               ("scaling", SCALING_PNG))
+        files = {contract.RECOMMENDATION_JSON: json.dumps(dict(doc), indent=2, default=str),
+                 contract.CANDIDATES_TABLE: _table_json(doc), contract.REPORT_HTML: report_html}
+        files.update({path: charts[label] for label, path in (("pareto", contract.PARETO_PNG),
+                                                               ("scaling", contract.SCALING_PNG))
                       if label in charts})
         log_files(client, run_id, files)
         for cand in doc["candidates"][:top_children]:

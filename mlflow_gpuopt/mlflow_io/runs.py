@@ -31,11 +31,6 @@ from mlflow_gpuopt.workload_files import (
 
 logger = logging.getLogger(__name__)
 
-PROFILE_ARTIFACT = contract.PROFILE_ARTIFACT
-THROUGHPUT_METRIC = contract.SUMMARY_THROUGHPUT_SAMPLES
-#: Per-interval throughput; a run whose trainer was killed has this series but no summary.
-THROUGHPUT_SERIES_METRIC = contract.METRIC_THROUGHPUT_SAMPLES
-EXPOSED_COMM_METRIC = contract.SUMMARY_EXPOSED_COMM_FRACTION  # distributed runs only
 HOW_TO_TRACK = "run it under gpuopt.track() (e.g. `python examples/train_tiny_gpt.py`)"
 #: Runs whose FLOPs per sample differ by more than this are not the same workload.
 FLOPS_TOLERANCE = 0.15
@@ -101,11 +96,11 @@ def read_profile(client: Any, run: Any) -> dict | None:
     except Exception as exc:  # an unreachable artifact store: say so, fall back to params
         logger.warning("cannot list artifacts of run %s: %s", run_id, exc)
         return None
-    if PROFILE_ARTIFACT not in listed:
+    if contract.PROFILE_ARTIFACT not in listed:
         return None
     with tempfile.TemporaryDirectory(prefix="gpuopt-profile-") as tmp:
-        local = repo.download_artifacts(PROFILE_ARTIFACT, tmp)
-        where = f"run {run_id}: {PROFILE_ARTIFACT}"
+        local = repo.download_artifacts(contract.PROFILE_ARTIFACT, tmp)
+        where = f"run {run_id}: {contract.PROFILE_ARTIFACT}"
         try:
             text = Path(local).read_text(encoding="utf-8")
         except OSError as exc:
@@ -166,12 +161,13 @@ def _check_params(run_id: str, params: dict[str, str]) -> None:
 
 
 def _series_throughput(client: Any, run_id: str) -> float | None:
-    """The steady throughput of a run without a summary: the median of the last half of
-    its per-interval series (the first half holds the warm-up), or None."""
+    """The steady throughput of a run without a summary (a trainer killed before it): the
+    median of the last half of its per-interval series (the first half holds the warm-up),
+    or None."""
     try:
-        history = client.get_metric_history(run_id, THROUGHPUT_SERIES_METRIC)
+        history = client.get_metric_history(run_id, contract.METRIC_THROUGHPUT_SAMPLES)
     except Exception as exc:  # a store that cannot be read: the run is unusable, say why
-        raise RunInputError(f"cannot read {THROUGHPUT_SERIES_METRIC} of run {run_id}: "
+        raise RunInputError(f"cannot read {contract.METRIC_THROUGHPUT_SAMPLES} of run {run_id}: "
                             f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
     values = [m.value for m in sorted(history, key=lambda m: (m.step, m.timestamp))
               if math.isfinite(m.value) and m.value > 0]
@@ -193,21 +189,22 @@ def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
             except ValueError as exc:
                 raise RunInputError(f"run {run_id}: {exc}") from None
     _check_params(run_id, params)
-    throughput = metrics.get(THROUGHPUT_METRIC)
+    throughput = metrics.get(contract.SUMMARY_THROUGHPUT_SAMPLES)
     if (throughput is None and client is not None
-            and metrics.get(THROUGHPUT_SERIES_METRIC) is not None):
+            and metrics.get(contract.METRIC_THROUGHPUT_SAMPLES) is not None):
         throughput = _series_throughput(client, run_id)
         if throughput is not None and notes is not None:
-            notes.append(f"run {run_id} has no {THROUGHPUT_METRIC} (its trainer stopped "
-                         f"before the summary); used the median of the last half of its "
-                         f"{THROUGHPUT_SERIES_METRIC} series, {throughput:,.1f} samples/s")
+            notes.append(f"run {run_id} has no {contract.SUMMARY_THROUGHPUT_SAMPLES} (its "
+                         f"trainer stopped before the summary); used the median of the last "
+                         f"half of its {contract.METRIC_THROUGHPUT_SAMPLES} series, "
+                         f"{throughput:,.1f} samples/s")
     if throughput is None or not math.isfinite(throughput) or throughput <= 0:
         raise RunInputError(
-            f"run {run_id} has no {THROUGHPUT_METRIC} (did it finish a few steps?); "
-            f"{HOW_TO_TRACK}")
+            f"run {run_id} has no {contract.SUMMARY_THROUGHPUT_SAMPLES} (did it finish a few "
+            f"steps?); {HOW_TO_TRACK}")
     try:
         check("throughput_samples_per_s", throughput, where=f"run {run_id}",
-              label=f"metric {THROUGHPUT_METRIC}")
+              label=f"metric {contract.SUMMARY_THROUGHPUT_SAMPLES}")
     except OutOfRangeError as exc:
         raise RunInputError(str(exc)) from None
     nodes = param_int(params, contract.PARAM_NODES, 1) or 1
@@ -221,7 +218,7 @@ def _observation(run_id: str, params: dict[str, str], metrics: dict[str, float],
         micro_batch=param_int(params, contract.PARAM_MICRO_BATCH) or workload.micro_batch,
         strategy=strategy, precision=params.get(contract.PARAM_PRECISION) or workload.precision,
         grad_accum=param_int(params, contract.PARAM_GRAD_ACCUM, 1) or 1,
-        exposed_comm_fraction=_fraction(metrics.get(EXPOSED_COMM_METRIC)),
+        exposed_comm_fraction=_fraction(metrics.get(contract.SUMMARY_EXPOSED_COMM_FRACTION)),
         tp=tp, pp=pp, recompute=_recompute(params.get(contract.PARAM_RECOMPUTE)))
 
 
@@ -273,7 +270,7 @@ def _fraction(value: float | None) -> float | None:
     return min(1.0, max(0.0, float(value)))
 
 
-def _same_workload(a: Workload, b: Workload) -> str | None:
+def same_workload(a: Workload, b: Workload) -> str | None:
     """Why ``a`` and ``b`` are different workloads, or None."""
     if a.params != b.params:
         return f"{a.params} vs {b.params} parameters"
@@ -360,7 +357,7 @@ def load_run_inputs(run_ids: Sequence[str], client: Any = None,
         if workload is None:
             workload, first = this, run_id
         else:
-            why = _same_workload(workload, this)
+            why = same_workload(workload, this)
             if why:
                 raise RunInputError(
                     f"runs {first} and {run_id} are different workloads ({why}); "

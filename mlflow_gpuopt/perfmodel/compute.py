@@ -1,42 +1,15 @@
 """Compute time of one micro-step on one GPU: ``T_grad(m) = a + b·m`` (Pollux).
 
-The priors are a roofline over three kinds of work, each scaling with its own GPU figure:
-
-- matmul/convolution FLOPs at the dense peak for the precision in use (tensor cores where
-  the GPU has them for that precision, else the plain FP32 units);
-- DRAM traffic at the memory bandwidth. Half of it (``MATMUL_HIDDEN_TRAFFIC_SHARE``) is
-  the matmul kernels reading their inputs and writing their outputs and hides under their
-  arithmetic; the other half is normalisation/element-wise kernels and adds to it;
-- latency-bound work: small kernels that fill less than a wave, launch gaps, recurrent
-  steps. The roofline cannot see it; a measurement can (the time it takes beyond the
-  roofline), and it scales from one GPU type to another with SM count × clock, for which
-  the plain FP32 rate stands in (Habitat's wave scaling for kernels that are neither
-  compute- nor bandwidth-bound). Half of it is independent of the micro-batch
-  (``LATENCY_FIXED_SHARE``) until two micro-batches are measured.
-
-Batch-independent work per micro-step (``a``) is reading the weights and writing their
-gradients, at the memory bandwidth, plus host-side overhead: launching the micro-step's kernels
-from Python. Where the profile counted the operators one forward+backward dispatches
-(``Workload.kernels_per_micro_step``), that overhead is the count × ``KERNEL_DISPATCH_S``, the
-time eager PyTorch needs to issue them one after another; a recurrent decoder issues tens of
-thousands, and a launch-bound step takes that long however fast the GPU is. Without a count
-it is a flat ``MICRO_STEP_OVERHEAD_S``. It is CPU time, so it is carried over unchanged between
-GPU types as in Habitat (:mod:`.step` keeps it out of the GPU-dependent scaling).
-
-The efficiencies are what libraries reach on large operations: cuBLAS SGEMM about 85% of FP32
-peak, tensor-core GEMMs about 60% of theirs (the operand feed, not the
-math units, limits them), streaming kernels 75% of datasheet bandwidth. Observations then
-calibrate the rest (see :mod:`.fitting`).
-
-What a large GEMM-bound job reaches of peak differs by GPU generation and precision
-(:func:`tensor_efficiency`): Hopper's tensor cores doubled their rate over Ampere's while
-memory, caches and the non-matmul work did not keep pace, and FP8 doubles the peak again
-with the attention and everything around the linear layers still in 16 bit. The 60% above
-is Ampere's (and Volta's/Turing's: the DeepLearningExamples tables it was set on); the other
-generations are scaled by the model-FLOPs utilisation published for large transformer
-training on each, relative to Ampere's (``GENERATION_MFU``). Those figures come from a
-*derivation set* of ``shared/data/llm_training_throughput.tsv`` that
-``benchmarks/bench_llm.py`` never scores (see its docstring).
+The priors are a roofline over matmul FLOPs (dense peak for the precision), DRAM traffic
+(half hidden under the matmuls, ``MATMUL_HIDDEN_TRAFFIC_SHARE``) and latency-bound work (which
+scales with SM count × clock, Habitat's wave scaling; ``LATENCY_FIXED_SHARE`` of it is
+batch-independent). ``a`` adds the weight and gradient traffic and the host's kernel launches
+(``kernels_per_micro_step`` × ``KERNEL_DISPATCH_S``, else ``MICRO_STEP_OVERHEAD_S``): CPU time,
+carried over unchanged between GPU types. Library efficiencies per GPU generation and
+precision (:func:`tensor_efficiency`, ``GENERATION_MFU``, set on a derivation set that
+``benchmarks/bench_llm.py`` never scores) and the rest:
+docs/models.md#compute-of-one-micro-step-computepy. Observations then calibrate the priors
+(:mod:`.fitting`).
 """
 
 from __future__ import annotations

@@ -1,58 +1,15 @@
 """Memory per GPU as a distribution: model states by strategy and precision (exact, given the
-parameter counts), activations × micro-batch (an estimate: measured, from the transformer's
-formula, or from FLOPs), the CUDA context and the caching allocator's share (estimates), and
-the probability that the peak fits the GPU (``p_fits``). See docs/models.md, "Memory".
+parameter counts), activations × micro-batch (measured, from the transformer's formula in
+:mod:`.activations`, or from FLOPs), the CUDA context and the caching allocator's share, and
+the probability that the peak fits the GPU (``p_fits``).
 
-Model states for Ψ parameters of which Ψₜ are trainable (``trainable_params``; all of them
-unless given) and Ψ_f = Ψ − Ψₜ frozen, N data-parallel ranks, K optimizer-state bytes per
-parameter (8 for Adam's m and v), L parameters in the largest layer, mixed precision:
-
-| strategy   | weights                      | gradients              | optimizer      |
-|---|---|---|---|
-| single/ddp | 2Ψₜ + b·Ψ_f                  | 2Ψₜ                    | (4+K)Ψₜ        |
-| zero1      | 2Ψₜ + b·Ψ_f                  | 2Ψₜ                    | (4+K)Ψₜ/N      |
-| zero2      | 2Ψₜ + b·Ψ_f                  | 2Ψₜ + 4Ψₜ/N            | (4+K)Ψₜ/N      |
-| zero3      | (2Ψₜ + b·Ψ_f)/N + 2L         | 4Ψₜ/N + 2L·Ψₜ/Ψ        | (4+K)Ψₜ/N      |
-| fsdp       | (4Ψₜ + b·Ψ_f)/N + 2·2L       | 4Ψₜ/N + 4L·Ψₜ/Ψ        | KΨₜ/N          |
-
-With every parameter trainable, single/ddp is the ZeRO paper's 16 bytes per parameter for
-Adam, ZeRO-2 DeepSpeed's ``estimate_zero2_model_states_mem_needs`` (4Ψ + 16Ψ/N) and ZeRO-3
-its ``estimate_zero3…`` (4L + 18Ψ/N): DeepSpeed keeps 16-bit parameter shards and an fp32
-master copy inside the optimizer (the ``4`` of ``4+K``). PyTorch FSDP with mixed precision
-keeps the fp32 shard itself as the master (no second copy: 16Ψ/N), all-gathers 16-bit units
-for compute and holds two at once (the one computing and the one prefetched,
-``FSDP_GATHERED_UNITS``), and reduce-scatters a unit's gradient in fp32 (``reduce_dtype``,
-torchtitan's default): 4L. fp32 training: 4 bytes where the table has 2, no master copy.
-
-Frozen weights (LoRA/QLoRA's base model, frozen embeddings) have no gradient and no optimizer
-state, and are stored at ``b`` bytes each (``frozen_precision``: the compute precision's
-element, bf16's 2 for a LoRA base loaded in bf16, ½ + quantisation constants for a 4-bit
-QLoRA base, ``FROZEN_WEIGHT_BYTES``); ZeRO-3/FSDP shard them as they shard the rest. Tensor
-and pipeline parallel divide Ψ and L by ``tp·pp`` first.
-
-FP8 (Transformer Engine, torchao float8) trains as bf16 mixed precision does; on top, the FP8
-copy of each weight the forward casts is kept for the backward (1 byte per parameter of the
-shard, or of the gathered layers under ZeRO-3/FSDP). FP8 saves memory only in the
-activations (``precision.ACTIVATION_BYTES``).
-
-Activations: a measured figure where the profile has one; else, with the transformer's
-layers, hidden size and sequence length, the per-layer formula (:mod:`.activations`: the
-attention kernel, dropout, recomputation, tensor/sequence parallel, pipeline stage and the
-cross-entropy's logits; context parallel keeps ``seq/cp`` tokens of each sample); else a
-FLOPs-based guess. Context parallel also holds the key/value chunks it exchanges
-(``MemoryBreakdown.cp_buffers_bytes``, :func:`.context.buffer_bytes`). An
-``activation_scale`` below 1 is the calibration that makes observed configurations fit
-(:mod:`.predictor`).
-
-Around them: the CUDA context with cuBLAS workspaces and NCCL buffers (``CONTEXT_BYTES``), and
-what PyTorch's caching allocator reserves beyond what it has allocated at the peak
-(``ALLOCATOR_OVERHEAD`` of the allocated bytes: ``torch_reserved_bytes`` over
-``torch_allocated_bytes`` in a tracked run's series). Each estimate carries a spread
-(``ACTIVATION_SIGMA``, ``ALLOCATOR_SIGMA``, ``CONTEXT_SIGMA_BYTES``, the loss's logits where
-its implementation is not given); added in quadrature they give the peak's standard
-deviation, and ``p_fits`` is the normal probability that the peak is within the GPU's usable
-memory (:func:`usable_memory_bytes`: the datasheet's "80 GB" is 80 GiB of HBM, less what the
-driver keeps).
+The model-states table per strategy (single/ddp, zero1-3, fsdp), frozen and FP8 weights, the
+usable memory and every spread: docs/models.md#memory-per-gpu-memorypy. Their figures are
+the constants below (``FSDP_GATHERED_UNITS``, ``FROZEN_WEIGHT_BYTES``, ``CONTEXT_BYTES``,
+``ALLOCATOR_OVERHEAD`` and the ``*_SIGMA`` spreads); an ``activation_scale`` below 1 is the
+calibration that makes observed configurations fit (:mod:`.predictor`). Context parallel keeps
+``seq/cp`` tokens of each sample and the key/value chunks it exchanges
+(``MemoryBreakdown.cp_buffers_bytes``, :func:`.context.buffer_bytes`).
 """
 
 from __future__ import annotations
@@ -334,7 +291,7 @@ def memory_per_gpu(workload: Workload, config: ParallelConfig,
     the median peak and its spread. ``hardware_memory_bytes`` is accepted for callers that
     pass the GPU's capacity; the estimate does not depend on it."""
     layout = resolve_layout(config)
-    return _memory(workload, config, layout, hardware_memory_bytes)
+    return memory_at(workload, config, layout, hardware_memory_bytes)
 
 
 def activation_source(workload: Workload) -> str:
@@ -356,9 +313,11 @@ def _logits_sigma(workload: Workload, layout: Layout, micro_batch: float) -> flo
             / (layout.tp * layout.cp))
 
 
-def _memory(workload: Workload, config: ParallelConfig, layout: Layout,
-            hardware_memory_bytes: float | None, micro_batch: float | None = None,
-            shape: Shape | None = None, activation_scale: float = 1.0) -> MemoryBreakdown:
+def memory_at(workload: Workload, config: ParallelConfig, layout: Layout,
+              hardware_memory_bytes: float | None, micro_batch: float | None = None,
+              shape: Shape | None = None, activation_scale: float = 1.0) -> MemoryBreakdown:
+    """:func:`memory_per_gpu` for an already resolved ``layout``, at ``micro_batch``
+    samples (default: the config's), ``shape`` and a fitted ``activation_scale``."""
     precision = normalize_precision(config.precision or workload.precision)
     shape = shape or model_shape(workload)
     shards = layout.tp * layout.pp
@@ -402,8 +361,8 @@ def max_micro_batch_fitting(workload: Workload, config: ParallelConfig, layout: 
     """Largest micro-batch whose memory fits ``capacity_bytes`` (0 if not even one).
 
     Memory is linear in the micro-batch, so this solves it rather than searching."""
-    m0 = _memory(workload, config, layout, capacity_bytes, 0, shape, activation_scale).total_bytes
-    m1 = _memory(workload, config, layout, capacity_bytes, 1, shape, activation_scale).total_bytes
+    m0 = memory_at(workload, config, layout, capacity_bytes, 0, shape, activation_scale).total_bytes
+    m1 = memory_at(workload, config, layout, capacity_bytes, 1, shape, activation_scale).total_bytes
     return largest_fitting(m0, m1, capacity_bytes)
 
 

@@ -23,11 +23,11 @@ from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
 from mlflow_gpuopt.perfmodel.memory import (
-    _memory,
     activation_notes,
     activation_scale_to_fit,
     largest_fitting,
     max_micro_batch_fitting,
+    memory_at,
     normalize_frozen_precision,
     optimizer_state_bytes_per_param,
     p_fits,
@@ -306,11 +306,11 @@ class Predictor:
         # The median peak is linear in the micro-batch: two evaluations give the max m.
         scale = self._observed.activation_scale
         usable = usable_memory_bytes(hardware.gpu, hardware.memory_bytes)
-        mem0 = _memory(self.workload, config, layout, hardware.memory_bytes, 0, self._shape,
+        mem0 = memory_at(self.workload, config, layout, hardware.memory_bytes, 0, self._shape,
                        scale)
-        mem1 = _memory(self.workload, config, layout, hardware.memory_bytes, 1, self._shape,
+        mem1 = memory_at(self.workload, config, layout, hardware.memory_bytes, 1, self._shape,
                        scale)
-        memory = _memory(self.workload, config, layout, hardware.memory_bytes, m, self._shape,
+        memory = memory_at(self.workload, config, layout, hardware.memory_bytes, m, self._shape,
                          scale)
         max_m = largest_fitting(mem0.total_bytes, mem1.total_bytes, usable)
         chance = p_fits(memory, usable)
@@ -598,7 +598,7 @@ def observed_fit(workload: Workload, observations: Sequence[Observation],
         recompute = config.recompute_mode(workload.recompute)
         key = _observed_key(obs.gpu, config, layout, precision, recompute)
         seen[key] = max(seen.get(key, 0), int(m))
-        mem = _memory(workload, config, layout, hw.memory_bytes, int(m), shape)
+        mem = memory_at(workload, config, layout, hw.memory_bytes, int(m), shape)
         f = activation_scale_to_fit(mem, usable_memory_bytes(hw.gpu, hw.memory_bytes))
         if f < scale:
             scale, worst = f, (obs, mem, hw)

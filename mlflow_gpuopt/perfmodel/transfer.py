@@ -1,41 +1,15 @@
 """Carry a proxy model's measured efficiency to a bigger model of the same family.
 
-The common way to plan a large run is to measure a small proxy of it (a 1B for a 70B, on the
-GPUs and software the big run will use) and plan the big one. An observation belongs to one
-workload, so :func:`transfer` takes the predictor fitted to the proxy's runs and returns one
-for the target workload:
-
-- **carried** (what the proxy's runs measured of the stack, per GPU and precision): the
-  compute scale (what the proxy reached of the roofline), the batch-independent scale, the
-  optimizer-step scale, the communication scale and overlap (same network, same collective
-  library), and the run-to-run spread of the fit;
-- **recomputed from the target's own shape**: the roofline itself (its FLOPs, DRAM traffic
-  and weights), memory, tensor/pipeline/data-parallel traffic, the pipeline bubble and the
-  recomputation factor, which :func:`.step.step_terms` and :mod:`.memory` derive from the
-  target workload;
-- **rescaled**: the kernels one micro-step dispatches (the proxy's count per layer × the
-  target's layers, where the target gives no count) and the latency-bound work the fit found
-  beyond the roofline (per micro-step: with the kernel count; per sample: with the FLOPs per
-  sample, i.e. as a share of the work, like the efficiency itself).
-
-Nothing of the proxy's memory carries: a configuration the proxy ran says nothing about
-whether the target's fits.
-
-A proxy measured only on CPUs carries no GPU efficiency: a CPU reaches its own roofline with
-other kernels (oneDNN / ATen vector loops, not cuBLAS tile GEMMs), other caches and other
-bottlenecks (a tiny model on a CPU is dispatch-bound), so "what it reached of the CPU
-roofline" predicts nothing about a tensor-core GEMM. It still contributes what does not depend
-on the device: the operators one forward+backward dispatches per layer (eager PyTorch issues
-the same operators on either), which set the target's host-side dispatch time; the GPU speed
-comes from the prior (FLOPs / peak at the generation's efficiency) with its wide interval.
-
-The interval widens with the size ratio (:func:`size_sigma`): how far one model's efficiency
-strays from another's of the same generation and precision is the spread of large transformer
-pre-training MFU within that group (``uncertainty.TRANSFORMER_MFU_SPREAD``, measured over
-models of ``MFU_SPREAD_DECADES`` decades of size), two models' deviations in quadrature,
-taken in proportion to the square root of the share of that span the transfer crosses (a
-random walk in log size: a 2× transfer is not as uncertain as a 100× one). See
-``docs/models.md#transfer-from-a-proxy-run``.
+An observation belongs to one workload, so :func:`transfer` takes the predictor fitted to the
+proxy's runs (a 1B measured for a 70B, on the big run's GPUs and software) and returns one
+for the target workload: the fit's scales of the stack (compute, batch-independent,
+optimizer, communication and overlap) and its spread are **carried**; the roofline, memory,
+parallel traffic, bubble and recomputation are **recomputed** from the target's own shape;
+the kernels per micro-step and the latency-bound work are **rescaled** (per layer, per
+FLOP). Nothing of the proxy's memory carries, and a proxy measured only on CPUs carries its
+dispatch count but no GPU efficiency. The interval widens with the size ratio
+(:func:`size_sigma`, from ``uncertainty.TRANSFORMER_MFU_SPREAD`` over ``MFU_SPREAD_DECADES``).
+Why each part is carried or not: docs/models.md#transfer-from-a-proxy-run.
 
 Pure: no I/O, no MLflow, no torch.
 """

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -204,14 +203,13 @@ def _render(staged_req: EmitRequest, plan: Any, ctx: Any) -> str:
         else skypilot_yaml(plan, ctx)
 
 
-def _write(req: EmitRequest, tmp: str, text: str) -> None:
-    """``text`` into ``tmp``, flushed to disk (a full disk fails here, not later)."""
+def _stage_text(req: EmitRequest, text: str) -> str:
+    """``text`` in a temporary file beside ``--out``, synced to disk (a full disk fails
+    here, not later); its path."""
+    from mlflow_gpuopt.atomic_write import stage as stage_file
+
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o755 if req.kind == "torchrun" else 0o644)
+        return str(stage_file(req.out, text, mode=0o755 if req.kind == "torchrun" else 0o644))
     except OSError as exc:
         raise InputError(f"cannot write --out {req.out}: {exc.strerror or exc}") from None
 
@@ -258,17 +256,9 @@ def stage(req: EmitRequest | None, rec: Any, doc: dict[str, Any],
     provisional = fixed or plan_id(_PROVISIONAL_RUN_ID if logging else None, req.rank)
     ctx = LaunchContext(plan_id=provisional, tracking_uri=uri, experiment_name=experiment,
                         script=script)
-    text = _render(req, plan, ctx)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{req.out.name}.", dir=req.out.parent)
-        os.close(fd)
-    except OSError as exc:
-        raise InputError(f"cannot write --out {req.out}: {exc.strerror or exc}") from None
-    staged = Staged(req=req, plan=plan, fixed_plan_id=fixed, ctx=ctx, notes=tuple(notes),
-                    tmp=tmp)
-    with unstaged_on_error(staged, always=False):
-        _write(req, tmp, text)
-    return staged
+    tmp = _stage_text(req, _render(req, plan, ctx))
+    return Staged(req=req, plan=plan, fixed_plan_id=fixed, ctx=ctx, notes=tuple(notes),
+                  tmp=tmp)
 
 
 @contextlib.contextmanager
@@ -296,16 +286,18 @@ def finish(staged: Staged | None, doc: dict[str, Any], logged: Any) -> None:
     add_plan_ids(doc, logged)
     if staged is None:
         return
+    from mlflow_gpuopt.atomic_write import move_into_place
+
     req = staged.req
     final_id = staged.fixed_plan_id or doc["candidates"][req.rank - 1]["plan_id"]
     if final_id != staged.ctx.plan_id:
-        _write(req, staged.tmp, _render(req, staged.plan, replace(staged.ctx,
-                                                                   plan_id=final_id)))
+        _remove(staged)  # first: the final file takes the room the staged one held
+        staged = replace(staged, tmp=_stage_text(
+            req, _render(req, staged.plan, replace(staged.ctx, plan_id=final_id))))
     try:
-        if req.force:
-            os.replace(staged.tmp, req.out)
-        else:
-            os.link(staged.tmp, req.out)  # fails if --out appeared meanwhile: no overwrite
+        with unstaged_on_error(staged):
+            # without --force a hard link, which fails if --out appeared meanwhile
+            move_into_place(Path(staged.tmp), req.out, replace=req.force)
     except FileExistsError:
         raise InputError(f"--out {req.out} exists; pass --force to replace it") from None
     except OSError as exc:

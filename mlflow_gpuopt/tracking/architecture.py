@@ -1,32 +1,13 @@
 """The tracked model's architecture, as its own ``config`` declares it.
 
-The performance model's transformer terms (the per-layer activation formula for other
-micro-batches, tensor/sequence/pipeline parallelism, recomputation) need layers, hidden size,
-heads, the MLP and the vocabulary. A model that carries a configuration object says them;
-this module reads it, duck-typed, and nothing else: a model without such a ``config`` has no
-architecture here (module shapes are not guessed from).
-
-Configs read (first name present wins, per field):
-
-- Hugging Face ``PretrainedConfig``: ``num_hidden_layers``, ``hidden_size``,
-  ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``
-  (the names :data:`mlflow_gpuopt.workload_files.HF_CONFIG_NAMES` maps for workload files;
-  GPT-2's config answers them through its ``attribute_map``). GPT-2's ``n_inner`` is its
-  MLP width, ``None`` meaning 4 × ``n_embd``.
-  An encoder-decoder (``is_encoder_decoder``: T5's ``num_layers`` + ``num_decoder_layers``,
-  BART's ``encoder_layers`` + ``decoder_layers``) has the two stacks' layers together.
-- nanoGPT's ``GPTConfig``: ``n_layer``, ``n_head``, ``n_embd``, ``vocab_size``.
-- litgpt's ``Config``: ``n_layer``, ``n_head``, ``n_embd``, ``n_query_groups`` (key/value
-  heads), ``intermediate_size``, ``padded_vocab_size`` (the embedding's rows),
-  ``mlp_class_name``.
-
-The MLP (``gelu``: two matrices; ``swiglu`` / ``geglu``: gated, three) is given only where
-it is a fact: litgpt's ``mlp_class_name`` (``LLaMAMLP`` swiglu, ``GemmaMLP`` geglu,
-``GptNeoxMLP`` gelu); for a Hugging Face model, a ``gate_proj`` submodule (Llama, Mistral,
-Qwen, Gemma) makes it gated, its ``hidden_act`` naming which (``silu`` swiglu, ``gelu*``
-geglu), and GPT-2's ``Conv1D`` MLP (a config with ``n_inner``) is two matrices. Mixture-of-
-experts configs (``num_local_experts`` / ``num_experts`` / ``n_expert`` above 1) give no MLP
-width or kind: one dense MLP does not describe them.
+The performance model's transformer terms need layers, hidden size, heads, the MLP and the
+vocabulary. A model that carries a configuration object says them; this module reads it,
+duck-typed, and nothing else (module shapes are not guessed from): Hugging Face's
+``PretrainedConfig`` (the names :data:`mlflow_gpuopt.workload_files.HF_CONFIG_NAMES` maps;
+encoder-decoders' two stacks together), nanoGPT's ``GPTConfig`` and litgpt's ``Config``,
+first name present winning per field. The MLP kind is given only where it is a fact, and
+mixture-of-experts configs give no MLP width or kind. Which config field gives which param:
+docs/metrics.md#params (``gpuopt.num_layers`` to ``gpuopt.vocab_size``).
 
 Never raises: a config that cannot be read gives ``None`` fields (tracking never breaks
 training). Imports nothing heavy; the model is only walked for wrapper attributes and, for

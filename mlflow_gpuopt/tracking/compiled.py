@@ -53,9 +53,9 @@ def generated_kernel_calls(source: str) -> int:
 @functools.cache
 def _mode_class() -> type:
     """A kernel-counting dispatch mode that lets compiled graphs run compiled."""
-    from mlflow_gpuopt.tracking.profiler import _kernel_count_mode_class
+    from mlflow_gpuopt.tracking.dispatch_count import kernel_count_mode_class
 
-    class CompiledStepMode(_kernel_count_mode_class()):
+    class CompiledStepMode(kernel_count_mode_class()):
         @classmethod
         def ignore_compile_internals(cls) -> bool:
             return True

@@ -1,41 +1,26 @@
 """What the profiled step's operators say about how the model runs: the attention kernel,
 activation recomputation, and the precision of its matrix products.
 
-The profiler's kernel-counting dispatch mode (:mod:`.profiler`) hands every operator of the
-profiled step to an :class:`OpsSeen`, with the phase it is in (the first forward, or what
-follows it until the optimizer steps: the loss and the backward pass). Read at the end:
+The profiler's kernel-counting dispatch mode (:mod:`.dispatch_count`) hands every operator of
+the profiled step to an :class:`OpsSeen`, with the phase it is in (the first forward, or what
+follows it until the optimizer steps: the loss and the backward pass). Read at the end
+(values and their meaning: docs/metrics.md#params, ``gpuopt.attention``,
+``gpuopt.recompute``, ``gpuopt.precision``):
 
-- **attention**: ``sdpa`` when the model calls ``scaled_dot_product_attention``: one of
-  PyTorch's fused kernels ran (``_scaled_dot_product_flash_attention``,
-  ``_efficient_attention``, ``_cudnn_attention``, the CPU flash kernel...: none stores the
-  ``s × s`` scores), or its math fallback did (recognised by ``_safe_softmax``, which only
-  SDPA's math path dispatches; it runs where no fused kernel takes the inputs, e.g. a padding
-  mask on CPU, and keeps the scores on this device, while CUDA runs the same call fused).
-  Else ``eager`` when a softmax ran over a tensor whose last two dimensions are those of a
-  batched matrix product of the same forward (``softmax(Q·Kᵀ)``, which keeps the scores).
-  ``None`` when neither ran (no attention).
-- **recompute**: operators that run *inside* the backward pass (an autograd graph task)
-  *with gradients enabled* are forward operators replayed by activation checkpointing
-  (``torch.utils.checkpoint`` recomputes under ``enable_grad``; the backward's own operators
-  run with gradients off), except in a backward that builds a graph (``create_graph``: all
-  its operators run with gradients on, the first one included). ``full`` when weight products
-  (``mm``/``addmm``) were replayed (whole layers recomputed); ``selective`` when the attention
-  core was replayed but no weight product (Korthikanti et al.'s selective recomputation);
-  ``selective-op`` when only element-wise operators were (torchtitan's per-op selective
-  checkpointing keeps the products' outputs); ``none`` when nothing was replayed.
-- **precision**: the dtype that holds most of the matrix-product operand elements of the
-  forward (``mm``, ``addmm``, ``bmm``, ``baddbmm``, convolutions, the attention kernels,
-  ``_scaled_mm``): bf16 / fp16 / fp8 (float8 dtypes or ``_scaled_mm``) / fp32 (``tf32`` when
-  the script asks for TF32 matmuls, on any device, since a CPU run is planned on GPUs:
-  ``torch.backends.cuda.matmul.allow_tf32`` or a ``float32_matmul_precision`` other than
-  ``highest``; on CUDA also ``cudnn.allow_tf32`` for convolutions).
-  This is what ran, whatever enabled it (``torch.autocast`` entered inside ``forward`` by
-  accelerate or transformers, a ``.to(bfloat16)`` model).
-- **FP8 modules**: Transformer Engine layers (their class lives in ``transformer_engine``;
-  they run their own GEMMs outside aten, so the dispatch cannot see them) with FP8 on
-  (``module.fp8``), or torchao float8 layers (``Float8Linear``, ``torchao.float8``), whose
-  config names the scaling recipe (tensorwise / rowwise). Found by class name: neither
-  library is imported here.
+- **attention**: ``sdpa`` when one of SDPA's fused kernels ran, or its math fallback
+  (recognised by ``_safe_softmax``, which only that path dispatches); ``eager`` when a softmax
+  ran over the last two dimensions of a batched product of the same forward; else ``None``.
+- **recompute**: operators run *inside* the backward pass *with gradients enabled* are
+  forward operators replayed by activation checkpointing (``torch.utils.checkpoint``
+  recomputes under ``enable_grad``; the backward's own run with gradients off), except in a
+  backward that builds a graph (``create_graph``). Weight products replayed: ``full``; the
+  attention core only: ``selective``; element-wise only: ``selective-op``; none: ``none``.
+- **precision**: the dtype holding most matrix-product operand elements of the forward, what
+  ran whatever enabled it (``tf32`` where the script asks for TF32 matmuls, on any device,
+  since a CPU run is planned on GPUs).
+- **FP8 modules**: Transformer Engine layers with FP8 on (their GEMMs run outside aten, so
+  the dispatch cannot see them) or torchao float8 layers, whose config names the scaling
+  recipe. Found by class name: neither library is imported here.
 """
 
 from __future__ import annotations

@@ -1,510 +1,50 @@
-"""The workload profile, measured once on one real training step.
+"""The workload profile, measured once on one real training step (docs/tracking.md#what-it-does).
 
-How: when the profiled step's first forward starts (a forward pre-hook on the model), a
-``torch.utils.flop_counter.FlopCounterMode`` is entered; it is left at that step's optimizer
-step (post-hook) or manual ``tracker.step()``. So it counts exactly the forward and backward
-matmuls/convolutions of every micro-batch of that step — the user's own batch, no copy, no
-extra forward — and divides by the samples they held. The counter only observes dispatch, so
-training results are unchanged. Activation bytes come from the first forward of that step:
-saved-for-backward tensors (``saved_tensors_hooks``, de-duplicated by storage, parameters
-excluded), and on CUDA also the allocator's peak growth during the forward.
+:class:`WorkloadProfiler` is driven by the step clock's hooks (:mod:`.steps`). At the profiled
+step's first forward (a forward pre-hook) it enters the counters of :mod:`.dispatch_count`;
+it leaves them at that step's optimizer step (post-hook) or manual ``tracker.step()``. So it
+counts the forward and backward of every micro-batch of that step on the user's own batch (no
+copy, no extra forward) and divides by the samples they held.
 
-Kernels per micro-step: a second dispatch mode, entered beside the FLOP counter for the same
-window, counts the operators dispatched in it less those of every optimizer's own ``step()``
-(the step clock's optimizer hooks tell the profiler where each starts and ends; a closure
-passed to ``step()`` is wrapped for the profiled step only, and its operators — the last
-micro-batch's forward and backward under Lightning's automatic optimization — stay in),
-divided by the forwards (micro-batches) in that window. In eager PyTorch each such operator
-is about one kernel launch, which is what bounds a micro-step's batch-independent latency
-(recurrent and autoregressive models launch thousands). Operators that launch nothing are
-left out: views and in-place view ops (read from the operator's schema: ``view``, ``t``, ``expand``,
-``as_strided``, ``detach``, ``split``, ``unsqueeze_``...) and the few in
-``NON_KERNEL_OPS`` (uninitialised allocations, ``_unsafe_view``, size queries). It is a count
-of operators, not of kernels: a cuDNN RNN over a sequence is one operator and many kernels,
-and an ``LSTMCell`` is one fused kernel on CUDA but about ten element-wise operators on a CPU,
-so a count taken on a CPU overstates the CUDA one for such cells. The optimizer's own
-operators are not in it (the optimizer step has its own term in the models), but everything
-else the training loop dispatches in that window is: the loss, gradient clipping, a
-GradScaler's unscale, host-to-device copies of the next micro-batch, metrics computed on
-tensors. That is deliberate: they cost launches on every step too.
-
-Model FLOPs, not hardware FLOPs: ``flops_per_sample`` follows the convention of PaLM's
-model FLOPs utilisation and Megatron's FLOPs formula (6·N·T + 12·L·T²·h for a decoder): the
-work the model's mathematics needs, whatever the kernels redo. So (1) forward operators
-replayed by activation checkpointing (dispatched inside the backward pass with gradients on,
-:func:`.ops_seen.replaying_forward`) are counted aside, as ``recompute_flops_per_sample``
-(hardware FLOPs = the two summed); the performance model adds recomputation itself, from the
-run's ``recompute`` mode. (2) A fused attention backward is charged 2 × its forward, the four
-gradient products, without the recomputation of QKᵀ that torch's formula counts (see
-:func:`attention_backward_model_flops`); eager attention's backward is 2 × its forward anyway.
-
-What ran: the kernel counter also shows each operator to an :class:`~.ops_seen.OpsSeen`,
-which reads the attention kernel, activation recomputation and the precision of the products
-(FP8 included) from them (see :mod:`.ops_seen`); the profile's ``precision`` is that, not the
-autocast state at the forward pre-hook (frameworks enter autocast inside ``forward``).
-
-Higher-order operators (``torch.cond`` and kin) pass through both modes; in eager mode they
-run through a compiled wrapper that torch 2.13 cannot reuse once it was traced under dispatch
-modes, so after a profiled step that ran one, Dynamo's caches are reset (see
-:func:`_forget_hop_compilations`). A ``torch.compile``d model runs its profiled step eagerly
-(Dynamo does not compile under these modes) and Dynamo's caches are reset after it as well,
-or the model would stay eager (see :func:`_recompile_after_profile`); what its compiled
-step launches is counted on another step (:mod:`.compiled`).
+* Kernels per micro-step: the operators dispatched in that window less those of every
+  optimizer's own ``step()`` (a closure passed to ``step()`` is wrapped for the profiled step
+  only and its operators stay in), divided by the forwards. The loss, gradient clipping, a
+  GradScaler's unscale and host-to-device copies stay in: they cost launches every step.
+* Activation bytes, from the first forward: saved-for-backward tensors
+  (``saved_tensors_hooks``, de-duplicated by storage, parameters excluded), and on CUDA the
+  allocator's peak growth during the forward.
+* What ran (attention kernel, recomputation, precision, FP8 included) is read from the
+  dispatched operators by :class:`~.ops_seen.OpsSeen`, not from the autocast state at the
+  pre-hook (frameworks enter autocast inside ``forward``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlflow_gpuopt import contract
+from mlflow_gpuopt.tracking.dispatch_count import (
+    ReplayedFlops,
+    TotalOnly,
+    forget_hop_compilations,
+    gemm_shape_mode_class,
+    kernel_count_mode,
+    model_flop_formulas,
+    recompile_after_profile,
+)
+from mlflow_gpuopt.tracking.model_facts import (
+    adapter_of,
+    count_params,
+    detect_precision,
+    has_compiled_module,
+    largest_leaf_params,
+    optimizer_state_bytes_per_param,
+    storage_ptr,
+)
+from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
 
 logger = logging.getLogger(__name__)
-
-SCHEMA = contract.PROFILE_SCHEMA
-
-
-@dataclass(frozen=True)
-class WorkloadProfile:
-    """What one training sample costs (the ``profile.json`` of the design's contract)."""
-
-    name: str
-    params: int
-    trainable_params: int
-    #: model FLOPs of forward + backward (2 per multiply-add), recomputation left out
-    flops_per_sample: float | None
-    precision: str  # fp32 | tf32 | fp16 | bf16 | fp8 (what the step's matmuls ran in)
-    micro_batch: int | None  # samples per forward
-    grad_accum: int  # forwards per optimizer step
-    optimizer: str | None
-    optimizer_state_bytes_per_param: float | None
-    activation_bytes_per_sample: float | None
-    activation_saved_bytes_per_sample: float | None  # saved-for-backward tensors only
-    tokens_per_sample: int | None  # sequence length for token-id inputs
-    largest_layer_params: int | None  # largest leaf module (e.g. the embedding)
-    #: operators that launch a kernel per forward+backward of one micro-batch (see module doc)
-    kernels_per_micro_step: float | None = None
-    #: attention kernel that ran: "sdpa" (fused, no s x s scores) or "eager"; None: none seen
-    attention: str | None = None
-    #: activation recomputation seen in the backward: none | selective | selective-op | full
-    recompute: str | None = None
-    #: FP8 scaling recipe where the FP8 layers say it: te | tensorwise | rowwise
-    fp8_recipe: str | None = None
-    #: distinct (M, K, N) of the matrix multiplies of the profiled step's first forward
-    #: (see :func:`gemm_mnk`)
-    gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
-    #: FLOPs of the forward operators activation checkpointing replayed in the backward, per
-    #: sample (0.0: none replayed); hardware FLOPs = flops_per_sample + this
-    recompute_flops_per_sample: float | None = None
-    #: share of the profiled step's token positions that are padding (attention mask
-    #: zeros; 0.0: none); None: no token ids, or no mask given
-    padding_fraction: float | None = None
-    #: parameter-efficient adapters found: "lora" (PEFT's ``lora_A``/``lora_B`` modules),
-    #: "qlora" (those over 4-bit base layers); None: none
-    adapter: str | None = None
-    #: whether compiled (Inductor) graphs ran the step (see :mod:`.compiled`); None: no
-    #: compiled graph seen
-    compiled: bool | None = None
-    #: operators per micro-step the eager model dispatches (the profiled step's count) where
-    #: ``kernels_per_micro_step`` is the compiled graphs' launches
-    eager_kernels_per_micro_step: float | None = None
-    #: the architecture the model's ``config`` declares (see :mod:`.architecture`); None:
-    #: not declared
-    num_layers: int | None = None
-    hidden_size: int | None = None
-    num_heads: int | None = None
-    num_kv_heads: int | None = None  # grouped-query attention's key/value heads
-    ffn_hidden_size: int | None = None  # MLP inner width
-    mlp: str | None = None  # gelu (two matrices) | swiglu | geglu (gated, three)
-    vocab_size: int | None = None
-    #: mixture of experts, read from the model's MoE blocks (see :mod:`.moe_layers`); None:
-    #: a dense model. ``params`` counts every expert, ``active_params`` what one token uses
-    num_experts: int | None = None
-    experts_per_token: int | None = None
-    num_shared_experts: int | None = None
-    expert_ffn_hidden_size: int | None = None
-    moe_layer_freq: int | None = None
-    active_params: int | None = None
-
-    def to_json(self, hardware: dict | None = None) -> dict:
-        """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
-        doc: dict[str, Any] = {"schema": SCHEMA, **asdict(self)}
-        if hardware is not None:
-            doc["hardware"] = hardware
-        return doc
-
-
-#: Fused attention backward kernels that torch's FLOP registry counts (aten names).
-SDPA_BACKWARD_OPS = (
-    "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_cudnn_attention_backward",
-    "_flash_attention_backward", "_efficient_attention_backward",
-)
-
-
-def attention_backward_model_flops(counted: int, qk_head_dim: int, v_head_dim: int) -> int:
-    """Model FLOPs of a fused attention backward, from torch's count of it.
-
-    torch's formula (``sdpa_backward_flop_count``) charges five products of s_q·s_k·(head
-    dim) per head: QKᵀ recomputed (d_qk), dP = dO·Vᵀ and dV = Pᵀ·dO (d_v each), dQ = dS·K and
-    dK = dSᵀ·Q (d_qk each): 2·s_q·s_k·(3·d_qk + 2·d_v). The model-FLOPs convention (PaLM,
-    Megatron: 12·L·T²·h per decoder) charges the four gradient products, 2 × the forward's
-    QKᵀ and PV: 2·s_q·s_k·(2·d_qk + 2·d_v). The ratio depends on the head dims alone, so
-    scaling torch's count is exact for padded, nested and variable-length batches alike.
-    """
-    return counted * 2 * (qk_head_dim + v_head_dim) // (3 * qk_head_dim + 2 * v_head_dim)
-
-
-class ReplayedFlops:
-    """FLOPs of forward operators replayed by activation checkpointing, kept out of the
-    ``FlopCounterMode`` total (see :func:`model_flop_formulas`)."""
-
-    def __init__(self) -> None:
-        self.flops = 0
-
-
-def _raw(fn: Any) -> Any:
-    fn._get_raw = True  # FlopCounterMode passes the operator's own arguments, not shapes
-    return fn
-
-
-class _TotalOnly:
-    """Stands in for ``FlopCounterMode``'s module tracker: every FLOP is counted under
-    "Global", the total this profile needs.
-
-    The tracker puts a multi-grad hook on every module's inputs, and ``torch.autograd.grad``
-    with a leaf among its ``inputs`` (a gradient penalty: WGAN-GP, R1, Jacobian
-    regularisation) then raises "A leaf node was passed to _will_engine_execute_node" inside
-    the user's own call: the profiled step would crash training.
-    """
-
-    parents = ("Global",)
-
-    def __enter__(self) -> _TotalOnly:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def model_flop_formulas(replayed: ReplayedFlops) -> dict:
-    """``custom_mapping`` for ``FlopCounterMode`` that makes it count model FLOPs.
-
-    Every formula of torch's registry, plus the CPU flash-attention kernels it lacks, with
-    fused attention backwards at the model convention
-    (:func:`attention_backward_model_flops`); each formula gives 0 for an operator replayed
-    by activation checkpointing (:func:`.ops_seen.replaying_forward`) and adds its FLOPs to
-    ``replayed`` instead.
-    """
-    import torch
-    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
-
-    from mlflow_gpuopt.tracking.ops_seen import replaying_forward
-
-    aten = torch.ops.aten
-    formulas = dict(flop_registry)  # each takes the operator's arguments and out_val=
-
-    def cpu_forward(q, k, v, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-        return sdpa_flop_count(q.shape, k.shape, v.shape)
-
-    def cpu_backward(grad_out, q, k, v, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-        return sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
-
-    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", cpu_forward),
-                     ("_scaled_dot_product_flash_attention_for_cpu_backward", cpu_backward)):
-        op = getattr(aten, name, None)
-        if op is not None:
-            formulas[op] = fn
-
-    def model_backward(torch_formula: Any) -> Any:
-        def count(grad_out, q, k, v, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-            counted = torch_formula(grad_out, q, k, v, *args, out_val=out_val, **kwargs)
-            return attention_backward_model_flops(counted, q.shape[-1], v.shape[-1])
-        return count
-
-    for name in (*SDPA_BACKWARD_OPS, "_scaled_dot_product_flash_attention_for_cpu_backward"):
-        op = getattr(aten, name, None)
-        if op in formulas:
-            formulas[op] = model_backward(formulas[op])
-
-    def split(formula: Any) -> Any:
-        def count(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
-            flops = formula(*args, out_val=out_val, **kwargs)
-            if replaying_forward():
-                replayed.flops += flops
-                return 0
-            return flops
-        return _raw(count)
-
-    return {op: split(fn) for op, fn in formulas.items()}
-
-
-#: Operators that launch no kernel although their schema does not mark them as views:
-#: uninitialised allocations, views the schema calls new tensors (``_unsafe_view``,
-#: ``unsafe_split``/``unsafe_chunk``, used by the RNN cells), storage/metadata setters and
-#: size queries, the profiler's markers.
-NON_KERNEL_OPS = frozenset({
-    "_unsafe_view", "_reshape_alias", "unsafe_split", "unsafe_split_with_sizes",
-    "unsafe_chunk", "empty", "empty_like", "empty_strided", "new_empty",
-    "new_empty_strided", "resize_", "set_", "is_same_size", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset",
-    # the profiler's record_function markers (an optimizer's step() opens one)
-    "_record_function_enter", "_record_function_enter_new", "_record_function_exit",
-})
-
-
-def is_kernel_op(func: Any) -> bool:
-    """Whether dispatching ``func`` (an ``OpOverload``) launches work on the device: not a
-    view (its output aliases an input without writing it), not an in-place view op, not in
-    ``NON_KERNEL_OPS``."""
-    import torch
-
-    if getattr(func, "is_view", False):
-        return False
-    if torch.Tag.inplace_view in getattr(func, "tags", ()):
-        return False
-    name = func._schema.name.split("::", 1)[-1]
-    return name not in NON_KERNEL_OPS
-
-
-@functools.cache
-def _kernel_count_mode_class() -> type:
-    """A ``TorchDispatchMode`` that counts kernel-launching operators (defined on first use,
-    so importing this module does not import torch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from torch._ops import OpOverload
-
-    class KernelCountMode(TorchDispatchMode):
-        # Higher-order operators (torch.cond, while_loop, checkpointed regions under
-        # torch.compile) must pass through, or a mode without a rule for them makes the
-        # user's forward raise; they are not kernels themselves.
-        supports_higher_order_operators = True
-
-        def __init__(self, ops: Any = None) -> None:
-            super().__init__()
-            self.count = 0
-            self.ops = ops  # an OpsSeen, or None
-            self.higher_order_ops: set[str] = set()
-            self._is_kernel: dict[Any, bool] = {}
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                               kwargs: dict | None = None) -> Any:
-            if not isinstance(func, OpOverload):  # a higher-order operator: run it as is
-                self.higher_order_ops.add(getattr(func, "__name__", repr(func)))
-                return func(*args, **(kwargs or {}))
-            kernel = self._is_kernel.get(func)
-            if kernel is None:
-                try:
-                    kernel = is_kernel_op(func)
-                except Exception as exc:  # an operator we cannot classify: not counted
-                    logger.debug("gpuopt: cannot classify %r: %s", func, exc)
-                    kernel = False
-                self._is_kernel[func] = kernel
-            if kernel:
-                self.count += 1
-            out = func(*args, **(kwargs or {}))
-            if kernel and self.ops is not None:
-                try:
-                    self.ops.observe(func, args, kwargs, out)
-                except Exception as exc:  # never break training: stop looking instead
-                    logger.debug("gpuopt: operator census stopped at %r: %s", func, exc)
-                    self.ops.failed = True
-                    self.ops = None
-            return out
-
-    return KernelCountMode
-
-
-def _forget_hop_compilations(names: set[str]) -> None:
-    """Drop what Dynamo compiled while the profiler's dispatch modes were on.
-
-    In eager mode ``torch.cond`` and its kin run through a ``torch.compile``d wrapper. In
-    torch 2.13 the code it traced under dispatch modes (FlopCounterMode, the kernel
-    counter) fails on the next call without them ("torch.* op returned non-Tensor:
-    _len_torch_dispatch_stack"), which would stop training at the step after the profiled
-    one. ``torch._dynamo.reset()`` forgets those compilations; its price is one
-    recompilation of the user's own ``torch.compile``d code, paid only by models that use a
-    higher-order operator.
-    """
-    import torch
-
-    logger.debug("gpuopt: higher-order operators %s ran while profiling; resetting Dynamo's "
-                 "caches", sorted(names))
-    torch._dynamo.reset()
-
-
-def has_compiled_module(model: Any) -> bool:
-    """Whether ``model`` or a submodule is ``torch.compile``d (``OptimizedModule``, or
-    ``Module.compile()`` in place)."""
-    if model is None:
-        return False
-    for m in model.modules():
-        if type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None):
-            return True
-    return False
-
-
-def _recompile_after_profile() -> None:
-    """Let compiled code run compiled again after the profiled step.
-
-    Dynamo does not compile under a dispatch mode that must see every operator (the FLOP
-    counter, the kernel counter): it runs those frames eagerly, and in torch 2.13 it keeps
-    running them eagerly after the modes are gone, so without this a compiled model would
-    train eagerly from the profiled step on, and the run would measure the eager speed.
-    ``torch._dynamo.reset()`` forgets that; the next step recompiles (from Inductor's
-    on-disk caches where they hold the graphs), inside the default warm-up steps.
-    """
-    import torch
-
-    logger.debug("gpuopt: resetting Dynamo after the profiled step of a compiled model")
-    torch._dynamo.reset()
-
-
-#: At most this many distinct matmul shapes are kept from the profiled step.
-MAX_GEMM_SHAPES = 256
-
-
-def gemm_mnk(name: str, args: tuple) -> tuple[int, int, int] | None:
-    """(M, K, N) of a matrix multiply operator (``mm``, ``addmm``, ``bmm``, ``baddbmm``;
-    batched ones by their per-matrix shape), or ``None`` for any other operator. The
-    advice's tensor-core alignment rule reads K and N, the layer's own sizes."""
-    if name in ("mm", "bmm"):
-        a, b = args[0], args[1]
-    elif name in ("addmm", "baddbmm"):
-        a, b = args[1], args[2]
-    else:
-        return None
-    try:
-        return int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
-    except (AttributeError, IndexError, TypeError):
-        return None
-
-
-@functools.cache
-def _gemm_shape_mode_class() -> type:
-    """A ``TorchDispatchMode`` that records the distinct matmul shapes it sees."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class GemmShapeMode(TorchDispatchMode):
-        supports_higher_order_operators = True
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.shapes: dict[tuple[int, int, int], None] = {}
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                               kwargs: dict | None = None) -> Any:
-            schema = getattr(func, "_schema", None)
-            if schema is not None and len(self.shapes) < MAX_GEMM_SHAPES:
-                mnk = gemm_mnk(schema.name.split("::", 1)[-1], args)
-                if mnk is not None:
-                    self.shapes[mnk] = None
-            return func(*args, **(kwargs or {}))
-
-    return GemmShapeMode
-
-
-def kernel_count_mode(ops: Any = None) -> Any:
-    """A fresh kernel-counting dispatch mode; enter it, run, read ``.count``. With ``ops``
-    (an :class:`~.ops_seen.OpsSeen`), every kernel operator is also shown to it."""
-    return _kernel_count_mode_class()(ops)
-
-
-def count_params(model: Any) -> tuple[int, int]:
-    """(total, trainable) parameter counts, shared parameters counted once."""
-    seen: set[int] = set()
-    total = trainable = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        if p.requires_grad:
-            trainable += p.numel()
-    return total, trainable
-
-
-def adapter_of(model: Any) -> str | None:
-    """``"lora"`` when the model holds LoRA adapters under PEFT's module names
-    (``lora_A``/``lora_B``), ``"qlora"`` when some sit on 4-bit base layers (bitsandbytes'
-    ``Linear4bit``); else ``None``."""
-    lora = four_bit = False
-    for name, module in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("lora_A", "lora_B"):
-            lora = True
-        if "4bit" in type(module).__name__:
-            four_bit = True
-    if not lora:
-        return None
-    return "qlora" if four_bit else "lora"
-
-
-def largest_leaf_params(model: Any) -> int | None:
-    best = None
-    for m in model.modules():
-        if next(m.children(), None) is None:
-            n = sum(p.numel() for p in m.parameters(recurse=False))
-            if n and (best is None or n > best):
-                best = n
-    return best
-
-
-def detect_precision(model: Any, device_type: str) -> str:
-    """Precision the forward runs in: autocast dtype if on, else the parameters' dtype."""
-    import torch
-
-    try:
-        if torch.is_autocast_enabled(device_type):
-            dtype = torch.get_autocast_dtype(device_type)
-            return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-    except Exception as exc:  # older torch or an unknown device type
-        logger.debug("gpuopt: autocast query failed: %s", exc)
-    p = next(iter(model.parameters()), None) if model is not None else None
-    dtype = p.dtype if p is not None else torch.float32
-    if dtype == torch.bfloat16:
-        return "bf16"
-    if dtype == torch.float16:
-        return "fp16"
-    from mlflow_gpuopt.tracking.ops_seen import tf32_matmul_flags
-
-    if tf32_matmul_flags():  # on any device: the plan's GPUs would run TF32
-        return "tf32"
-    if device_type == "cuda":
-        has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-        if has_conv and torch.backends.cudnn.allow_tf32:
-            return "tf32"
-    return "fp32"
-
-
-def optimizer_state_bytes_per_param(optimizer: Any) -> float | None:
-    """Bytes of optimizer state per trainable parameter (Adam fp32: ~8), after a step."""
-    import torch
-
-    n_params = 0
-    state_bytes = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            n_params += p.numel()
-            for v in optimizer.state.get(p, {}).values():
-                if isinstance(v, torch.Tensor):
-                    state_bytes += v.numel() * v.element_size()
-    return state_bytes / n_params if n_params else None
-
-
-def _storage_ptr(t: Any) -> int | None:
-    """Address of a tensor's storage; ``None`` for storage it cannot show (FSDP2's freed
-    unsharded parameters, DTensors, tensor subclasses)."""
-    try:
-        local = t.to_local() if hasattr(t, "to_local") else t
-        return local.untyped_storage().data_ptr()
-    except Exception:  # not measurable: leave it out
-        return None
 
 
 def first_tensor(args: tuple, kwargs: dict | None) -> Any:
@@ -519,6 +59,7 @@ def first_tensor(args: tuple, kwargs: dict | None) -> Any:
             if isinstance(a, torch.Tensor):
                 return a
     return None
+
 
 
 class WorkloadProfiler:
@@ -577,7 +118,7 @@ class WorkloadProfiler:
             self._forward_batch = int(batch.shape[0])
             if batch.dim() == 2 and not batch.is_floating_point():
                 self.tokens_per_sample = int(batch.shape[1])  # token ids (batch, sequence)
-        self._param_storages = {ptr for ptr in map(_storage_ptr, self.model.parameters()) if ptr}
+        self._param_storages = {ptr for ptr in map(storage_ptr, self.model.parameters()) if ptr}
         self._saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_ctx.__enter__()
         if device_type == "cuda":
@@ -594,14 +135,14 @@ class WorkloadProfiler:
             self._replayed, formulas = None, {}
         self._flop_mode = FlopCounterMode(display=False, custom_mapping=formulas)
         if hasattr(self._flop_mode, "mod_tracker"):
-            self._flop_mode.mod_tracker = _TotalOnly()
+            self._flop_mode.mod_tracker = TotalOnly()
         self._flop_mode.__enter__()
         from mlflow_gpuopt.tracking.ops_seen import OpsSeen
 
         self.ops = OpsSeen()
         self._kernel_mode = kernel_count_mode(self.ops)
         self._kernel_mode.__enter__()
-        self._gemm_mode = _gemm_shape_mode_class()()
+        self._gemm_mode = gemm_shape_mode_class()()
         self._gemm_mode.__enter__()
         if self._in_optimizer_step:  # begun in a closure: the step's operators so far are 0
             self._step_pre_count = 0
@@ -660,10 +201,10 @@ class WorkloadProfiler:
             mode.__exit__(None, None, None)
             self.micro_step_kernels = max(0, mode.count - self._optimizer_kernels)
             if mode.higher_order_ops:
-                _forget_hop_compilations(mode.higher_order_ops)
+                forget_hop_compilations(mode.higher_order_ops)
             elif self.compiled_kernels_per_micro_step is not None or has_compiled_module(
                     self.model):
-                _recompile_after_profile()
+                recompile_after_profile()
 
     def _pack(self, t: Any) -> Any:
         try:

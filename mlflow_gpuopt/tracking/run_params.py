@@ -15,7 +15,7 @@ from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
 from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
-from mlflow_gpuopt.tracking.profiler import WorkloadProfile
+from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
 
 
 def device_params(device: str, backend: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.aggregate import SteadyState
-from mlflow_gpuopt.tracking.profiler import WorkloadProfile
+from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
 
 
 @dataclass(frozen=True)

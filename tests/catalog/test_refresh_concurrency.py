@@ -12,8 +12,8 @@ import pytest
 
 from aws_offer_server import OfferServer, aws_region_file, cli, region_of
 from mlflow_gpuopt.catalog import catalog_cache_dir, load_catalog
-from mlflow_gpuopt.catalog.errors import RefreshError
-from mlflow_gpuopt.catalog.lock import LockTimeoutError, exclusive_lock
+from mlflow_gpuopt.catalog.errors import LockTimeoutError, RefreshError
+from mlflow_gpuopt.file_lock import LockHeldError, exclusive_lock
 
 pytestmark = pytest.mark.slow
 REGIONS = ("ap-northeast-1", "us-east-1", "us-west-2")  # the catalog's AWS regions, sorted
@@ -89,7 +89,7 @@ def test_lock_is_exclusive_in_one_process_too_and_released_after(tmp_path):
     with exclusive_lock(path, timeout_s=0, what="test"):
         assert path.read_text().strip().isdigit()
         # a second open file description on the same file conflicts under flock
-        with (pytest.raises(LockTimeoutError,
+        with (pytest.raises(LockHeldError,
                             match=r"another test is running \(pid \d+ holds"),
               exclusive_lock(path, timeout_s=0.1, what="test")):
             pass

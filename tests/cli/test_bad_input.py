@@ -97,7 +97,7 @@ FILES = {
                         ).encode(),
     "o_micro_batch_1e12.csv": (OBS_HEADER
                                + "NVIDIA A100-SXM4-80GB,1,1,1e12,2470,single,fp16\n").encode(),
-    # a cell over the csv module's 128 KiB field limit (a traceback before), one over ours
+    # a cell over the csv module's 128 KiB field limit (the csv module raises), one over ours
     "o_field_200k.csv": (OBS_HEADER + '"' + "x" * 200_000 + '",1,1,256,2470,single,fp16\n'
                          ).encode(),
     "o_cell_5000.csv": (OBS_HEADER + "NVIDIA A100-SXM4-80GB,1,1,256,2470,single," + "f" * 5000
@@ -406,7 +406,7 @@ def test_json_output_never_holds_infinity_or_nan(store):
 
 def test_no_plan_fits_is_said_once(store):
     """A 10-trillion-parameter model on at most one GPU: nothing fits, and the line says so
-    once ("No plan fits: every offer was dropped ..."), exit 0 as before."""
+    once ("No plan fits: every offer was dropped ..."), exit 0."""
     result = CliRunner().invoke(gpuopt, _argv(store, [
         *RECOMMEND, "--run-id", "{huge_model}", "--max-gpus", "1"]), env=_env(store))
     assert result.exit_code == 0, result.output[-3000:]

@@ -116,7 +116,7 @@ def _freeze_probe() -> None:
 
 def test_a_command_freezes_the_collector_only_while_it_runs(monkeypatch):
     """The group freezes what MLflow's import left (so full collections skip it) and thaws it
-    when the command ends: a process that stays, like this one, collects as before."""
+    when the command ends: a process that stays, like this one, collects all of it again."""
     import gc
 
     from mlflow_gpuopt import cli

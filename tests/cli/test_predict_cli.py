@@ -110,7 +110,7 @@ def test_workload_missing_required_field(tmp_path, files):
 
 
 def test_profile_kernel_count_round_trips_through_a_workload_file(tmp_path, files):
-    from mlflow_gpuopt.tracking.profiler import WorkloadProfile
+    from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
     from mlflow_gpuopt.workload_files import WorkloadFileError, load_workload
 
     profile = WorkloadProfile(

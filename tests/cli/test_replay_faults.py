@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt
 from mlflow_gpuopt.mlflow_io.journal import JournalWriter
+from mlflow_gpuopt.mlflow_io.records import JournalRecord
 
 pytestmark = pytest.mark.faults
 
@@ -28,9 +29,9 @@ def _run(uri: str) -> str:
 
 def _journal(path: Path, run_id: str, uri: str, steps: int) -> JournalWriter:
     j = JournalWriter(path, {"run_id": run_id, "tracking_uri": uri})
-    j.append([{"seq": 1, "kind": "params", "values": {"gpuopt.device": "cpu"}}])
-    j.append([{"seq": 2 + s, "kind": "metrics", "step": s, "ts": T0 + s,
-               "values": {"loss": 1.0 / (s + 1)}} for s in range(steps)])
+    j.append([JournalRecord("params", {"gpuopt.device": "cpu"}, seq=1)])
+    j.append([JournalRecord("metrics", {"loss": 1.0 / (s + 1)}, step=s, ts_ms=T0 + s, seq=2 + s)
+              for s in range(steps)])
     return j
 
 
@@ -74,13 +75,13 @@ def test_replay_of_a_deleted_run_keeps_the_journal(tmp_path):
 def test_a_second_replay_of_one_journal_refuses(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from mlflow_gpuopt.catalog.lock import exclusive_lock
+    from mlflow_gpuopt.mlflow_io.journal import replay_lock
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     _journal(path, run_id, uri, steps=50).close()
-    with exclusive_lock(Path(f"{path}.lock"), timeout_s=0, what="test holder"):
+    with replay_lock(path):
         result = _invoke(str(path))
     assert result.exit_code == 2, result.output
     assert "another replay" in _one_error_line(result)

@@ -61,17 +61,17 @@ def test_unreachable_server_never_blocks_bounded_memory_all_journaled(tmp_path, 
         with net.stepping():
             w.log_metrics({"loss": float(i)}, step=i, timestamp_ms=1_000 + i)
         if i % 500 == 0:
-            peak_memory_records = max(peak_memory_records, len(w._mem))
+            peak_memory_records = max(peak_memory_records, w.records_in_memory)
     w.log_params({"gpuopt.device": "cpu"})
     report = w.close(timeout_s=0.5)
     # log_metrics never sends: every (failed) request came from the writer's thread
     assert net.requests_while_stepping == [] and net.requests_elsewhere > 0
-    assert w._dropped == 0
+    assert w.dropped_records == 0
     assert peak_memory_records <= 1000 + 1000  # the bound plus one pump batch
     assert report.delivered_metrics == 0 and report.pending_metrics == n
     state = read_state(report.journal_path)
     assert state.run_id == "0123456789abcdef" and state.pending_metrics == n
-    steps = [r["step"] for r in iter_pending(state) if r["kind"] == "metrics"]
+    steps = [r.step for r in iter_pending(state) if r.kind == "metrics"]
     assert steps == list(range(n))  # in order, each once
     assert state.header["tracking_uri"] == uri
 

@@ -132,7 +132,7 @@ def test_recommend_from_a_workload_file_before_any_run(files):
     assert doc["winner"] is not None
     precisions = {c["precision"] for c in doc["candidates"]}
     assert "fp8" in precisions
-    # A 48 h deadline for 100B tokens of a 7B model needs more than the old 16-node cap.
+    # A 48 h deadline for 100B tokens of a 7B model needs more than 16 nodes.
     assert max(c["nodes"] for c in doc["candidates"]) > 16
 
 

@@ -29,7 +29,7 @@ def act(workload: Workload, recompute: str | None = None) -> float:
 
 def test_a_checkpointed_run_is_predicted_with_what_it_kept():
     measured_full = dataclasses.replace(PLAIN, recompute="full")
-    # the run's own mode: its figure as measured (it was divided a second time before)
+    # the run's own mode: its figure as measured, not divided by the recomputation again
     assert act(measured_full) == pytest.approx(MEASURED * MB)
     # without checkpointing it keeps what checkpointing dropped
     assert act(measured_full, "none") == pytest.approx(MEASURED * MB * CF)

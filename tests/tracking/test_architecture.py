@@ -1,6 +1,6 @@
 """The tracked model's architecture: read from its ``config`` (Hugging Face, GPT-2, nanoGPT,
 litgpt), logged as ``gpuopt.*`` params and ``profile.json`` keys, and fed by
-``predict --run-id`` into the workload, so its shape is no longer estimated.
+``predict --run-id`` into the workload, so its shape is read, not estimated.
 
 Real training on CPU under ``gpuopt.track()`` into a sqlite store, tiny Hugging Face models;
 ``architecture_of`` on config objects without training.

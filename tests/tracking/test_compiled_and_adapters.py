@@ -14,7 +14,7 @@ from tracking_helpers import logged
 
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.tracking.compiled import generated_kernel_calls
-from mlflow_gpuopt.tracking.profiler import is_kernel_op
+from mlflow_gpuopt.tracking.dispatch_count import is_kernel_op
 
 OPTS = {"interval_s": 0.1, "print_summary": False, "warmup_steps": 1}
 D_IN, H, D_OUT, B = 16, 32, 4, 8

@@ -28,12 +28,12 @@ from torch.utils.checkpoint import (
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 import mlflow_gpuopt as gpuopt
-from mlflow_gpuopt.tracking.profiler import (
+from mlflow_gpuopt.tracking.dispatch_count import (
     SDPA_BACKWARD_OPS,
     ReplayedFlops,
-    WorkloadProfiler,
     model_flop_formulas,
 )
+from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
 from test_ops_seen import D, SEQ, VOCAB, TinyGPT, profile_step
 
 aten = torch.ops.aten

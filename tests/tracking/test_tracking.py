@@ -271,7 +271,7 @@ def test_kernel_count_grows_with_the_steps_of_a_recurrent_loop():
 
 
 def test_kernel_count_leaves_out_views_and_the_optimizer():
-    from mlflow_gpuopt.tracking.profiler import is_kernel_op
+    from mlflow_gpuopt.tracking.dispatch_count import is_kernel_op
 
     aten = torch.ops.aten
     for op in (aten.view.default, aten.t.default, aten._unsafe_view.default,

@@ -36,7 +36,7 @@ class Tiny(L.LightningModule):
 def test_callback_joins_the_mlflow_logger_run(tracking_uri):
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from mlflow_gpuopt.tracking.lightning import GpuOptCallback
+    from mlflow_gpuopt.integrations.lightning import GpuOptCallback
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(48, 16), torch.randint(0, 4, (48,)))
@@ -132,7 +132,7 @@ def test_accumulate_grad_batches_counts_every_micro_batch(tracking_uri, caplog, 
     """Lightning runs the step's last micro-batch inside the closure it passes to
     ``optimizer.step()``: it is a micro-batch like the others, and its operators are the
     micro-step's, not the optimizer's."""
-    from mlflow_gpuopt.tracking.lightning import GpuOptCallback
+    from mlflow_gpuopt.integrations.lightning import GpuOptCallback
 
     caplog.set_level(logging.WARNING)
     torch.manual_seed(0)
@@ -154,7 +154,7 @@ def test_accumulate_grad_batches_counts_every_micro_batch(tracking_uri, caplog, 
 
 
 def test_callback_reads_the_trainers_precision(tracking_uri):
-    from mlflow_gpuopt.tracking.lightning import GpuOptCallback, precision_of
+    from mlflow_gpuopt.integrations.lightning import GpuOptCallback, precision_of
 
     assert [precision_of(p) for p in ("32-true", "bf16-mixed", "bf16-true", "16-mixed",
                                       "transformer-engine", "64-true")] == [
@@ -220,7 +220,7 @@ def test_manual_optimization_two_optimizers_profiles_the_whole_step(tracking_uri
                                                                     optimizer):
     """Each batch is one step (or each step of the optimizer named), profiled whole: both
     optimizers' halves, no warning."""
-    from mlflow_gpuopt.tracking.lightning import GpuOptCallback
+    from mlflow_gpuopt.integrations.lightning import GpuOptCallback
 
     caplog.set_level(logging.WARNING)
     torch.manual_seed(0)
@@ -239,7 +239,7 @@ def test_manual_optimization_two_optimizers_profiles_the_whole_step(tracking_uri
 def test_optimizer_option_names_the_clock(tracking_uri):
     """``optimizer=0`` (the generator's): a step ends at its step(), so the profile holds the
     generator's update only."""
-    from mlflow_gpuopt.tracking.lightning import GpuOptCallback
+    from mlflow_gpuopt.integrations.lightning import GpuOptCallback
 
     torch.manual_seed(0)
     cb = GpuOptCallback(interval_s=0.1, print_summary=False, warmup_steps=1, optimizer=0)

@@ -20,8 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlflow_gpuopt.catalog.errors import CatalogError, RefreshError
-from mlflow_gpuopt.catalog.lock import exclusive_lock
+from mlflow_gpuopt.atomic_write import not_regular_file, write_atomically
+from mlflow_gpuopt.catalog.errors import CatalogError, LockTimeoutError, RefreshError
 from mlflow_gpuopt.catalog.refreshers import aws, azure, gcp, lambda_cloud
 from mlflow_gpuopt.catalog.refreshers._http import HttpClient
 from mlflow_gpuopt.catalog.rows import offers_to_csv, parse_offers_csv
@@ -31,9 +31,8 @@ from mlflow_gpuopt.catalog.store import (
     clear_catalog_cache,
     load_catalog,
     load_gpus,
-    not_regular_file,
-    write_atomically,
 )
+from mlflow_gpuopt.file_lock import LockHeldError, exclusive_lock
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ def refresh(
 
     Raises:
         RefreshError: nothing was written; the message is one line, keys redacted
-            (:class:`~mlflow_gpuopt.catalog.lock.LockTimeoutError` if the lock wait ran out).
+            (:class:`~mlflow_gpuopt.catalog.errors.LockTimeoutError` if the lock wait ran out).
     """
     provider = provider.lower()
     if provider not in REFRESHABLE:
@@ -121,6 +120,8 @@ def refresh(
     try:
         with exclusive_lock(lock_path, timeout_s=wait_s, what=f"{provider} price refresh"):
             return _refresh_locked(provider, cache_dir, base_url, api_key, client, today)
+    except LockHeldError as exc:
+        raise LockTimeoutError(str(exc)) from None
     except OSError as exc:  # the cache folder or its lock file cannot be written
         raise RefreshError(f"cannot write the price cache: {exc}") from None
 

@@ -1,0 +1,84 @@
+"""The workload profile: what one training sample costs, from one measured training step.
+
+:class:`WorkloadProfile` is the run's ``profile.json`` artifact (every field and its unit:
+docs/metrics.md#artifacts-and-profilejson); :mod:`.profiler` measures it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mlflow_gpuopt import contract
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    """What one training sample costs (the ``profile.json`` of the design's contract)."""
+
+    name: str
+    params: int
+    trainable_params: int
+    #: model FLOPs of forward + backward (2 per multiply-add), recomputation left out
+    flops_per_sample: float | None
+    precision: str  # fp32 | tf32 | fp16 | bf16 | fp8 (what the step's matmuls ran in)
+    micro_batch: int | None  # samples per forward
+    grad_accum: int  # forwards per optimizer step
+    optimizer: str | None
+    optimizer_state_bytes_per_param: float | None
+    activation_bytes_per_sample: float | None
+    activation_saved_bytes_per_sample: float | None  # saved-for-backward tensors only
+    tokens_per_sample: int | None  # sequence length for token-id inputs
+    largest_layer_params: int | None  # largest leaf module (e.g. the embedding)
+    #: operators that launch a kernel per forward+backward of one micro-batch (see
+    #: :mod:`.dispatch_count`)
+    kernels_per_micro_step: float | None = None
+    #: attention kernel that ran: "sdpa" (fused, no s x s scores) or "eager"; None: none seen
+    attention: str | None = None
+    #: activation recomputation seen in the backward: none | selective | selective-op | full
+    recompute: str | None = None
+    #: FP8 scaling recipe where the FP8 layers say it: te | tensorwise | rowwise
+    fp8_recipe: str | None = None
+    #: distinct (M, K, N) of the matrix multiplies of the profiled step's first forward
+    #: (see :func:`.dispatch_count.gemm_mnk`)
+    gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
+    #: FLOPs of the forward operators activation checkpointing replayed in the backward, per
+    #: sample (0.0: none replayed); hardware FLOPs = flops_per_sample + this
+    recompute_flops_per_sample: float | None = None
+    #: share of the profiled step's token positions that are padding (attention mask
+    #: zeros; 0.0: none); None: no token ids, or no mask given
+    padding_fraction: float | None = None
+    #: parameter-efficient adapters found: "lora" (PEFT's ``lora_A``/``lora_B`` modules),
+    #: "qlora" (those over 4-bit base layers); None: none
+    adapter: str | None = None
+    #: whether compiled (Inductor) graphs ran the step (see :mod:`.compiled`); None: no
+    #: compiled graph seen
+    compiled: bool | None = None
+    #: operators per micro-step the eager model dispatches (the profiled step's count) where
+    #: ``kernels_per_micro_step`` is the compiled graphs' launches
+    eager_kernels_per_micro_step: float | None = None
+    #: the architecture the model's ``config`` declares (see :mod:`.architecture`); None:
+    #: not declared
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None  # grouped-query attention's key/value heads
+    ffn_hidden_size: int | None = None  # MLP inner width
+    mlp: str | None = None  # gelu (two matrices) | swiglu | geglu (gated, three)
+    vocab_size: int | None = None
+    #: mixture of experts, read from the model's MoE blocks (see :mod:`.moe_layers`); None:
+    #: a dense model. ``params`` counts every expert, ``active_params`` what one token uses
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    num_shared_experts: int | None = None
+    expert_ffn_hidden_size: int | None = None
+    moe_layer_freq: int | None = None
+    active_params: int | None = None
+
+    def to_json(self, hardware: dict | None = None) -> dict:
+        """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
+        doc: dict[str, Any] = {"schema": contract.PROFILE_SCHEMA, **asdict(self)}
+        if hardware is not None:
+            doc["hardware"] = hardware
+        return doc
+
