@@ -272,29 +272,30 @@ class JobReporter:
         job = self.job
         if not (job.gathered and self.ctx.is_logging_rank):
             return own
-        m = job.combiner.summary()
+        js = job.combiner.summary()
         layout = job.combiner.layout()
 
-        def g(name: str, default: Any) -> Any:
-            return m.get(contract.summary_metric(name), default)
+        def either(job_value: float | None, own_value: float | None) -> float | None:
+            return own_value if job_value is None else job_value
 
         s = own.steady
         steady = replace(
-            s, throughput_samples_per_s=g("throughput_samples_per_s", None),
-            throughput_tokens_per_s=g("throughput_tokens_per_s", None),
-            throughput_steps_per_s=g("throughput_steps_per_s", s.throughput_steps_per_s),
-            step_time_mean_s=g("step_time_mean_s", s.step_time_mean_s),
-            step_time_p50_s=g("step_time_p50_s", s.step_time_p50_s),
-            step_time_p90_s=g("step_time_p90_s", s.step_time_p90_s))
-        return Figures(steady, g("peak_memory_bytes", own.peak_memory_bytes),
-                       g("energy_joules", own.energy_joules),
-                       g("gpu_utilization_percent", own.gpu_utilization_mean_percent),
+            s, throughput_samples_per_s=js.throughput_samples_per_s,
+            throughput_tokens_per_s=js.throughput_tokens_per_s,
+            throughput_steps_per_s=either(js.throughput_steps_per_s, s.throughput_steps_per_s),
+            step_time_mean_s=either(js.step_time_mean_s, s.step_time_mean_s),
+            step_time_p50_s=either(js.step_time_p50_s, s.step_time_p50_s),
+            step_time_p90_s=either(js.step_time_p90_s, s.step_time_p90_s))
+        return Figures(steady, either(js.peak_memory_bytes, own.peak_memory_bytes),
+                       either(js.energy_joules, own.energy_joules),
+                       either(js.gpu_utilization_mean_percent, own.gpu_utilization_mean_percent),
                        layout.device_count if layout is not None else own.device_count)
 
     def final_metrics(self, metrics: dict[str, float], step: int) -> tuple[dict[str, float], int]:
         if not self.job.gathered:
             return metrics, step
-        return {**metrics, **self.job.combiner.summary()}, max(step, self.job.combiner.step)
+        return ({**metrics, **self.job.combiner.summary().metrics()},
+                max(step, self.job.combiner.step))
 
     def hardware_extras(self) -> dict[str, Any]:
         return {contract.param_field(k): v for k, v in (self._params or {}).items()}
