@@ -1,13 +1,14 @@
 """The run's workload profile: measured once on a real step by the profiler the step clock
 runs (:mod:`.profiler`), logged as workload params as soon as it is done (or at the end from
-the last step), and saved as ``contract.PROFILE_ARTIFACT``. Param precedence:
-:func:`.run_params.workload_params`.
+the last step), and saved as ``contract.PROFILE_ARTIFACT`` with the hardware it ran on.
+Param precedence: :func:`.run_params.workload_params`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.guard import suppress
@@ -69,6 +70,20 @@ class ProfileLog:
 
     def log_params(self, clock: StepClock | None) -> None:
         self._run.log_params(self.params(clock))
+
+    def save(self, hardware: dict[str, Any]) -> None:
+        """The profile artifact (nothing without a profile), with this host's fingerprint
+        and ``hardware`` (device, counts, a job's layout)."""
+        if self.profile is None:
+            return
+        hw = {**(self._fingerprint() or {}), **hardware}
+        self._run.log_dict(self.profile.to_json(hw), contract.PROFILE_ARTIFACT)
+
+    @suppress("fingerprint", "hardware fingerprint failed: %s")
+    def _fingerprint(self) -> dict[str, Any] | None:
+        from mlflow_gpuopt.devices.fingerprint import hardware_fingerprint
+
+        return hardware_fingerprint().to_dict()
 
     def fallback_precision(self) -> str:
         """The model's precision without a profile (``fp32`` when it cannot be told)."""

@@ -29,7 +29,6 @@ from mlflow_gpuopt.tracking.run_params import launcher_layout, single_process_la
 if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.distributed.comm_meter import CommMeter
     from mlflow_gpuopt.tracking.distributed.job import JobTracking
-    from mlflow_gpuopt.tracking.run_log import RunLog
     from mlflow_gpuopt.tracking.sampler import Sampler
 
 
@@ -88,6 +87,9 @@ class Reporter(Protocol):
     def hardware_extras(self) -> dict[str, Any]:
         """What the profile's hardware section adds (a job's layout)."""
 
+    def exposed_comm_fraction(self) -> float | None:
+        """The job's exposed communication share of the step time, 0..1 (jobs only)."""
+
 
 class LocalReporter:
     """A single process: its windows and readings are the run's metrics."""
@@ -129,6 +131,18 @@ class LocalReporter:
     def hardware_extras(self) -> dict[str, Any]:
         return {}
 
+    def exposed_comm_fraction(self) -> float | None:
+        return None
+
+
+class RunSink(Protocol):
+    """Where rank 0 writes the job's figures (:class:`~.run_log.RunLog`; no-ops without a
+    run)."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
 
 class RankSource(Protocol):
     """What a job's rank reads its report from at each gathering round (the tracker)."""
@@ -159,7 +173,7 @@ class JobReporter:
             group exists yet at start).
     """
 
-    def __init__(self, job: JobTracking, source: RankSource, run: RunLog, warn: WarnOnce,
+    def __init__(self, job: JobTracking, source: RankSource, run: RunSink, warn: WarnOnce,
                  optimizer: Any) -> None:
         self.job = job
         self.comm_meter = job.meter
@@ -319,3 +333,6 @@ class JobReporter:
 
     def hardware_extras(self) -> dict[str, Any]:
         return {contract.param_field(k): v for k, v in (self._params or {}).items()}
+
+    def exposed_comm_fraction(self) -> float | None:
+        return self.job.combiner.summary().exposed_comm_fraction if self.job.gathered else None

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from mlflow_gpuopt.mlflow_io.run_binding import RunBinding
     from mlflow_gpuopt.mlflow_io.writer import RunWriter
     from mlflow_gpuopt.tracking.plan_link import PlanLink
+    from mlflow_gpuopt.tracking.summary import TrackSummary
+
+#: At exit, how long to wait for the plan's predictions still being read (seconds).
+PLAN_WAIT_S = 10.0
 
 
 class RunLog:
@@ -60,6 +64,22 @@ class RunLog:
                                 create_run=self.binding.create_run)
         self.writer.set_tags({contract.TAG_TRACKED: "true"})
         return True
+
+    def compare_with_plan(self, summary: TrackSummary, workload: dict[str, Any],
+                          cpu_utilization_mean_percent: float | None,
+                          exposed_comm_fraction: float | None,
+                          ) -> tuple[dict[str, float], str | None]:
+        """At the end: the plan's predictions and the ratios measured / predicted, and the
+        plan check's line (:func:`~.plan_link.plan_comparison`); ``({}, None)`` without a
+        plan or when its predictions were not read within ``PLAN_WAIT_S``."""
+        link = self.plan_link
+        plan = link.wait(PLAN_WAIT_S) if link is not None else None
+        if plan is None:
+            return {}, None
+        from mlflow_gpuopt.tracking.plan_link import plan_comparison
+
+        return plan_comparison(plan, summary, workload, cpu_utilization_mean_percent,
+                               exposed_comm_fraction)
 
     def log_params(self, params: dict[str, Any]) -> None:
         if self.writer is not None:

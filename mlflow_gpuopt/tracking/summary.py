@@ -3,12 +3,17 @@ and printout."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.aggregate import SteadyState
 from mlflow_gpuopt.tracking.profiler import WorkloadProfile
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.tracking.hw_reader import HardwareReader
+    from mlflow_gpuopt.tracking.reporting import Reporter
+    from mlflow_gpuopt.tracking.step_timing import StepTiming
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,22 @@ def build_summary(run_id: str | None, device: str, device_count: int, total_step
         flops_per_sample=p.flops_per_sample if p else None, params=p.params if p else None,
         energy_joules=energy_joules, gpu_utilization_mean_percent=gpu_utilization_mean_percent)
 
+
+
+def summarize(run_id: str | None, device: str, device_count: int, timing: StepTiming,
+              hw: HardwareReader, reporter: Reporter,
+              profile: WorkloadProfile | None) -> TrackSummary:
+    """This process's summary at the end; on rank 0 of a job whose ranks reported, the job's
+    figures (``reporter.figures``) with this process's input wait and host CPU."""
+    own = timing.figures(hw, device_count)
+    f = reporter.figures(own)
+    summary = build_summary(run_id, device, f.device_count, timing.agg.steps, f.steady,
+                            f.peak_memory_bytes, f.energy_joules,
+                            f.gpu_utilization_mean_percent, profile)
+    wait_mean, wait_share = timing.input_wait(own.steady.step_time_p50_s)
+    return replace(summary, input_wait_mean_s=wait_mean, input_wait_fraction=wait_share,
+                   cpu_utilization_mean_percent=hw.cpu_utilization_mean_percent,
+                   skipped_steps=timing.clock.skipped_steps)
 
 def advice_line(summary: TrackSummary, profile: WorkloadProfile | None, model: Any,
                 device_count: int, precision: str, world_size: int) -> str | None:

@@ -33,7 +33,7 @@ from mlflow_gpuopt.tracking.profile_log import ProfileLog
 from mlflow_gpuopt.tracking.reporting import JobReporter, LocalReporter, Reporter
 from mlflow_gpuopt.tracking.run_log import RunLog
 from mlflow_gpuopt.tracking.run_params import device_params, with_layout
-from mlflow_gpuopt.tracking.summary import TrackSummary, build_summary
+from mlflow_gpuopt.tracking.summary import TrackSummary, summarize
 
 if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
@@ -45,9 +45,6 @@ if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.steps import StepClock
 
 logger = logging.getLogger(__name__)
-
-#: At exit, how long to wait for the plan's predictions still being read (seconds).
-PLAN_WAIT_S = 10.0
 
 
 class Tracker:
@@ -292,57 +289,23 @@ class Tracker:
         self.summary = dataclasses.replace(summary, advice=self._advice(summary))
         if self._run.writer is not None:
             metrics, step = reporter.final_metrics(self.summary.metrics(), timing.agg.steps)
-            metrics.update(self._plan_metrics(metrics))
-            self._run.log_metrics(metrics, step)
-            if self.profile is not None:
-                self._run.log_dict(self.profile.to_json(self._hardware()),
-                                   contract.PROFILE_ARTIFACT)
+            plan, self.plan_check = self._run.compare_with_plan(
+                self.summary, self._profile.params(timing.clock),
+                self._hw.cpu_utilization_mean_percent, reporter.exposed_comm_fraction())
+            self._run.log_metrics({**metrics, **plan}, step)
+            d = self._dist
+            self._profile.save({"device": self._device, "device_count": self._device_count,
+                                "world_size": d.world_size, "nodes": d.nodes,
+                                **self._reporter.hardware_extras()})  # a job: its layout
         if self.config.print_summary:
             print(self.summary.text(), flush=True)
             if self.plan_check:
                 print(self.plan_check, flush=True)
 
-    def _plan_metrics(self, final: dict[str, float]) -> dict[str, float]:
-        """The plan's predictions and the ratios measured / predicted; sets
-        :attr:`plan_check`. ``{}`` for a job without a plan."""
-        from mlflow_gpuopt.tracking.plan_link import plan_comparison
-
-        link = self._run.plan_link
-        plan = link.wait(PLAN_WAIT_S) if link is not None else None
-        if plan is None:
-            return {}
-        metrics, self.plan_check = plan_comparison(
-            plan, self.summary, self._profile.params(self._clock),
-            self._hw.cpu_utilization_mean_percent,
-            final.get(contract.SUMMARY_EXPOSED_COMM_FRACTION))
-        return metrics
-
-    def _hardware(self) -> dict:
-        hw = self._fingerprint() or {}
-        hw.update({"device": self._device, "device_count": self._device_count,
-                   "world_size": self._dist.world_size, "nodes": self._dist.nodes})
-        hw.update(self._reporter.hardware_extras())  # a job: its layout as the ranks reported
-        return hw
-
-    @suppress("fingerprint", "hardware fingerprint failed: %s")
-    def _fingerprint(self) -> dict | None:
-        from mlflow_gpuopt.devices.fingerprint import hardware_fingerprint
-
-        return hardware_fingerprint().to_dict()
-
     def _summarize(self) -> TrackSummary:
         """This process's summary; on rank 0 of a job whose ranks reported, the job's."""
-        timing, hw = self._timing, self._hw
-        own = timing.figures(hw, self._device_count)
-        f = self._reporter.figures(own)
-        summary = build_summary(self.run_id, self._device, f.device_count, timing.agg.steps,
-                                f.steady, f.peak_memory_bytes, f.energy_joules,
-                                f.gpu_utilization_mean_percent, self.profile)
-        wait_mean, wait_share = timing.input_wait(own.steady.step_time_p50_s)
-        return dataclasses.replace(summary, input_wait_mean_s=wait_mean,
-                                   input_wait_fraction=wait_share,
-                                   cpu_utilization_mean_percent=hw.cpu_utilization_mean_percent,
-                                   skipped_steps=timing.clock.skipped_steps)
+        return summarize(self.run_id, self._device, self._device_count, self._timing,
+                         self._hw, self._reporter, self.profile)
 
     @suppress("advice", "could not evaluate the advice rules: %s")
     def _advice(self, summary: TrackSummary) -> str | None:
