@@ -118,7 +118,7 @@ def _run(sc: _Scenario, steps: int, plan: str) -> dict:
             elif plan in ("html-mid-run", "redirect-mid-run", "html-at-start"):
                 proxy.mode = "pass"
             sc.train(training, steps)
-            writer = tracker._writer
+            writer = tracker._run.writer
             t_exit = time.monotonic()
         exit_s = time.monotonic() - t_exit
     finally:

@@ -66,7 +66,7 @@ with track(model, opt, interval_s=0.5, flush_timeout_s=10.0, print_summary=False
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad(); loss.backward(); opt.step()
         times.append(time.perf_counter() - t0)
-writer = t._writer
+writer = t._run.writer
 json.dump({"rank": rank, "run_id": t.run_id, "local_run_id": getattr(writer, "local_run_id", None),
            "produced": writer.produced_metrics if writer is not None else 0,
            "times": times}, open(f"{out}.{rank}.json", "w"))

@@ -1,5 +1,5 @@
-"""The import rule: only the MLflow edge imports ``mlflow``, layers import downwards, and no
-module imports itself back.
+"""The import rule: only the MLflow edge imports ``mlflow``, layers import downwards, no
+module imports itself back, and ``tracking/distributed/`` imports none of the tracker.
 
 Every module of the package is parsed with ``ast`` (no import is executed). Any ``import
 mlflow``/``from mlflow... import`` — at module level or inside a function — outside
@@ -234,3 +234,49 @@ def test_the_cycle_check_sees_same_layer_and_lazy_cycles(tmp_path):
     cycles = _cycles(_import_graph(pkg))
     assert cycles == [["mlflow_gpuopt.cli.a", "mlflow_gpuopt.cli.b", "mlflow_gpuopt.cli.c",
                        "mlflow_gpuopt.cli.a"]]
+
+
+#: What ``tracking/distributed/`` may import from the package besides itself: the layers
+#: below ``tracking`` (names, devices). Nothing of the tracker (``tracker.py``,
+#: ``reporting.py``, the step clock): the tracker builds each rank's report and hands the job
+#: parts plain figures, so the dependency goes one way.
+DISTRIBUTED = "tracking/distributed/"
+
+
+def _distributed_offenders(root: Path) -> list[str]:
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    graph = _import_graph(root)
+    prefix = root.name + ".tracking.distributed"
+    out = []
+    for path in sorted((root / DISTRIBUTED).rglob("*.py")):
+        name = _module_name(path, root)
+        for target, line in sorted(graph[name].items()):
+            if target == prefix or target.startswith(prefix + "."):
+                continue
+            parts = target.split(".")
+            top = parts[1] if len(parts) > 1 else ""
+            layer = top if (root / top).is_dir() else f"{top}.py"
+            if rank.get(layer, len(LAYERS)) >= rank["tracking"]:
+                out.append(f"{path.relative_to(root).as_posix()}:{line} -> {target}")
+    return out
+
+
+def test_distributed_imports_only_itself_and_lower_layers():
+    assert len(list((PACKAGE / DISTRIBUTED).glob("*.py"))) >= 5  # the folder was found
+    offenders = _distributed_offenders(PACKAGE)
+    assert not offenders, ("tracking/distributed/ imports the tracker's modules: "
+                           + ", ".join(offenders))
+
+
+def test_the_distributed_rule_sees_an_import_of_the_tracker(tmp_path):
+    pkg = tmp_path / "mlflow_gpuopt"
+    (pkg / "tracking" / "distributed").mkdir(parents=True)
+    for rel in ("__init__.py", "contract.py", "tracking/__init__.py", "tracking/reporting.py",
+                "tracking/distributed/__init__.py", "tracking/distributed/rows.py"):
+        (pkg / rel).write_text("")
+    (pkg / "tracking" / "distributed" / "job.py").write_text(
+        "from mlflow_gpuopt import contract\n"
+        "from mlflow_gpuopt.tracking.distributed import rows\n"
+        "def f():\n    from mlflow_gpuopt.tracking.reporting import JobReporter\n")
+    assert _distributed_offenders(pkg) == [
+        "tracking/distributed/job.py:4 -> mlflow_gpuopt.tracking.reporting"]

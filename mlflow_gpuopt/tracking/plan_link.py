@@ -12,12 +12,21 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mlflow_gpuopt import contract
-from mlflow_gpuopt.launch.plan_check import PlanPrediction, prediction_metrics
+from mlflow_gpuopt.launch.plan_check import (
+    Measured,
+    PlanPrediction,
+    outlier_line,
+    prediction_metrics,
+    prediction_ratios,
+)
 from mlflow_gpuopt.launch.plan_ids import PLAN_ENV, parse_plan_id
 from mlflow_gpuopt.tracking._warn import WarnOnce
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.tracking.summary import TrackSummary
 
 
 def plan_id_for(explicit: str | None) -> str | None:
@@ -107,3 +116,23 @@ class PlanLink:
                        "is not compared with them", self.plan_id, wait_s)
             return None
         return self.plan
+
+
+def plan_comparison(plan: PlanPrediction, summary: TrackSummary, workload: dict[str, Any],
+                    cpu_utilization_mean_percent: float | None,
+                    exposed_comm_fraction: float | None) -> tuple[dict[str, float], str | None]:
+    """The plan's predictions again (so each is a flat line over the run) with the ratios
+    measured / predicted, and the one line said when the job fell outside the plan's interval
+    (``None`` inside it). ``workload``: the run's workload params."""
+    s = summary
+    mb = workload.get(contract.PARAM_MICRO_BATCH)
+    measured = Measured(
+        throughput_samples_per_s=s.steady.throughput_samples_per_s,
+        step_time_s=s.steady.step_time_mean_s,
+        peak_memory_per_gpu_bytes=s.peak_memory_bytes if s.device != "cpu" else None,
+        gpu_utilization_percent=s.gpu_utilization_mean_percent,
+        cpu_utilization_percent=cpu_utilization_mean_percent,
+        exposed_comm_fraction=exposed_comm_fraction,
+        micro_batch=int(mb) if mb else None, precision=workload.get(contract.PARAM_PRECISION))
+    return ({**prediction_metrics(plan), **prediction_ratios(measured, plan)},
+            outlier_line(measured, plan))

@@ -288,7 +288,6 @@ class WorkloadProfiler:
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
         from mlflow_gpuopt.tracking.architecture import architecture_of
-
         from mlflow_gpuopt.tracking.moe_layers import moe_fields_of
 
         arch = architecture_of(self.model)

@@ -5,22 +5,25 @@ a :class:`Reporter` decides what becomes of the figures:
 
 * :class:`LocalReporter` — one process: each tick's window and hardware reading are its
   metrics, its own summary is the run's.
-* :class:`JobReporter` — a rank of a torchrun job: windows go into this rank's report, which
-  the gatherer brings to rank 0 once per interval; rank 0 logs the combined job's metrics
-  (:mod:`.distributed.rank_rows`), the job's layout params and the job's summary.
+* :class:`JobReporter` — a rank of a torchrun job: windows go into this rank's report
+  (:mod:`.rank_report`), which the gatherer brings to rank 0 once per interval; rank 0 logs
+  the combined job's metrics (:mod:`.distributed.rank_rows`), the job's layout params and the
+  job's summary.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.aggregate import SteadyState, StepAggregator, StepWindow
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
+from mlflow_gpuopt.tracking.guard import suppress
 from mlflow_gpuopt.tracking.hw_reader import HardwareReading
+from mlflow_gpuopt.tracking.rank_report import RankFigures, RankReports
 from mlflow_gpuopt.tracking.run_params import launcher_layout, single_process_layout
 
 if TYPE_CHECKING:
@@ -84,6 +87,9 @@ class Reporter(Protocol):
     def hardware_extras(self) -> dict[str, Any]:
         """What the profile's hardware section adds (a job's layout)."""
 
+    def exposed_comm_fraction(self) -> float | None:
+        """The job's exposed communication share of the step time, 0..1 (jobs only)."""
+
 
 class LocalReporter:
     """A single process: its windows and readings are the run's metrics."""
@@ -125,40 +131,62 @@ class LocalReporter:
     def hardware_extras(self) -> dict[str, Any]:
         return {}
 
+    def exposed_comm_fraction(self) -> float | None:
+        return None
+
+
+class RunSink(Protocol):
+    """Where rank 0 writes the job's figures (:class:`~.run_log.RunLog`; no-ops without a
+    run)."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+
+class RankSource(Protocol):
+    """What a job's rank reads its report from at each gathering round (the tracker)."""
+
+    @property
+    def manual(self) -> bool:
+        """Whether steps are marked by hand (``tracker.step()``)."""
+
+    @property
+    def steps_total(self) -> int:
+        """Steps completed since tracking started."""
+
+    def round(self, final: bool) -> RankFigures:
+        """Tick (this rank's steps and hardware since the last tick) and return its figures."""
+
 
 class JobReporter:
-    """A rank of a torchrun job. Its gatherer thread collects this rank's report each round
-    (``collect``) and, on rank 0, hands every rank's rows to :meth:`_on_round`, whose metrics
-    go to ``log_metrics``; only rank 0 logs anything.
+    """A rank of a torchrun job. Its gatherer thread asks for this rank's row each round
+    (:meth:`_collect`, built here from the :class:`RankFigures` the source gives) and, on rank
+    0, hands every rank's rows to :meth:`_on_round`, whose metrics go to the run; only rank 0
+    has a run.
 
     Args:
         job: this rank's :class:`~.distributed.job.JobTracking`.
-        collect: this rank's report row for a round (``final`` on the last one).
-        log_metrics / log_params: rank 0's writes (no-ops elsewhere).
+        source: the figures of this rank (:class:`RankSource`).
+        run: the run rank 0 logs to (no run elsewhere).
         optimizer: the tracked optimizer (its first step creates the gatherer when no process
             group exists yet at start).
-        manual: whether the step clock is in manual mode (then ``tracker.step()`` creates it).
     """
 
-    def __init__(self, job: JobTracking, interval_s: float, warn: WarnOnce,
-                 collect: Callable[[bool], list[float]],
-                 log_metrics: Callable[[dict[str, float], int], None],
-                 log_params: Callable[[dict[str, Any]], None],
-                 optimizer: Any, manual: Callable[[], bool]) -> None:
+    def __init__(self, job: JobTracking, source: RankSource, run: RunSink, warn: WarnOnce,
+                 optimizer: Any) -> None:
         self.job = job
         self.comm_meter = job.meter
-        self._interval_s = interval_s
+        self._rows = RankReports(job.ctx, job.gpu_ids, job.interval_s, job.sample_share)
+        self._interval_s = job.interval_s
+        self._source = source
+        self._run = run
         self._warn = warn
-        self._collect = collect
-        self._log_metrics = log_metrics
-        self._log_params = log_params
         self._optimizer = optimizer
-        self._manual = manual
         self._sampler: Sampler | None = None
         self._first_step_handle: Any = None
         self._params: dict[str, Any] | None = None
         self._last_reading_s = float("-inf")
-        self.logging = True  # cleared at close: a late gatherer round logs nothing
 
     @property
     def ctx(self) -> DistributedContext:
@@ -183,7 +211,7 @@ class JobReporter:
     def _on_first_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         if self._optimizer is not None and optimizer is not self._optimizer:
             return
-        if self._manual():
+        if self._source.manual:
             return
         self.start_gatherer()
 
@@ -197,23 +225,30 @@ class JobReporter:
         without a process group, fall back to this rank's own sampler."""
         handle, self._first_step_handle = self._first_step_handle, None
         if handle is not None:
-            try:
-                handle.remove()
-            except Exception as exc:
-                self._warn("unhook", "could not remove a hook: %s", exc)
-        job = self.job
-        if not job.pending:
+            self._unhook(handle)
+        if not self.job.pending:
             return
-        try:
-            started = job.start_gatherer(self._collect, self._on_round)
-        except Exception as exc:
-            self._warn("gather", "cannot gather other ranks' figures: %s", exc)
-            started = False
-        if not started:
+        if not self._start_gatherer():
             self._warn("gather", "no torch.distributed process group: rank %d logs only "
                        "its own figures", self.ctx.rank)
             if self._sampler is not None:
                 self._sampler.start()
+
+    @suppress("unhook", "could not remove a hook: %s")
+    def _unhook(self, handle: Any) -> None:
+        handle.remove()
+
+    @suppress("gather", "cannot gather other ranks' figures: %s", default=False)
+    def _start_gatherer(self) -> bool:
+        return self.job.start_gatherer(self._collect, self._on_round)
+
+    def _collect(self, final: bool) -> list[float]:
+        """This rank's row for one round (gatherer thread; never raises)."""
+        return self._row(final) or self._rows.empty_row(self._source.steps_total)
+
+    @suppress("row", "could not build this rank's report: %s")
+    def _row(self, final: bool) -> list[float] | None:
+        return self._rows.row(self._source.round(final))
 
     def _on_round(self, rows: list[list[float]]) -> None:
         """Rank 0: one round of every rank's reports becomes the job's metrics."""
@@ -225,16 +260,15 @@ class JobReporter:
                        ", ".join(map(str, combiner.stalled_ranks)))
         if self._params is None:
             self._log_layout()
-        if metrics and self.logging:
-            self._log_metrics(metrics, combiner.step)
+        self._run.log_metrics(metrics, combiner.step)
 
     def _log_layout(self) -> None:
-        try:
-            self._params = self.job.params()
-        except Exception as exc:
-            self._warn("layout", "could not read the job layout: %s", exc)
-            self._params = launcher_layout(self.ctx, self.job.strategy)
-        self._log_params(self._params)
+        self._params = self._job_params() or launcher_layout(self.ctx, self.job.strategy)
+        self._run.log_params(self._params)
+
+    @suppress("layout", "could not read the job layout: %s")
+    def _job_params(self) -> dict[str, Any]:
+        return self.job.params()
 
     def wants_reading(self) -> bool:
         """At most one reading per half interval (the last rounds come back to back, and a
@@ -247,7 +281,7 @@ class JobReporter:
 
     def tick(self, window: StepWindow | None, reading: HardwareReading | None,
              agg: StepAggregator) -> dict[str, float]:
-        self.job.add(window, reading)  # the gatherer reports it; rank 0 logs the job's view
+        self._rows.add(window, reading)  # the gatherer reports it; rank 0 logs the job's view
         m = ({} if self.job.gatherer is not None or window is None
              else window_metrics(window, agg.samples_known))
         if reading is not None:
@@ -272,29 +306,33 @@ class JobReporter:
         job = self.job
         if not (job.gathered and self.ctx.is_logging_rank):
             return own
-        m = job.combiner.summary()
+        js = job.combiner.summary()
         layout = job.combiner.layout()
 
-        def g(name: str, default: Any) -> Any:
-            return m.get(contract.summary_metric(name), default)
+        def either(job_value: float | None, own_value: float | None) -> float | None:
+            return own_value if job_value is None else job_value
 
         s = own.steady
         steady = replace(
-            s, throughput_samples_per_s=g("throughput_samples_per_s", None),
-            throughput_tokens_per_s=g("throughput_tokens_per_s", None),
-            throughput_steps_per_s=g("throughput_steps_per_s", s.throughput_steps_per_s),
-            step_time_mean_s=g("step_time_mean_s", s.step_time_mean_s),
-            step_time_p50_s=g("step_time_p50_s", s.step_time_p50_s),
-            step_time_p90_s=g("step_time_p90_s", s.step_time_p90_s))
-        return Figures(steady, g("peak_memory_bytes", own.peak_memory_bytes),
-                       g("energy_joules", own.energy_joules),
-                       g("gpu_utilization_percent", own.gpu_utilization_mean_percent),
+            s, throughput_samples_per_s=js.throughput_samples_per_s,
+            throughput_tokens_per_s=js.throughput_tokens_per_s,
+            throughput_steps_per_s=either(js.throughput_steps_per_s, s.throughput_steps_per_s),
+            step_time_mean_s=either(js.step_time_mean_s, s.step_time_mean_s),
+            step_time_p50_s=either(js.step_time_p50_s, s.step_time_p50_s),
+            step_time_p90_s=either(js.step_time_p90_s, s.step_time_p90_s))
+        return Figures(steady, either(js.peak_memory_bytes, own.peak_memory_bytes),
+                       either(js.energy_joules, own.energy_joules),
+                       either(js.gpu_utilization_mean_percent, own.gpu_utilization_mean_percent),
                        layout.device_count if layout is not None else own.device_count)
 
     def final_metrics(self, metrics: dict[str, float], step: int) -> tuple[dict[str, float], int]:
         if not self.job.gathered:
             return metrics, step
-        return {**metrics, **self.job.combiner.summary()}, max(step, self.job.combiner.step)
+        return ({**metrics, **self.job.combiner.summary().metrics()},
+                max(step, self.job.combiner.step))
 
     def hardware_extras(self) -> dict[str, Any]:
         return {contract.param_field(k): v for k, v in (self._params or {}).items()}
+
+    def exposed_comm_fraction(self) -> float | None:
+        return self.job.combiner.summary().exposed_comm_fraction if self.job.gathered else None

@@ -1,12 +1,19 @@
-"""The end-of-run summary: one frozen record (with its MFU), its MLflow metrics and printout."""
+"""The end-of-run summary: one frozen record (with its MFU and advice line), its MLflow metrics
+and printout."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking.aggregate import SteadyState
 from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.tracking.hw_reader import HardwareReader
+    from mlflow_gpuopt.tracking.reporting import Reporter
+    from mlflow_gpuopt.tracking.step_timing import StepTiming
 
 
 @dataclass(frozen=True)
@@ -112,3 +119,42 @@ def build_summary(run_id: str | None, device: str, device_count: int, total_step
         steady=steady, peak_memory_bytes=peak_memory_bytes, mfu=mfu,
         flops_per_sample=p.flops_per_sample if p else None, params=p.params if p else None,
         energy_joules=energy_joules, gpu_utilization_mean_percent=gpu_utilization_mean_percent)
+
+
+
+def summarize(run_id: str | None, device: str, device_count: int, timing: StepTiming,
+              hw: HardwareReader, reporter: Reporter,
+              profile: WorkloadProfile | None) -> TrackSummary:
+    """This process's summary at the end; on rank 0 of a job whose ranks reported, the job's
+    figures (``reporter.figures``) with this process's input wait and host CPU."""
+    own = timing.figures(hw, device_count)
+    f = reporter.figures(own)
+    summary = build_summary(run_id, device, f.device_count, timing.agg.steps, f.steady,
+                            f.peak_memory_bytes, f.energy_joules,
+                            f.gpu_utilization_mean_percent, profile)
+    wait_mean, wait_share = timing.input_wait(own.steady.step_time_p50_s)
+    return replace(summary, input_wait_mean_s=wait_mean, input_wait_fraction=wait_share,
+                   cpu_utilization_mean_percent=hw.cpu_utilization_mean_percent,
+                   skipped_steps=timing.clock.skipped_steps)
+
+def advice_line(summary: TrackSummary, profile: WorkloadProfile | None, model: Any,
+                device_count: int, precision: str, world_size: int) -> str | None:
+    """The top finding of the cheap advice rules for the run that just ended, one line (or
+    ``None``); ``device_count``: this process's, ``precision``: the profile's or the model's."""
+    from mlflow_gpuopt.advice import RunFacts
+    from mlflow_gpuopt.tracking.advice_facts import model_wrapper, top_finding_line
+
+    s, p = summary, profile
+    return top_finding_line(RunFacts(
+        run_id=s.run_id, device=s.device, device_count=device_count, precision=precision,
+        params=p.params if p else None, micro_batch=p.micro_batch if p else None,
+        grad_accum=p.grad_accum if p else 1,
+        step_time_mean_s=s.steady.step_time_mean_s,
+        input_wait_mean_s=s.input_wait_mean_s,
+        input_wait_fraction=s.input_wait_fraction,
+        gpu_utilization_mean_percent=s.gpu_utilization_mean_percent,
+        cpu_utilization_mean_percent=s.cpu_utilization_mean_percent,
+        gemm_shapes=p.gemm_shapes if p else None,
+        model_wrapper=model_wrapper(model),
+        kernels_per_micro_step=p.kernels_per_micro_step if p else None,
+        world_size=world_size))

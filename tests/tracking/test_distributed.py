@@ -24,8 +24,8 @@ from mlflow_gpuopt.tracking.distributed.rank_rows import (
     decode,
     encode,
     job_layout,
+    job_summary,
     round_metrics,
-    summary_metrics,
 )
 
 NAN = float("nan")
@@ -113,7 +113,7 @@ def test_summary_is_sum_of_steady_throughputs_and_per_step_comm():
                comm_collectives=20, comm_time_total_s=0.4, comm_bytes_total=20 * 340008.0,
                comm_exposed_total_s=0.3, peak_memory_bytes=7e8, energy_joules=NAN),
     ]
-    m = summary_metrics(reports)
+    m = job_summary(reports).metrics()
     assert m["gpuopt/summary/throughput_samples_per_s"] == pytest.approx(1100.0)
     assert m["gpuopt/summary/step_time_p50_s"] == pytest.approx(0.055)
     assert m["gpuopt/summary/comm_time_per_step_s"] == pytest.approx(0.015)
@@ -122,8 +122,9 @@ def test_summary_is_sum_of_steady_throughputs_and_per_step_comm():
     assert m["gpuopt/summary/peak_memory_bytes"] == 7e8
     assert m["gpuopt/summary/energy_joules"] == 100.0
     # a rank without a steady throughput: the job's is unknown, not a partial sum
-    partial = summary_metrics([reports[0], report(1)])
-    assert "gpuopt/summary/throughput_samples_per_s" not in partial
+    partial = job_summary([reports[0], report(1)])
+    assert partial.throughput_samples_per_s is None
+    assert "gpuopt/summary/throughput_samples_per_s" not in partial.metrics()
 
 
 def test_combiner_keeps_last_round_and_job_step():
@@ -133,7 +134,7 @@ def test_combiner_keeps_last_round_and_job_step():
     c.add_round([encode(report(0, steps_total=9, gpus=(GpuReading(0, 80.0),))),
                  encode(report(1, steps_total=9))])
     assert c.rounds == 2 and c.step == 9
-    assert c.summary()["gpuopt/summary/gpu_utilization_percent"] == pytest.approx(60.0)
+    assert c.summary().gpu_utilization_mean_percent == pytest.approx(60.0)
     assert c.layout().world_size == 2
 
 

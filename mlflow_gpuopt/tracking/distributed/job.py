@@ -1,11 +1,11 @@
 """The distributed half of tracking: what every rank of a torchrun job runs beside training.
 
 :class:`JobTracking` owns the communication meter attached to the model (:mod:`.comm_meter`),
-the :class:`~.rank_gather.RankGatherer` that brings every rank's
-:class:`~.rank_rows.RankReport` to rank 0 once per interval, and — on rank 0 only — the
-:class:`~.rank_rows.JobCombiner` whose metrics the tracker logs. Nothing here runs on the
-training thread except the one-off gatherer creation (a collective, at ``track()`` start or at
-the first step).
+the :class:`~.rank_gather.RankGatherer` that brings every rank's row
+(:class:`~.rank_rows.RankReport`, built by :mod:`mlflow_gpuopt.tracking.rank_report`) to rank 0
+once per interval, and — on rank 0 only — the :class:`~.rank_rows.JobCombiner` whose metrics
+the tracker logs. Nothing here runs on the training thread except the one-off gatherer
+creation (a collective, at ``track()`` start or at the first step).
 """
 
 from __future__ import annotations
@@ -13,61 +13,15 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from mlflow_gpuopt import contract
-from mlflow_gpuopt.tracking.aggregate import StepAggregator, StepWindow
-from mlflow_gpuopt.tracking.hw_reader import HardwareReading
 from mlflow_gpuopt.tracking.distributed.context import DistributedContext
 from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
 from mlflow_gpuopt.tracking.distributed.rank_gather import RankGatherer
-from mlflow_gpuopt.tracking.distributed.rank_rows import (
-    NAN,
-    WIDTH,
-    GpuReading,
-    JobCombiner,
-    RankReport,
-    encode,
-)
+from mlflow_gpuopt.tracking.distributed.rank_rows import WIDTH, JobCombiner
 
 logger = logging.getLogger(__name__)
-
-
-
-def _opt(v: float | None) -> float:
-    return float(v) if v is not None else NAN
-
-
-def _scaled(v: float | None, factor: float) -> float | None:
-    return None if v is None else v * factor
-
-
-@dataclass
-class _Interval:
-    """This rank's steps since its last report (several ticks may fall in one round)."""
-
-    steps: int = 0
-    samples: int = 0
-    tokens: int = 0
-    collectives: int = 0
-    comm_bytes: int = 0
-    step_time_sum_s: float = 0.0
-    comm_time_s: float = 0.0
-    exposed_comm_s: float = 0.0
-    step_time_max_s: float = 0.0
-
-    def add(self, w: StepWindow) -> None:
-        self.steps += w.steps
-        self.samples += w.samples
-        self.tokens += w.tokens
-        self.collectives += w.collectives
-        self.comm_bytes += w.comm_bytes
-        self.step_time_sum_s += w.duration_s
-        self.comm_time_s += w.comm_time_s
-        self.exposed_comm_s += w.exposed_comm_s
-        self.step_time_max_s = max(self.step_time_max_s, w.step_time_max_s)
 
 
 class JobTracking:
@@ -108,11 +62,6 @@ class JobTracking:
         self.combiner = JobCombiner() if ctx.is_logging_rank else None
         self.gatherer: RankGatherer | None = None
         self.pending = True  # the gatherer is still to be created
-        # interval accumulation on this rank (several ticks may fall in one round)
-        self._window = _Interval()
-        self._hw = HardwareReading()
-        self._cpu_t = (time.perf_counter(), time.process_time())
-        self._cpu_pct = float("nan")  # this process's CPU %, all threads, last interval
 
     # -- the gatherer --------------------------------------------------------------------------
     def start_gatherer(self, collect: Callable[[bool], list[float]],
@@ -143,66 +92,6 @@ class JobTracking:
     def gathered(self) -> bool:
         """At least one round reached rank 0."""
         return self.combiner is not None and self.combiner.rounds > 0
-
-    # -- this rank's report --------------------------------------------------------------------
-    def add(self, window: StepWindow | None, reading: HardwareReading | None) -> None:
-        """One tick's step window and hardware reading, added to the current interval."""
-        if window is not None:
-            self._window.add(window)
-        if reading is not None:
-            self._hw = reading
-
-    def report(self, agg: StepAggregator, energy_joules: float | None,
-               peak_memory_bytes: float | None) -> RankReport:
-        """This rank's report for the round; resets the interval."""
-        steady = agg.steady_state()
-        comm = agg.comm_summary()
-        now = (time.perf_counter(), time.process_time())
-        wall = now[0] - self._cpu_t[0]
-        if wall >= 0.5 * self.interval_s:  # shorter (the last rounds): keep the last figure
-            self._cpu_pct = 100.0 * (now[1] - self._cpu_t[1]) / wall
-            self._cpu_t = now
-        cpu = self._cpu_pct
-        share = self.sample_share
-        w, self._window = self._window, _Interval()
-        hw = self._hw
-        host = hw.host
-        gpus = []
-        for j, gpu_id in enumerate(self.gpu_ids):
-            s = hw.gpus.get(j)
-            gpus.append(GpuReading(gpu_id) if s is None else GpuReading(
-                gpu_id, _opt(s.utilization_percent), _opt(s.memory_used_bytes),
-                _opt(s.power_watts)))
-        return RankReport(
-            rank=self.ctx.rank, node_rank=self.ctx.node_rank, local_rank=self.ctx.local_rank,
-            steps_total=agg.steps, steps=w.steps, samples=w.samples * share,
-            tokens=w.tokens * share,
-            step_time_sum_s=w.step_time_sum_s, step_time_max_s=w.step_time_max_s,
-            collectives=w.collectives, comm_time_s=w.comm_time_s, comm_bytes=float(w.comm_bytes),
-            exposed_comm_s=w.exposed_comm_s,
-            steady_steps=steady.steps,
-            steady_throughput_samples_per_s=_opt(_scaled(steady.throughput_samples_per_s,
-                                                         share)),
-            steady_throughput_tokens_per_s=_opt(_scaled(steady.throughput_tokens_per_s, share)),
-            steady_throughput_steps_per_s=_opt(steady.throughput_steps_per_s),
-            steady_step_time_mean_s=_opt(steady.step_time_mean_s),
-            steady_step_time_p50_s=_opt(steady.step_time_p50_s),
-            steady_step_time_p90_s=_opt(steady.step_time_p90_s),
-            comm_steps=int(comm.steps), comm_step_time_s=float(comm.step_time_s),
-            comm_collectives=int(comm.totals.collectives),
-            comm_time_total_s=float(comm.totals.time_s),
-            comm_bytes_total=float(comm.totals.bytes),
-            comm_exposed_total_s=float(comm.totals.exposed_s),
-            process_cpu_percent=cpu,
-            process_rss_bytes=_opt(host.process_rss_bytes if host else None),
-            cpu_utilization_percent=_opt(host.cpu_utilization_percent if host else None),
-            host_memory_used_bytes=_opt(host.host_memory_used_bytes if host else None),
-            peak_memory_bytes=_opt(peak_memory_bytes), energy_joules=_opt(energy_joules),
-            gpus=tuple(gpus))
-
-    def row(self, agg: StepAggregator, energy_joules: float | None,
-            peak_memory_bytes: float | None) -> list[float]:
-        return encode(self.report(agg, energy_joules, peak_memory_bytes))
 
     # -- layout params (rank 0) ----------------------------------------------------------------
     def params(self) -> dict[str, Any]:

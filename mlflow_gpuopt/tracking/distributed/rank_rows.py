@@ -14,6 +14,9 @@ into the run's metrics:
   over ranks), ``gpuopt/comm_time_s`` and ``gpuopt/comm_bytes`` (per step, mean over ranks),
   ``gpuopt/exposed_comm_fraction`` (exposed communication time / step time, all ranks).
 
+At the end, :meth:`JobCombiner.summary` gives the job's steady state as a typed
+:class:`JobSummary`; its metric names are given only when it is logged.
+
 Interval figures are deltas since the rank's previous report; steady-state figures
 (``steady_*``, ``comm_*``) are cumulative, so the last round alone gives the summary.
 
@@ -218,45 +221,85 @@ def round_metrics(reports: list[RankReport], job_sums: bool = True) -> dict[str,
     return m
 
 
-def summary_metrics(reports: list[RankReport]) -> dict[str, float]:
-    """The job's steady-state ``gpuopt/summary/*`` figures from the ranks' last reports.
+@dataclass(frozen=True)
+class JobSummary:
+    """The job's steady-state figures from the ranks' last reports (``None``: unknown).
 
-    Throughput (samples and tokens) is the sum of the ranks' steady-state throughputs; step
-    times and steps/s are means over ranks; communication is per step, mean over ranks, and
-    the exposed fraction is exposed communication time / step time over all ranks.
+    Throughputs (samples, tokens) are sums of the ranks' steady-state throughputs, known only
+    when every rank has one; step times and steps/s are means over ranks; communication is per
+    step, mean over ranks, and the exposed fraction is exposed communication time / step time
+    over all ranks; peak memory is the largest rank's, energy the sum over ranks.
     """
-    m: dict[str, float] = {}
-    rates = [r.steady_throughput_samples_per_s for r in reports]
-    if rates and all(_finite(v) and v > 0 for v in rates):
-        m[contract.SUMMARY_THROUGHPUT_SAMPLES] = sum(rates)
-    tokens = [r.steady_throughput_tokens_per_s for r in reports]
-    if tokens and all(_finite(v) and v > 0 for v in tokens):
-        m[contract.SUMMARY_THROUGHPUT_TOKENS] = sum(tokens)
-    for name in ("throughput_steps_per_s", "step_time_mean_s", "step_time_p50_s",
-                 "step_time_p90_s"):
-        v = _mean([getattr(r, "steady_" + name) for r in reports])
-        if v is not None:
-            m[contract.summary_metric(name)] = v
+
+    throughput_samples_per_s: float | None = None
+    throughput_tokens_per_s: float | None = None
+    throughput_steps_per_s: float | None = None
+    step_time_mean_s: float | None = None
+    step_time_p50_s: float | None = None
+    step_time_p90_s: float | None = None
+    comm_time_per_step_s: float | None = None
+    comm_bytes_per_step: float | None = None
+    collectives_per_step: float | None = None
+    exposed_comm_fraction: float | None = None  # 0..1
+    peak_memory_bytes: float | None = None
+    energy_joules: float | None = None
+    gpu_utilization_mean_percent: float | None = None  # every GPU reading of every round
+
+    def metrics(self) -> dict[str, float]:
+        """The ``gpuopt/summary/*`` metrics (``contract.SUMMARY_*``); unknown ones left out."""
+        values = {
+            contract.SUMMARY_THROUGHPUT_SAMPLES: self.throughput_samples_per_s,
+            contract.SUMMARY_THROUGHPUT_TOKENS: self.throughput_tokens_per_s,
+            contract.SUMMARY_THROUGHPUT_STEPS: self.throughput_steps_per_s,
+            contract.SUMMARY_STEP_TIME_MEAN_S: self.step_time_mean_s,
+            contract.SUMMARY_STEP_TIME_P50_S: self.step_time_p50_s,
+            contract.SUMMARY_STEP_TIME_P90_S: self.step_time_p90_s,
+            contract.SUMMARY_COMM_TIME_PER_STEP_S: self.comm_time_per_step_s,
+            contract.SUMMARY_COMM_BYTES_PER_STEP: self.comm_bytes_per_step,
+            contract.SUMMARY_COLLECTIVES_PER_STEP: self.collectives_per_step,
+            contract.SUMMARY_EXPOSED_COMM_FRACTION: self.exposed_comm_fraction,
+            contract.SUMMARY_PEAK_MEMORY_BYTES: self.peak_memory_bytes,
+            contract.SUMMARY_ENERGY_JOULES: self.energy_joules,
+            contract.SUMMARY_GPU_UTILIZATION: self.gpu_utilization_mean_percent,
+        }
+        return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def _sum_if_all(values: list[float]) -> float | None:
+    """The sum when every value is finite and positive (a job rate is not a partial sum)."""
+    return sum(values) if values and all(_finite(v) and v > 0 for v in values) else None
+
+
+def job_summary(reports: list[RankReport],
+                gpu_utilization_mean_percent: float | None = None) -> JobSummary:
+    """The job's :class:`JobSummary` from the ranks' last reports."""
     with_comm = [r for r in reports if r.comm_steps > 0 and r.comm_collectives > 0]
+    comm: dict[str, float | None] = {}
     if with_comm:
         n = len(with_comm)
-        m[contract.SUMMARY_COMM_TIME_PER_STEP_S] = sum(
-            r.comm_time_total_s / r.comm_steps for r in with_comm) / n
-        m[contract.SUMMARY_COMM_BYTES_PER_STEP] = sum(
-            r.comm_bytes_total / r.comm_steps for r in with_comm) / n
-        m[contract.SUMMARY_COLLECTIVES_PER_STEP] = sum(
-            r.comm_collectives / r.comm_steps for r in with_comm) / n
         busy = sum(r.comm_step_time_s for r in with_comm)
-        if busy > 0:
-            m[contract.SUMMARY_EXPOSED_COMM_FRACTION] = min(
-                1.0, sum(r.comm_exposed_total_s for r in with_comm) / busy)
+        comm = {
+            "comm_time_per_step_s": sum(r.comm_time_total_s / r.comm_steps
+                                        for r in with_comm) / n,
+            "comm_bytes_per_step": sum(r.comm_bytes_total / r.comm_steps for r in with_comm) / n,
+            "collectives_per_step": sum(r.comm_collectives / r.comm_steps
+                                        for r in with_comm) / n,
+            "exposed_comm_fraction": (min(1.0, sum(r.comm_exposed_total_s for r in with_comm)
+                                          / busy) if busy > 0 else None),
+        }
     peak = [r.peak_memory_bytes for r in reports if _finite(r.peak_memory_bytes)]
-    if peak:
-        m[contract.SUMMARY_PEAK_MEMORY_BYTES] = max(peak)
     energy = [r.energy_joules for r in reports if _finite(r.energy_joules)]
-    if energy:
-        m[contract.SUMMARY_ENERGY_JOULES] = sum(energy)
-    return m
+    return JobSummary(
+        throughput_samples_per_s=_sum_if_all([r.steady_throughput_samples_per_s
+                                              for r in reports]),
+        throughput_tokens_per_s=_sum_if_all([r.steady_throughput_tokens_per_s for r in reports]),
+        throughput_steps_per_s=_mean([r.steady_throughput_steps_per_s for r in reports]),
+        step_time_mean_s=_mean([r.steady_step_time_mean_s for r in reports]),
+        step_time_p50_s=_mean([r.steady_step_time_p50_s for r in reports]),
+        step_time_p90_s=_mean([r.steady_step_time_p90_s for r in reports]),
+        peak_memory_bytes=max(peak) if peak else None,
+        energy_joules=sum(energy) if energy else None,
+        gpu_utilization_mean_percent=gpu_utilization_mean_percent, **comm)
 
 
 #: The interval fields of a report, summed when an interval is carried over to the next round.
@@ -327,8 +370,7 @@ class JobCombiner:
     def layout(self) -> JobLayout | None:
         return job_layout(self.reports) if self.reports else None
 
-    def summary(self) -> dict[str, float]:
-        m = summary_metrics(self.reports)
-        if self._util_n:
-            m[contract.SUMMARY_GPU_UTILIZATION] = self._util_sum / self._util_n
-        return m
+    def summary(self) -> JobSummary:
+        """The job's steady-state figures from every rank's last report."""
+        return job_summary(self.reports,
+                           self._util_sum / self._util_n if self._util_n else None)
