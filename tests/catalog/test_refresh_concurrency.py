@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from aws_offer_server import OfferServer, aws_region_file, cli, region_of
+from support.aws_offer_server import OfferServer, aws_region_file, cli, region_of
 from mlflow_gpuopt.catalog import catalog_cache_dir, load_catalog
 from mlflow_gpuopt.catalog.errors import RefreshError
 from mlflow_gpuopt.catalog.lock import LockTimeoutError, exclusive_lock

@@ -354,7 +354,7 @@ def test_refresh_onto_a_path_that_is_not_a_file_fails_and_touches_nothing(httpse
 
 
 def test_stale_cache_warning_prints_once(tmp_path):
-    from aws_offer_server import cli
+    from support.aws_offer_server import cli
 
     cache = tmp_path / "stale"
     folder = catalog_cache_dir(cache)

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from aws_offer_server import FIXTURES, OfferServer, aws_region_file, cli, region_of
+from support.aws_offer_server import FIXTURES, OfferServer, aws_region_file, cli, region_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="needs a pty")]
 FAKE_GCP_KEY = "FAKE-gcp-progress-key-not-real"

@@ -5,7 +5,7 @@ tiny example trains into it with tracking; ``recommend`` logs its recommendation
 Chromium opens (1) the recommendation run's artifact view of ``gpuopt/report.html``, (2) the
 report itself, and (3) the compare-runs page of the candidate child runs, and the DOM is
 checked for the report iframe, the table and chart, and the parallel-coordinates chart.
-The artifact view is driven over the DevTools protocol (``tests/cdp.py``): MLflow puts the
+The artifact view is driven over the DevTools protocol (``tests/support/cdp.py``): MLflow puts the
 report in a sandboxed, opaque-origin iframe, so its table and chart images are checked from
 inside that iframe's own execution context. Screenshots are kept under
 ``test-output/browser/``.
@@ -155,7 +155,7 @@ def test_artifact_view_renders_the_report_inside_mlflows_iframe(server, recommen
     """Drive Chromium over CDP: MLflow shows report.html in a sandboxed (opaque-origin)
     iframe the page's own JS cannot read, so the table and charts are checked from inside
     the iframe's own execution context."""
-    from cdp import Browser
+    from support.cdp import Browser
 
     r = recommendation
     url = f"{server}/#/experiments/{r['exp']}/runs/{r['run']}/artifacts/gpuopt/report.html"
@@ -207,7 +207,7 @@ def test_report_renders_table_and_charts(recommendation, tmp_path):
 def test_compare_runs_page_charts_the_candidates(server, recommendation, tmp_path):
     """The compare-runs page of the candidate child runs: the parallel-coordinates chart
     carries one line per candidate, with their instance types and predicted hours."""
-    from cdp import Browser
+    from support.cdp import Browser
 
     r = recommendation
     runs = urllib.parse.quote(json.dumps(r["children"]))

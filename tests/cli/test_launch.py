@@ -3,7 +3,7 @@
 The torchrun script is checked three ways: ``bash -n``; run with a ``torchrun`` on PATH that
 records its arguments and environment (a multi-node launch needs several machines); and run
 for real with the tiny GPT example on two gloo processes into a sqlite store. The SkyPilot
-YAML and the estimator are checked by SkyPilot itself (tests/_skypilot_check.py), offline.
+YAML and the estimator are checked by SkyPilot itself (tests/support/skypilot_check.py), offline.
 """
 
 from __future__ import annotations
@@ -195,9 +195,9 @@ def _offline() -> list[str]:
 
 
 def skypilot_check(*args: str, stdin: str = "") -> dict:
-    """Run tests/_skypilot_check.py under SkyPilot's interpreter; its JSON answer."""
-    out = subprocess.run([*_offline(), _skypilot_python(), str(REPO / "tests" /
-                                                                "_skypilot_check.py"), *args],
+    """Run tests/support/skypilot_check.py under SkyPilot's interpreter; its JSON answer."""
+    out = subprocess.run([*_offline(), _skypilot_python(), str(REPO / "tests" / "support" /
+                                                                "skypilot_check.py"), *args],
                          input=stdin, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _mlflow_server import TinyTraining
+from support.mlflow_server import TinyTraining
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

@@ -1,6 +1,6 @@
 """Something that answers but is not MLflow, in front of a real ``mlflow server``.
 
-A threaded proxy on 127.0.0.1 (``tests/_bad_proxy.py``) sits between the writer and a real
+A threaded proxy on 127.0.0.1 (``tests/support/bad_proxy.py``) sits between the writer and a real
 server and, on demand, answers ``200 text/html`` "Please sign in", ``302 -> /login``, or drips
 the server's answer one byte a second. Mid-run and at start, every value must end up in the run
 exactly once (delivered when the proxy behaves again, or journaled and delivered by
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _bad_proxy import BadProxy
-from _mlflow_server import TinyTraining
+from support.bad_proxy import BadProxy
+from support.mlflow_server import TinyTraining
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from _mlflow_server import MlflowServer
+from support.mlflow_server import MlflowServer
 
 from mlflow_gpuopt.redact import redact, redact_mapping, redact_obj, redact_uri
 

@@ -8,7 +8,7 @@ import logging
 import socket
 
 import pytest
-from _mlflow_server import MlflowServer, TinyTraining
+from support.mlflow_server import MlflowServer, TinyTraining
 
 pytestmark = pytest.mark.faults
 

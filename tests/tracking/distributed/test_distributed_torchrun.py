@@ -21,7 +21,7 @@ from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # examples/_dist_common.MLP
 GRAD_BYTES = 4 * MLP_PARAMS  # fp32 gradients all-reduced per step by DDP
 TIMEOUT_S = 120
