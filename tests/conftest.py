@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -80,3 +81,27 @@ def _clear_process_caches() -> None:
     fingerprint = sys.modules.get("mlflow_gpuopt.devices.fingerprint")
     if fingerprint is not None:
         fingerprint.hardware_fingerprint.cache_clear()
+
+
+@pytest.fixture
+def pricing_env(tmp_path, monkeypatch):
+    """Prices read and refreshed in this test's own cache folder, with fake API keys and none
+    of the user's price-URL or price-age settings."""
+    from support.pricing import FAKE_GCP_KEY, FAKE_LAMBDA_KEY, USER_OVERRIDES
+
+    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPUOPT_GCP_API_KEY", FAKE_GCP_KEY)
+    monkeypatch.setenv("LAMBDA_API_KEY", FAKE_LAMBDA_KEY)
+    for var in USER_OVERRIDES:
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def files(request, tmp_path) -> tuple[str, str]:
+    """(workload.json, obs.csv) paths, written from the test module's ``WORKLOAD`` dict and
+    ``OBS`` CSV text."""
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps(request.module.WORKLOAD))
+    observations = tmp_path / "obs.csv"
+    observations.write_text(request.module.OBS)
+    return str(workload), str(observations)

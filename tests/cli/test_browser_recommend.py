@@ -19,15 +19,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
+from support.mlflow_server import MlflowServer
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -45,45 +44,14 @@ def _chromium() -> str:
     return exe
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     _chromium()  # fail (CI) or skip before starting a server and training for nothing
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root}/db.sqlite",
-         "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    log.close()
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-        assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not become healthy in 120 s")
-    yield uri
-    proc.terminate()
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield srv.start(timeout_s=120).uri
+    finally:
+        srv.kill()
 
 
 @pytest.fixture(scope="module")

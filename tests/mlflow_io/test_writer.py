@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.mlflow_server import free_port
+from support.ports import free_port
 from support.net_watch import NetWatch
 
 from mlflow_gpuopt.mlflow_io.journal import iter_pending, read_state

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
+from support.ports import free_port
 
 from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
 
@@ -25,12 +25,6 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # examples/_dist_common.MLP
 GRAD_BYTES = 4 * MLP_PARAMS  # fp32 gradients all-reduced per step by DDP
 TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_env(tmp_path: Path) -> dict:
