@@ -116,7 +116,7 @@ def test_html_at_start_is_journaled_and_replay_delivers(server, proxy, tmp_path,
             for _ in range(40):
                 training.step()
                 steps += 1
-            time.sleep(0.2)
+            time.sleep(0.2)  # a few sampling intervals of a real run (40 steps take ms)
     finally:
         mlflow.set_tracking_uri(None)
     assert proxy.forwarded == 0  # the server itself never saw a request

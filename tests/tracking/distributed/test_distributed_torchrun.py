@@ -181,7 +181,10 @@ before = proc.num_threads()
 gatherer = RankGatherer(1, lambda final: [float(rank)], rounds.append if rank == 0 else None,
                         interval_s=0.05)
 gatherer.start()
-time.sleep(0.3)
+deadline = time.monotonic() + 60
+while rank == 0 and not rounds and time.monotonic() < deadline:  # rank 0 has a round of rows
+    time.sleep(0.01)
+dist.barrier()  # (rank 1's gatherer takes part in that round meanwhile)
 stopped = gatherer.stop()
 with open(f"rank{rank}.json", "w") as f:  # in the job's working directory
     json.dump({"stopped": stopped, "rounds": len(rounds), "threads_before": before,
