@@ -21,7 +21,7 @@ def reset_mlflow_globals() -> None:
         mlflow.end_run()
     mlflow.set_tracking_uri(None)  # (and unsets MLFLOW_TRACKING_URI: the caller restores it)
     # MLflow has no public call that forgets ``set_experiment``'s id (3.x): its own test suite
-    # resets this attribute the same way (tests/tracking/conftest.py, reset_active_experiment).
+    # resets this attribute the same way (its tests/tracking/conftest.py, reset_active_experiment).
     # It is the only private name of MLflow the tests touch; keep it here.
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is not None:
