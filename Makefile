@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	# CPU build of PyTorch from local disk; must come first so nothing pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
-	# the integrations' libraries, tested in tests/tracking/test_integrations.py
+	# the integrations' libraries, tested in tests/integrations/test_integrations.py
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[hf,lightning]'
 	touch $(STAMP)
 

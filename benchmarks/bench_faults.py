@@ -4,7 +4,7 @@ real ``mlflow server``, what it costs the training steps, and where planted secr
 Each scenario trains a small real PyTorch MLP under ``gpuopt.track()`` against ``mlflow
 server`` (sqlite store, served artifacts) on 127.0.0.1, with the server killed (SIGKILL),
 frozen (SIGSTOP) or not yet started at the points named, or with a misbehaving proxy in front
-of it (``tests/_bad_proxy.py``: a login page as ``200 text/html``, a ``302 -> /login``, the
+of it (``tests/support/bad_proxy.py``: a login page as ``200 text/html``, a ``302 -> /login``, the
 answer dripped one byte a second); afterwards the server (and proxy) behave again and
 ``mlflow gpuopt replay`` delivers any journal left. Printed per scenario: metric values
 produced by tracking, delivered (distinct), lost, duplicated, the p99 of the training step
@@ -48,7 +48,7 @@ def _p99(times: list[float]) -> float:
 
 class _Scenario:
     def __init__(self, root: Path, name: str) -> None:
-        from _mlflow_server import MlflowServer
+        from support.mlflow_server import MlflowServer
 
         self.name = name
         self.root = root / name
@@ -56,7 +56,7 @@ class _Scenario:
         self.step_s: list[float] = []
         self.proxy = None
         if name.startswith(("html", "redirect", "drip")):
-            from _bad_proxy import BadProxy
+            from support.bad_proxy import BadProxy
 
             self.proxy = BadProxy(self.server.port).start()
 
@@ -81,7 +81,7 @@ def _run(sc: _Scenario, steps: int, plan: str) -> dict:
     """One scenario. ``plan``: which fault at which point (see SCENARIOS)."""
     import mlflow
 
-    from _mlflow_server import TinyTraining
+    from support.mlflow_server import TinyTraining
     from mlflow_gpuopt.tracking.tracker import track
 
     journal_dir = sc.root / "journal"

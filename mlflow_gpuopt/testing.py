@@ -16,6 +16,9 @@ SMI's own units and dict keys (MiB of VRAM, watts, a µJ-resolution energy count
         err = smi.AmdSmiLibraryException(smi.AMDSMI_STATUS_NOT_SUPPORTED)
         smi.fail("amdsmi_get_power_info", err)
 
+:func:`clear_caches` forgets what this process has cached (the catalog, the hardware
+fingerprint), for a test that changes the files, environment or devices those were read from.
+
 Not for production use; nothing in the package imports this module.
 """
 
@@ -425,3 +428,25 @@ class FakeGPUs(GPUs):
 
     def sample(self, index: int) -> GpuSample:
         return replace(self._sample, index=index)
+
+
+def clear_caches() -> None:
+    """Forget what this process has cached from files, the environment and the devices: the
+    loaded catalog, the GPU-memory and GPU-name tables built from it, and the hardware
+    fingerprint. The next call reads them again.
+
+    Caches of pure functions (keyed by their whole input) are left warm: they cannot go stale.
+    A module not imported yet holds nothing and is not imported here.
+    """
+    store = sys.modules.get("mlflow_gpuopt.catalog.store")
+    if store is not None:
+        store.clear_catalog_cache()
+    catalog = sys.modules.get("mlflow_gpuopt.catalog")
+    if catalog is not None:
+        catalog._gpu_memory.cache_clear()
+    names = sys.modules.get("mlflow_gpuopt.catalog.gpu_names")
+    if names is not None:
+        names.build_alias_table.cache_clear()
+    fingerprint = sys.modules.get("mlflow_gpuopt.devices.fingerprint")
+    if fingerprint is not None:
+        fingerprint.hardware_fingerprint.cache_clear()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
+from support.mlflow_state import reset_mlflow_globals
+
+from mlflow_gpuopt.testing import clear_caches
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # CI machines have 2 cores, shared
 
@@ -26,28 +30,15 @@ def tracking_uri(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _isolate_mlflow_globals():
-    """Each test leaves MLflow's process-wide state as it found it.
-
-    ``mlflow.set_experiment`` and ``mlflow.set_tracking_uri`` remember an experiment id and a
-    URI process-wide (and in ``MLFLOW_EXPERIMENT_ID`` / ``MLFLOW_TRACKING_URI``); a later
-    test's fresh store has no such experiment, and a stale URI would win over the
-    environment a test sets.
-    """
+    """Each test leaves MLflow's process-wide state as it found it: no active run, no
+    remembered tracking URI or experiment (``support/mlflow_state.py``), and the variables
+    below as they were."""
     # (and the progress-bar switch the gpuopt CLI group sets for its own process)
     names = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TRACKING_URI",
              "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     saved_env = {k: os.environ.get(k) for k in names}
     yield
-    import sys
-
-    fluent = sys.modules.get("mlflow.tracking.fluent")
-    if fluent is not None:
-        while fluent.active_run() is not None:
-            fluent.end_run()
-        fluent._active_experiment_id = None
-    uri_state = sys.modules.get("mlflow.tracking._tracking_service.utils")
-    if uri_state is not None:
-        uri_state._tracking_uri = None  # fall back to MLFLOW_TRACKING_URI, restored below
+    reset_mlflow_globals()
     for key, value in saved_env.items():
         if value is None:
             os.environ.pop(key, None)
@@ -60,23 +51,30 @@ def _reset_process_caches():
     """Each test starts without what earlier tests cached process-wide: the loaded catalog,
     the GPU-name tables built from it, and the hardware fingerprint (a test may fake the
     devices or the environment it reads)."""
-    _clear_process_caches()
+    clear_caches()
     yield
-    _clear_process_caches()
+    clear_caches()
 
 
-def _clear_process_caches() -> None:
-    import sys
+@pytest.fixture
+def pricing_env(tmp_path, monkeypatch):
+    """Prices read and refreshed in this test's own cache folder, with fake API keys and none
+    of the user's price-URL or price-age settings."""
+    from support.pricing import FAKE_GCP_KEY, FAKE_LAMBDA_KEY, USER_OVERRIDES
 
-    store = sys.modules.get("mlflow_gpuopt.catalog.store")
-    if store is not None:
-        store.clear_catalog_cache()
-    catalog = sys.modules.get("mlflow_gpuopt.catalog")
-    if catalog is not None:
-        catalog._gpu_memory.cache_clear()
-    names = sys.modules.get("mlflow_gpuopt.catalog.gpu_names")
-    if names is not None:
-        names.build_alias_table.cache_clear()
-    fingerprint = sys.modules.get("mlflow_gpuopt.devices.fingerprint")
-    if fingerprint is not None:
-        fingerprint.hardware_fingerprint.cache_clear()
+    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPUOPT_GCP_API_KEY", FAKE_GCP_KEY)
+    monkeypatch.setenv("LAMBDA_API_KEY", FAKE_LAMBDA_KEY)
+    for var in USER_OVERRIDES:
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def files(request, tmp_path) -> tuple[str, str]:
+    """(workload.json, obs.csv) paths, written from the test module's ``WORKLOAD`` dict and
+    ``OBS`` CSV text."""
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps(request.module.WORKLOAD))
+    observations = tmp_path / "obs.csv"
+    observations.write_text(request.module.OBS)
+    return str(workload), str(observations)

@@ -9,17 +9,17 @@ import mlflow
 
 from mlflow_gpuopt.devices import fingerprint
 from mlflow_gpuopt.plugin import HardwareRunContextProvider
-from mlflow_gpuopt.testing import FakeGPU, fake_nvml
+from mlflow_gpuopt.testing import FakeGPU, clear_caches, fake_nvml
 
 
 def test_every_run_gets_hardware_tags_on_cpu(tracking_uri, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # a machine without NVML
-    fingerprint.hardware_fingerprint.cache_clear()
+    clear_caches()
     try:
         with mlflow.start_run() as run:
             pass
     finally:
-        fingerprint.hardware_fingerprint.cache_clear()
+        clear_caches()
     tags = mlflow.get_run(run.info.run_id).data.tags
     assert tags["gpuopt.hw.gpu"] == "cpu"
     assert tags["gpuopt.hw.gpu_count"] == "0"
@@ -40,12 +40,12 @@ def test_probe_runs_once_per_process(monkeypatch):
     calls = []
     real = fingerprint.probe_hardware
     monkeypatch.setattr(fingerprint, "probe_hardware", lambda: calls.append(1) or real())
-    fingerprint.hardware_fingerprint.cache_clear()
+    clear_caches()
     provider = HardwareRunContextProvider()
     first = provider.tags()
     assert provider.tags() == first
     assert len(calls) == 1
-    fingerprint.hardware_fingerprint.cache_clear()
+    clear_caches()
 
 
 def test_tags_never_raise(monkeypatch):

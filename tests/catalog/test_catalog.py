@@ -17,11 +17,7 @@ from mlflow_gpuopt.catalog import (
 from mlflow_gpuopt.catalog.rows import offers_to_csv, parse_offers_csv
 from mlflow_gpuopt.catalog.store import load_gpus, shipped_text
 
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("GPUOPT_PRICING_MAX_AGE_DAYS", raising=False)
+pytestmark = pytest.mark.usefixtures("pricing_env")  # tests/conftest.py
 
 
 @pytest.fixture()

@@ -9,8 +9,9 @@ import json
 import time
 
 import pytest
+from support.aws_offer_server import OfferServer, aws_region_file, cli, region_of
+from support.wait import wait_until
 
-from aws_offer_server import OfferServer, aws_region_file, cli, region_of
 from mlflow_gpuopt.catalog import catalog_cache_dir, load_catalog
 from mlflow_gpuopt.catalog.errors import LockTimeoutError, RefreshError
 from mlflow_gpuopt.file_lock import LockHeldError, exclusive_lock
@@ -26,10 +27,8 @@ def _priced_by_batch(index: int, path: str) -> bytes:
 
 
 def _wait_for_requests(server: OfferServer, n: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while server.requests_seen() < n:
-        assert time.monotonic() < deadline, "the first refresh never reached the server"
-        time.sleep(0.02)
+    wait_until(lambda: server.requests_seen() >= n, timeout_s,
+               "the first refresh never reached the server")
 
 
 def _refresh_args(url: str, *extra: str) -> list[str]:

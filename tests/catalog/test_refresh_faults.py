@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from pytest_httpserver import HTTPServer
+from support.pricing import FAKE_GCP_KEY, FAKE_LAMBDA_KEY, FIXTURES
 from werkzeug import Response
 
 from mlflow_gpuopt.catalog import RefreshError, catalog_cache_dir, load_catalog
@@ -26,22 +27,10 @@ from mlflow_gpuopt.catalog.refreshers import _http, refresh
 from mlflow_gpuopt.catalog.refreshers._http import HttpClient
 from mlflow_gpuopt.cli import gpuopt
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
-FAKE_GCP_KEY = "FAKE-gcp-faults-key-not-real"
-FAKE_LAMBDA_KEY = "FAKE_lambda_faults_key_not_real"
+pytestmark = pytest.mark.usefixtures("pricing_env")  # tests/conftest.py
 GCP_PATH = "/v1/services/6F81-5844-456A/skus"
 LAMBDA_PATH = "/api/v1/instance-types"
 AWS_PATH = "/offers/v1.0/aws/AmazonEC2/current/{}/index.json"
-
-
-@pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("GPUOPT_GCP_API_KEY", FAKE_GCP_KEY)
-    monkeypatch.setenv("LAMBDA_API_KEY", FAKE_LAMBDA_KEY)
-    for var in ("GPUOPT_AWS_PRICING_URL", "GPUOPT_GCP_BILLING_URL", "GPUOPT_LAMBDA_API_URL",
-                "GPUOPT_AZURE_PRICES_URL", "GPUOPT_PRICING_MAX_AGE_DAYS"):
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture()
@@ -354,7 +343,7 @@ def test_refresh_onto_a_path_that_is_not_a_file_fails_and_touches_nothing(httpse
 
 
 def test_stale_cache_warning_prints_once(tmp_path):
-    from aws_offer_server import cli
+    from support.aws_offer_server import cli
 
     cache = tmp_path / "stale"
     folder = catalog_cache_dir(cache)

@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-from aws_offer_server import FIXTURES, OfferServer, aws_region_file, cli, region_of
+from support.aws_offer_server import OfferServer, aws_region_file, cli, region_of
+from support.pricing import FAKE_GCP_KEY, FIXTURES
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="needs a pty")]
-FAKE_GCP_KEY = "FAKE-gcp-progress-key-not-real"
 PAD = 5000  # unrelated products per offer file: ~1.7 MB, over the 1 MiB bar threshold
 
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.pricing import FIXTURES
 
 from mlflow_gpuopt.catalog import CatalogError, load_catalog
 from mlflow_gpuopt.catalog.refreshers import aws, azure, gcp, lambda_cloud
 from mlflow_gpuopt.catalog.rows import offers_to_csv, parse_offers_csv
 from mlflow_gpuopt.catalog.store import load_gpus
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
 CAT = load_catalog(use_user_cache=False, reload=True)
 GPUS = load_gpus()
 TEMPLATES = {p: [o for o in CAT.offers if o.provider == p]

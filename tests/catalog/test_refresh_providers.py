@@ -11,15 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from support.pricing import FAKE_GCP_KEY, FAKE_LAMBDA_KEY, FIXTURES
 from werkzeug import Response
 
 from mlflow_gpuopt.catalog import RefreshError, catalog_cache_dir, load_catalog
 from mlflow_gpuopt.catalog.refreshers import refresh
 from mlflow_gpuopt.catalog.refreshers._http import HttpClient
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
-FAKE_GCP_KEY = "FAKE-gcp-key-0000-not-real"
-FAKE_LAMBDA_KEY = "FAKE_lambda_secret_0000_not_real"
+pytestmark = pytest.mark.usefixtures("pricing_env")  # tests/conftest.py
 AWS_PATH = "/offers/v1.0/aws/AmazonEC2/current/{}/index.json"
 GCP_PATH = "/v1/services/6F81-5844-456A/skus"
 
@@ -36,16 +35,6 @@ def _snapshot_rows(provider: str) -> int:
 
 def fixture(name: str):
     return json.loads((FIXTURES / name).read_text())
-
-
-@pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("GPUOPT_GCP_API_KEY", FAKE_GCP_KEY)
-    monkeypatch.setenv("LAMBDA_API_KEY", FAKE_LAMBDA_KEY)
-    for var in ("GPUOPT_AWS_PRICING_URL", "GPUOPT_GCP_BILLING_URL", "GPUOPT_LAMBDA_API_URL",
-                "GPUOPT_AZURE_PRICES_URL"):
-        monkeypatch.delenv(var, raising=False)
 
 
 def client(**kw) -> HttpClient:

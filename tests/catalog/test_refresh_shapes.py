@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
+from support.pricing import FIXTURES
 
 from mlflow_gpuopt.catalog import load_catalog
 from mlflow_gpuopt.catalog.refreshers import aws, azure, gcp, lambda_cloud
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
 AS_OF = "2025-09-01"
 
 

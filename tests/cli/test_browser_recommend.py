@@ -5,7 +5,7 @@ tiny example trains into it with tracking; ``recommend`` logs its recommendation
 Chromium opens (1) the recommendation run's artifact view of ``gpuopt/report.html``, (2) the
 report itself, and (3) the compare-runs page of the candidate child runs, and the DOM is
 checked for the report iframe, the table and chart, and the parallel-coordinates chart.
-The artifact view is driven over the DevTools protocol (``tests/cdp.py``): MLflow puts the
+The artifact view is driven over the DevTools protocol (``tests/support/cdp.py``): MLflow puts the
 report in a sandboxed, opaque-origin iframe, so its table and chart images are checked from
 inside that iframe's own execution context. Screenshots are kept under
 ``test-output/browser/``.
@@ -19,15 +19,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
+from support.mlflow_server import MlflowServer
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -45,45 +44,14 @@ def _chromium() -> str:
     return exe
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     _chromium()  # fail (CI) or skip before starting a server and training for nothing
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root}/db.sqlite",
-         "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    log.close()
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-        assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not become healthy in 120 s")
-    yield uri
-    proc.terminate()
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield srv.start(timeout_s=120).uri
+    finally:
+        srv.kill()
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +123,7 @@ def test_artifact_view_renders_the_report_inside_mlflows_iframe(server, recommen
     """Drive Chromium over CDP: MLflow shows report.html in a sandboxed (opaque-origin)
     iframe the page's own JS cannot read, so the table and charts are checked from inside
     the iframe's own execution context."""
-    from cdp import Browser
+    from support.cdp import Browser
 
     r = recommendation
     url = f"{server}/#/experiments/{r['exp']}/runs/{r['run']}/artifacts/gpuopt/report.html"
@@ -207,7 +175,7 @@ def test_report_renders_table_and_charts(recommendation, tmp_path):
 def test_compare_runs_page_charts_the_candidates(server, recommendation, tmp_path):
     """The compare-runs page of the candidate child runs: the parallel-coordinates chart
     carries one line per candidate, with their instance types and predicted hours."""
-    from cdp import Browser
+    from support.cdp import Browser
 
     r = recommendation
     runs = urllib.parse.quote(json.dumps(r["children"]))

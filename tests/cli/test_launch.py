@@ -3,7 +3,7 @@
 The torchrun script is checked three ways: ``bash -n``; run with a ``torchrun`` on PATH that
 records its arguments and environment (a multi-node launch needs several machines); and run
 for real with the tiny GPT example on two gloo processes into a sqlite store. The SkyPilot
-YAML and the estimator are checked by SkyPilot itself (tests/_skypilot_check.py), offline.
+YAML and the estimator are checked by SkyPilot itself (tests/support/skypilot_check.py), offline.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 from mlflow_gpuopt.catalog import load_catalog
 from mlflow_gpuopt.launch import (
@@ -139,12 +139,6 @@ def test_torchrun_script_without_a_recorded_script_asks_for_one(tmp_path, estima
     assert rec["argv"][-1] == "train.py" and rec["env"]["GPUOPT_PLAN"] == "3"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_emitted_script_trains_tiny_gpt_on_two_gloo_processes_as_the_plan(tmp_path, estimator):
     """1 node × 2 processes on CPU: the job sees the plan and trains at its micro-batch."""
@@ -159,7 +153,7 @@ def test_emitted_script_trains_tiny_gpt_on_two_gloo_processes_as_the_plan(tmp_pa
     path.write_text(torchrun_script(plan, ctx))
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO), "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal"),
-           "MASTER_PORT": str(_free_port()), "PYTHONWARNINGS": "ignore"}
+           "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
         env.pop(name, None)
     out = subprocess.run(["bash", str(path), "--steps", "4", "--interval", "0.2",
@@ -195,9 +189,9 @@ def _offline() -> list[str]:
 
 
 def skypilot_check(*args: str, stdin: str = "") -> dict:
-    """Run tests/_skypilot_check.py under SkyPilot's interpreter; its JSON answer."""
-    out = subprocess.run([*_offline(), _skypilot_python(), str(REPO / "tests" /
-                                                                "_skypilot_check.py"), *args],
+    """Run tests/support/skypilot_check.py under SkyPilot's interpreter; its JSON answer."""
+    out = subprocess.run([*_offline(), _skypilot_python(), str(REPO / "tests" / "support" /
+                                                                "skypilot_check.py"), *args],
                          input=stdin, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"})
     assert out.returncode == 0, out.stderr[-3000:]

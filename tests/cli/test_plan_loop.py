@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 from mlflow_gpuopt import contract
 
@@ -28,12 +28,6 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 TARGET = ("--tokens", "2B", "--max-nodes", "1", "--max-gpus", "2", "--keep-micro-batch",
           "--provider", "lambda", "--top", "10")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(env, *args):
@@ -70,7 +64,7 @@ def loop(tmp_path_factory):
                "torchrun", "--plan", str(rank), "--out", str(script))
     assert rec.returncode == 0, rec.stderr[-2000:]
     doc = json.loads(rec.stdout)
-    job_env = {**env, "PATH": f"{BIN}:{os.environ['PATH']}", "MASTER_PORT": str(_free_port())}
+    job_env = {**env, "PATH": f"{BIN}:{os.environ['PATH']}", "MASTER_PORT": str(free_port())}
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
         job_env.pop(name, None)  # the script's own values are used
     job = subprocess.run(["bash", str(script), "--steps", "6", "--interval", "0.2"], cwd=tmp,
@@ -316,7 +310,7 @@ def test_demo_ends_with_the_launch_artefacts_and_the_loop_closes(tmp_path):
     pid = next(ln.split("GPUOPT_PLAN=")[1] for ln in script.read_text().splitlines()
                if ln.startswith("GPUOPT_PLAN="))
     assert f'GPUOPT_PLAN: "{pid}"' in task.read_text()  # both artefacts name the same plan
-    job_env = {**env, "PATH": f"{BIN}:{os.environ['PATH']}", "MASTER_PORT": str(_free_port())}
+    job_env = {**env, "PATH": f"{BIN}:{os.environ['PATH']}", "MASTER_PORT": str(free_port())}
     job_env.pop("MLFLOW_TRACKING_URI")
     job = subprocess.run(["bash", str(script), "--steps", "5", "--interval", "0.2"],
                          cwd=tmp_path, env=job_env, capture_output=True, text=True, timeout=400)

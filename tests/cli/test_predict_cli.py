@@ -21,17 +21,9 @@ WORKLOAD = {"schema": "gpuopt.workload/1", "name": "resnet50", "params": 2555703
 OBS = ("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision\n"
        "NVIDIA A100-SXM4-80GB,1,1,256,2470,single,fp16\n"
        "NVIDIA A100-SXM4-80GB,8,1,256,16621,ddp,fp16\n")
+# (the ``files`` fixture of tests/conftest.py writes WORKLOAD and OBS for each test)
 KEYS = {"gpu", "gpus", "nodes", "strategy", "micro_batch", "throughput_samples_per_s", "low",
         "high", "step_time_s", "memory_per_gpu_bytes", "fits"}
-
-
-@pytest.fixture
-def files(tmp_path):
-    w = tmp_path / "workload.json"
-    w.write_text(json.dumps(WORKLOAD))
-    o = tmp_path / "obs.csv"
-    o.write_text(OBS)
-    return str(w), str(o)
 
 
 def _run(args):

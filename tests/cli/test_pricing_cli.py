@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support.pricing import FAKE_LAMBDA_KEY, FIXTURES
 
 from mlflow_gpuopt.catalog import catalog_cache_dir
 from mlflow_gpuopt.cli import gpuopt
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "pricing"
-FAKE_LAMBDA_KEY = "FAKE_lambda_secret_cli_not_real"
+pytestmark = pytest.mark.usefixtures("pricing_env")  # tests/conftest.py
 CONTRACT_KEYS = {"provider", "instance_type", "region", "gpu", "gpu_count", "gpu_memory_gb",
                  "vcpus", "memory_gb", "price_per_hour_usd", "spot_price_per_hour_usd",
                  "intra_node_link", "inter_node_gbps", "as_of", "source"}
-
-
-@pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("LAMBDA_API_KEY", FAKE_LAMBDA_KEY)
 
 
 def run(*args):

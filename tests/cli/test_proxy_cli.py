@@ -44,7 +44,7 @@ def _predict(*args) -> dict:
 
 
 @pytest.fixture
-def files(tmp_path):
+def proxy_files(tmp_path):
     """(big.json, small.json, small.csv): the small model measured 1.5x faster than its prior
     on one H100."""
     big, small, obs = tmp_path / "big.json", tmp_path / "small.json", tmp_path / "small.csv"
@@ -56,8 +56,8 @@ def files(tmp_path):
     return str(big), str(small), str(obs)
 
 
-def test_predict_carries_the_proxys_efficiency(files):
-    big, small, obs = files
+def test_predict_carries_the_proxys_efficiency(proxy_files):
+    big, small, obs = proxy_files
     got = _predict("--workload", big, "--proxy-workload", small, "--observations", obs,
                    *ONE_GPU)
     alone = _predict("--workload", big, *ONE_GPU)
@@ -71,8 +71,8 @@ def test_predict_carries_the_proxys_efficiency(files):
     assert got["high"] / got["low"] < alone["high"] / alone["low"]  # narrower than the prior
 
 
-def test_recommend_plans_the_bigger_model_from_files(files):
-    big, small, obs = files
+def test_recommend_plans_the_bigger_model_from_files(proxy_files):
+    big, small, obs = proxy_files
     r = _invoke("recommend", "--workload", big, "--proxy-workload", small, "--observations",
                 obs, "--tokens", "2B", "--deadline", "30d", "--global-batch", "64",
                 "--provider", "aws", "--top", "3", "--json")
@@ -83,8 +83,8 @@ def test_recommend_plans_the_bigger_model_from_files(files):
     assert any(a.startswith("transferred from proxy") for a in doc["model_assumptions"])
 
 
-def test_the_target_may_be_a_hugging_face_config(files, tmp_path):
-    _, small, obs = files
+def test_the_target_may_be_a_hugging_face_config(proxy_files, tmp_path):
+    _, small, obs = proxy_files
     config = tmp_path / "config.json"  # Meta-Llama-3-8B's shape keys on the Hugging Face Hub
     config.write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -105,8 +105,8 @@ def test_the_target_may_be_a_hugging_face_config(files, tmp_path):
     ("recommend", ["--proxy-workload", "{small}"], "--proxy-workload goes with --observations"),
     ("recommend", ["--run-id", "abc", "--observations", "{obs}"], "not both"),
 ])
-def test_bad_proxy_flags_are_one_line(files, cmd, extra, message):
-    big, small, obs = files
+def test_bad_proxy_flags_are_one_line(proxy_files, cmd, extra, message):
+    big, small, obs = proxy_files
     args = [a.format(small=small, obs=obs) for a in extra]
     tail = (["--gpu", "H100", "--gpus", "1"] if cmd == "predict"
             else ["--tokens", "1B", "--deadline", "1d"])

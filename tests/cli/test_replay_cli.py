@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _mlflow_server import MlflowServer, TinyTraining
+from support.mlflow_server import MlflowServer, TinyTraining
 from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt

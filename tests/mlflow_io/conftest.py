@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from _mlflow_server import MlflowServer
+from support.mlflow_server import MlflowServer
 
 
 @pytest.fixture

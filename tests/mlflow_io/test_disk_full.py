@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _mlflow_server import TinyTraining
+from support.mlflow_server import TinyTraining
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -66,13 +67,15 @@ def _log(writer, training, steps) -> None:
         writer.log_metrics({"loss": loss, "lr": 0.01}, step=i)
 
 
-def _outage(server, full_disk, writer, training) -> None:
+def _outage(server, full_disk, writer, training, caplog) -> None:
     _log(writer, training, range(0, 50))
     assert writer.flush(timeout_s=30)
     server.kill()
     _log(writer, training, range(50, 450))
     writer.log_dict({"schema": "gpuopt.workload/1", "params": 8321}, "gpuopt/profile.json")
-    time.sleep(1.0)  # the pump stores everything while the server is gone
+    # the disk fills while the server is gone: the writer says it cannot write its journal
+    wait_until(lambda: any("cannot" in r.getMessage() and "tracking journal" in r.getMessage()
+                           for r in caplog.records), what="the journal's full disk")
 
 
 def test_disk_full_during_outage_then_server_back_loses_nothing(server, full_disk, caplog):
@@ -85,7 +88,7 @@ def test_disk_full_during_outage_then_server_back_loses_nothing(server, full_dis
                        request_timeout_s=1.0, max_backoff_s=0.2, max_memory_records=20)
     training = TinyTraining()
     with caplog.at_level(logging.WARNING):
-        _outage(server, full_disk, writer, training)
+        _outage(server, full_disk, writer, training, caplog)
         server.start()
         _log(writer, training, range(450, 500))
         report = writer.close(timeout_s=60)
@@ -108,7 +111,7 @@ def test_disk_full_and_server_gone_at_exit_says_truthfully_what_was_lost(
                        request_timeout_s=1.0, max_backoff_s=0.2, max_memory_records=20)
     training = TinyTraining()
     with caplog.at_level(logging.WARNING):
-        _outage(server, full_disk, writer, training)
+        _outage(server, full_disk, writer, training, caplog)
         report = writer.close(timeout_s=1.0)
     produced = 2 * 450
     assert report.delivered_metrics + report.pending_metrics + report.lost_metrics == produced

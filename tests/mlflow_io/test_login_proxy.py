@@ -1,6 +1,6 @@
 """Something that answers but is not MLflow, in front of a real ``mlflow server``.
 
-A threaded proxy on 127.0.0.1 (``tests/_bad_proxy.py``) sits between the writer and a real
+A threaded proxy on 127.0.0.1 (``tests/support/bad_proxy.py``) sits between the writer and a real
 server and, on demand, answers ``200 text/html`` "Please sign in", ``302 -> /login``, or drips
 the server's answer one byte a second. Mid-run and at start, every value must end up in the run
 exactly once (delivered when the proxy behaves again, or journaled and delivered by
@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from _bad_proxy import BadProxy
-from _mlflow_server import TinyTraining
+from support.bad_proxy import BadProxy
+from support.mlflow_server import TinyTraining
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -51,13 +52,6 @@ def _log(writer, steps: range) -> None:
         writer.log_metrics({"loss": 1.0 / (i + 1)}, step=i, timestamp_ms=TS0 + i)
 
 
-def _wait(cond, limit_s: float = 20.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("mode, cause", [("html", "HTML page"), ("redirect", "redirect")])
 def test_login_proxy_mid_run_loses_nothing_and_says_why_once(server, proxy, tmp_path, caplog,
                                                              mode, cause):
@@ -75,9 +69,9 @@ def test_login_proxy_mid_run_loses_nothing_and_says_why_once(server, proxy, tmp_
 
     proxy.mode = mode  # the session expired: every request gets the login page now
     _log(writer, range(100, 200))
-    _wait(lambda: list(journal_dir.glob("*.jsonl")))  # not counted as delivered: journaled
+    wait_until(lambda: list(journal_dir.glob("*.jsonl")))  # not counted as delivered: journaled
     assert not writer.flush(timeout_s=1.0)
-    _wait(lambda: proxy.requests[mode] >= 3)  # retried, and each retry answered by the proxy
+    wait_until(lambda: proxy.requests[mode] >= 3)  # retried, and each retry answered by the proxy
 
     proxy.mode = "pass"  # signed in again
     _log(writer, range(200, 300))
@@ -116,7 +110,7 @@ def test_html_at_start_is_journaled_and_replay_delivers(server, proxy, tmp_path,
             for _ in range(40):
                 training.step()
                 steps += 1
-            time.sleep(0.2)
+            time.sleep(0.2)  # a few sampling intervals of a real run (40 steps take ms)
     finally:
         mlflow.set_tracking_uri(None)
     assert proxy.forwarded == 0  # the server itself never saw a request
@@ -175,7 +169,7 @@ def test_drip_at_start_holds_track_at_most_its_bound(server, proxy, tmp_path, mo
     assert start_s < START_TIMEOUT_S + 1.0, start_s
     client = MlflowClient(server.uri)
     runs = client.search_runs([client.get_experiment_by_name(exp_name).experiment_id])
-    _wait(lambda: client.search_runs(
+    wait_until(lambda: client.search_runs(
         [client.get_experiment_by_name(exp_name).experiment_id]) != [], 5)
     runs = client.search_runs([client.get_experiment_by_name(exp_name).experiment_id])
     assert len(runs) == 1, "the dripped create and the writer's made two runs"

@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from _mlflow_server import MlflowServer
+from support.mlflow_server import MlflowServer
 
 from mlflow_gpuopt.redact import redact, redact_mapping, redact_obj, redact_uri
 
@@ -63,12 +63,24 @@ def test_redact_params_and_nested_objects():
 
 
 _TRAINING = textwrap.dedent("""
-    import logging, sys, time
+    import logging, sys, threading, time
     import mlflow, torch
     import mlflow_gpuopt as gpuopt
     from mlflow_gpuopt.mlflow_io.writer import RunWriter
 
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+
+    class Refused(logging.Handler):  # set once the writer says MLflow refused a write
+        def __init__(self):
+            super().__init__()
+            self.said = threading.Event()
+
+        def emit(self, record):
+            if "cannot write to MLflow" in record.getMessage():
+                self.said.set()
+
+    refused = Refused()
+    logging.getLogger("mlflow_gpuopt").addHandler(refused)
     uri = sys.argv[1]
     mlflow.set_tracking_uri(uri)
     torch.manual_seed(0)
@@ -91,7 +103,7 @@ _TRAINING = textwrap.dedent("""
         w.log_metrics({"x": float(i)}, step=i)
     w.set_tags({"gpuopt.tracking_uri": uri})
     w.log_dict({"uri": uri, "env": "%s"}, "gpuopt/leak.json")
-    time.sleep(0.5)
+    assert refused.said.wait(60), "the writer never tried the dead server"
     print(w.close(timeout_s=1.0), flush=True)
 """)
 

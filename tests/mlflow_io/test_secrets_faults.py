@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 
 import pytest
-from _mlflow_server import MlflowServer, TinyTraining
+from support.mlflow_server import MlflowServer, TinyTraining
+from support.ports import free_port
 
 pytestmark = pytest.mark.faults
 
@@ -16,17 +16,11 @@ TOKEN = "FAKE-token-only-userinfo-7f3a-not-real"
 PASSWORD = "FAKE-uri-password-1b2c-not-real"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_token_only_userinfo_is_masked_and_never_journaled(tmp_path):
     from mlflow_gpuopt.mlflow_io.writer import RunWriter
     from mlflow_gpuopt.redact import redact, redact_uri
 
-    uri = f"http://{TOKEN}@127.0.0.1:{_free_port()}"  # nothing listens: the journal path
+    uri = f"http://{TOKEN}@127.0.0.1:{free_port()}"  # nothing listens: the journal path
     assert TOKEN not in redact(f"API request to {uri}/api/2.0 failed")
     assert TOKEN not in redact_uri(uri)
     writer = RunWriter("r" * 32, uri, journal_dir=tmp_path, request_timeout_s=0.5,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from _mlflow_server import TinyTraining
-from _net_watch import NetWatch
+from support.mlflow_server import TinyTraining
+from support.net_watch import NetWatch
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

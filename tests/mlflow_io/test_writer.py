@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from _mlflow_server import free_port
-from _net_watch import NetWatch
+from support.ports import free_port
+from support.net_watch import NetWatch
 
 from mlflow_gpuopt.mlflow_io.journal import iter_pending, read_state
 from mlflow_gpuopt.mlflow_io.writer import RunWriter

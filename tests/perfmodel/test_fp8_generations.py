@@ -24,15 +24,7 @@ WORKLOAD = {"schema": "gpuopt.workload/1", "name": "decoder-7b", "params": 6.7e9
             "memory_traffic_bytes_per_sample": 6.0e9}
 OBS = ("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision\n"
        "H100-SXM5-80GB,8,1,2,30,fsdp,bf16\n")
-
-
-@pytest.fixture
-def files(tmp_path):
-    w = tmp_path / "workload.json"
-    w.write_text(json.dumps(WORKLOAD))
-    o = tmp_path / "obs.csv"
-    o.write_text(OBS)
-    return str(w), str(o)
+# (the ``files`` fixture of tests/conftest.py writes WORKLOAD and OBS for each test)
 
 
 def _cli(*args):

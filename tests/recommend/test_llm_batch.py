@@ -1,12 +1,12 @@
 """The global batch of a language model's pre-training, and what binds when no plan meets the
-deadline (pure: the analytic predictor of recommend_helpers)."""
+deadline (pure: the analytic predictor of support.recommend)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from recommend_helpers import GPUS, OFFERS, AnalyticPredictor, hardware_for
+from support.recommend import GPUS, OFFERS, AnalyticPredictor, hardware_for
 
 from mlflow_gpuopt.perfmodel.types import Workload
 from mlflow_gpuopt.recommend import SearchSpace, Target, recommend

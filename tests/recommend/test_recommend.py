@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from recommend_helpers import (
+from support.recommend import (
     BIG,
     BIG_FP16,
     GPUS,

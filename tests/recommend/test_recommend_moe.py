@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from recommend_helpers import OFFERS
+from support.recommend import OFFERS
 
 from mlflow_gpuopt.cli import gpuopt
 from mlflow_gpuopt.recommend.search import _shapes

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from recommend_helpers import BIG, GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for, offer
+from support.recommend import BIG, GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for, offer
 
 from mlflow_gpuopt.catalog import load_catalog
 from mlflow_gpuopt.hardware import hardware_for_gpu

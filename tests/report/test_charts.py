@@ -7,7 +7,7 @@ import math
 
 import pytest
 from PIL import Image
-from recommend_helpers import GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for
+from support.recommend import GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for
 
 from mlflow_gpuopt.perfmodel import Observation
 from mlflow_gpuopt.recommend import Target, recommend

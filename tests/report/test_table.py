@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import re
 
-from recommend_helpers import GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for
+from support.recommend import GPUS, OFFERS, RESNET, AnalyticPredictor, hardware_for
 
 from mlflow_gpuopt.recommend import Target, recommend, recommendation_dict
 from mlflow_gpuopt.report import render_html

@@ -50,7 +50,7 @@ def main(mode: str, uri: str, out: str) -> None:
                       print_summary=False, profile=False) as tracker:
         for _ in range(20):
             step()
-        time.sleep(0.2)
+        time.sleep(0.2)  # a few sampling intervals of a real job (20 steps take milliseconds)
         if mode == "fork":
             pid = os.fork()
             for _ in range(10):

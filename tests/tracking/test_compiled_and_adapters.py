@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
-from tracking_helpers import logged
+from support.tracking import logged
 
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.tracking.compiled import generated_kernel_calls

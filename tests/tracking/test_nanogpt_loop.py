@@ -20,9 +20,10 @@ import mlflow
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from support.ports import free_port
+from support.torchrun import TIMEOUT_S, history, job_env, only_run, torchrun
 
 import _nanogpt_train as nano
-from test_distributed_torchrun import TIMEOUT_S, free_port, history, job_env, only_run, torchrun
 
 SCRIPT = Path(__file__).resolve().parent / "_nanogpt_train.py"
 WARMUP_STEPS = 3  # TrackConfig's default warm-up: the steady state starts after it

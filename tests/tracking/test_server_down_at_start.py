@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _mlflow_server import MlflowServer, TinyTraining
+from support.mlflow_server import MlflowServer, TinyTraining
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -54,14 +55,15 @@ def test_signal_ends_the_run_killed_with_its_summary_and_the_process_still_dies(
 
     proc, uri, out = _start("default", tmp_path)
     _wait_for(out, proc)
-    time.sleep(0.5)
+    run_id = out.read_text()
+    wait_until(lambda: _run(uri, run_id).data.metrics, 60, "the job's first values in MLflow")
     t0 = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     took = time.monotonic() - t0
     assert proc.returncode == -sig, err[-2000:]  # the default action still ends the process
     assert took < 5.0 + 5.0, took  # flush_timeout_s and the margin of the summary
-    run = _run(uri, out.read_text())
+    run = _run(uri, run_id)
     assert run.info.status == "KILLED"
     assert run.data.metrics[contract.SUMMARY_STEPS] >= 20  # the summary was logged
     assert not list((tmp_path / "journal").glob("*.jsonl"))  # delivered, nothing left over

@@ -1,5 +1,5 @@
 """Expert- and context-parallel jobs tracked as ONE MLflow run, for real: torchrun, gloo,
-4 CPU processes on a 2-D ``DeviceMesh`` (``tests/tracking/_moe_parallel_train.py``).
+4 CPU processes on a 2-D ``DeviceMesh`` (``tests/tracking/distributed/_moe_parallel_train.py``).
 
 Expert parallel, a (dp 2, ep 2) mesh: the degrees and the ``ep2xddp`` strategy, the MoE
 layer's experts, experts per token and total / active parameters, and the all-to-all bytes
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,17 +21,12 @@ import pytest
 
 from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
 from mlflow_gpuopt.perfmodel.layout import is_strategy
+from support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(job.__file__)
 TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_env(tmp_path: Path) -> dict:

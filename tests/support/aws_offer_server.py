@@ -19,7 +19,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pricing"
+from support.pricing import FIXTURES
+
 P4D_SKU = "AAAAP4DLINUX0001"
 AWS_PREFIX = "/offers/v1.0/aws/AmazonEC2/current/"
 

@@ -7,41 +7,21 @@ Each test launches the examples with ``python -m torch.distributed.run`` into a 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
-from mlflow.tracking import MlflowClient
+from support.ports import free_port
+from support.torchrun import TIMEOUT_S, history, job_env, only_run, torchrun
 
 from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # examples/_dist_common.MLP
 GRAD_BYTES = 4 * MLP_PARAMS  # fp32 gradients all-reduced per step by DDP
-TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def job_env(tmp_path: Path) -> dict:
-    env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-                "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal"), "PYTHONUNBUFFERED": "1"})
-    return env
-
-
-def torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
 def run_job(tmp_path: Path, script: str, *extra: str, steps: int = 60) -> str:
@@ -51,17 +31,6 @@ def run_job(tmp_path: Path, script: str, *extra: str, steps: int = 60) -> str:
                          text=True, timeout=TIMEOUT_S)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout + out.stderr
-
-
-def only_run(tmp_path: Path):
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
-    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
-    assert len(runs) == 1, [r.info.run_name for r in runs]
-    return runs[0]
-
-
-def history(run_id: str, key: str) -> dict[int, float]:
-    return {m.step: m.value for m in MlflowClient().get_metric_history(run_id, key)}
 
 
 def check_job(run, strategy: str) -> tuple[dict, dict]:
@@ -187,7 +156,10 @@ before = proc.num_threads()
 gatherer = RankGatherer(1, lambda final: [float(rank)], rounds.append if rank == 0 else None,
                         interval_s=0.05)
 gatherer.start()
-time.sleep(0.3)
+deadline = time.monotonic() + 60
+while rank == 0 and not rounds and time.monotonic() < deadline:  # rank 0 has a round of rows
+    time.sleep(0.01)
+dist.barrier()  # (rank 1's gatherer takes part in that round meanwhile)
 stopped = gatherer.stop()
 with open(f"rank{rank}.json", "w") as f:  # in the job's working directory
     json.dump({"stopped": stopped, "rounds": len(rounds), "threads_before": before,

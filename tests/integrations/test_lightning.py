@@ -12,7 +12,7 @@ import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
 
 import lightning as L  # noqa: N812 - Lightning's conventional alias
 import mlflow_gpuopt as gpuopt
-from tracking_helpers import gpuopt_warnings, logged, samples_per_step
+from support.tracking import gpuopt_warnings, logged, samples_per_step
 
 
 class Tiny(L.LightningModule):

@@ -1,12 +1,12 @@
 """Check gpuopt's SkyPilot output with SkyPilot itself, offline; prints one JSON object.
 
-Run by tests/test_launch*.py with an interpreter that has SkyPilot (the test's own when
+Run by tests/cli/test_launch.py with an interpreter that has SkyPilot (the test's own when
 ``mlflow-gpuopt[skypilot]`` is installed, else ``$GPUOPT_SKYPILOT_PYTHON``):
 
-    python _skypilot_check.py task TASK.yaml
+    python skypilot_check.py task TASK.yaml
         SkyPilot's task and resources JSON schemas accept the YAML; ``sky.Task`` and
         ``sky.Resources`` are built from it; what they hold is printed.
-    python _skypilot_check.py estimate REPO SITE_PACKAGES SAMPLES CLOUD:ACC:COUNT ...
+    python skypilot_check.py estimate REPO SITE_PACKAGES SAMPLES CLOUD:ACC:COUNT ...
         ``sky.Resources(cloud=..., accelerators={ACC: COUNT})`` for each spec, passed to
         ``mlflow_gpuopt.launch.skypilot_time_estimator``; the seconds are printed.
 

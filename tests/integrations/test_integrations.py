@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
-from tracking_helpers import gpuopt_warnings, logged, samples_per_step
+from support.tracking import gpuopt_warnings, logged, samples_per_step
 
 import mlflow_gpuopt as gpuopt
 
