@@ -120,7 +120,7 @@ def bench_llm(repeats: int, parent_run_id: str | None) -> None:
     from mlflow_gpuopt.hardware import hardware_for_gpu
     from mlflow_gpuopt.perfmodel import fit
     from mlflow_gpuopt.recommend import recommend, recommendation_dict
-    from mlflow_gpuopt.recommend.search import scaling_points
+    from mlflow_gpuopt.recommend.chart_points import scaling_points
 
     phases: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}

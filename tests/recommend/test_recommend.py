@@ -296,7 +296,7 @@ def test_explanation_names_only_what_differs_and_formats_small_numbers():
 @pytest.mark.parametrize("workload,samples,deadline", [
     (BIG, 2e6, 200.0), (RESNET, 90 * 1_281_167, 24.0), (RESNET, 90 * 1_281_167, None)])
 def test_no_row_is_made_pointless_by_a_cheaper_sibling(workload, samples, deadline):
-    from mlflow_gpuopt.recommend.search import pareto_front as front_of
+    from mlflow_gpuopt.recommend.ranking import pareto_front as front_of
 
     target = Target(samples, deadline_hours=deadline, per_rank_batch=workload.micro_batch)
     rec = run(workload, target)
@@ -489,7 +489,7 @@ def test_exact_ties_are_listed_once_with_the_measured_precision():
                          hardware_for=hardware_for, with_scaling=False)
 
     rec = search()
-    from mlflow_gpuopt.recommend.search import TIE_REASON
+    from mlflow_gpuopt.recommend.ranking import TIE_REASON
 
     assert rec.dropped[TIE_REASON] > 0  # tf32 plans on A100/H100, as fast and as dear as fp32
     seen = set()
@@ -509,7 +509,7 @@ def test_exact_ties_are_listed_once_with_the_measured_precision():
 
 def test_scaling_chart_has_one_line_per_gpu_and_instance_family():
     """Each line joins only shapes one family is sold as, and its label names the family."""
-    from mlflow_gpuopt.recommend.search import instance_family
+    from mlflow_gpuopt.recommend.chart_points import instance_family
     from mlflow_gpuopt.report.charts import scaling_png, scaling_series
 
     lambda_v100 = offer("lambda", "gpu_8x_v100", "V100-SXM2-16GB", 8, 4.4, region="global",
