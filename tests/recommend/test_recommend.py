@@ -350,12 +350,14 @@ def test_json_has_the_contract_keys():
 
 
 def test_every_ranked_plan_has_one_id_wherever_it_appears():
-    from mlflow_gpuopt.planning.emitting import add_plan_ids
-    from mlflow_gpuopt.launch import parse_plan_id
-    from mlflow_gpuopt.mlflow_io.recommendation import LoggedRecommendation
+    from dataclasses import replace
 
-    doc = recommendation_dict(run(), top=8)
-    add_plan_ids(doc, LoggedRecommendation("rec42", "0", ("c1", "c2", "c3")))
+    from mlflow_gpuopt.launch import parse_plan_id
+    from mlflow_gpuopt.recommend.result import PlanIds, PlanResult
+    from mlflow_gpuopt.report.document import recommendation_document
+
+    result = PlanResult.of(run(), top=8)
+    doc = recommendation_document(replace(result, plan_ids=PlanIds("rec42", ("c1", "c2", "c3"))))
     rows = doc["candidates"] + doc["pareto"] + [doc["winner"], doc["fastest"], doc["cheapest"]]
     for row in rows:
         if row["rank"] is None:  # a frontier plan beyond the ranked list has no rank
@@ -364,8 +366,7 @@ def test_every_ranked_plan_has_one_id_wherever_it_appears():
         assert parse_plan_id(row["plan_id"]) == ("rec42", row["rank"])
         assert row.get("plan_run_id") == {1: "c1", 2: "c2", 3: "c3"}.get(row["rank"])
     assert doc["winner"]["plan_id"] == "rec42:1"
-    unlogged = recommendation_dict(run(), top=3)
-    add_plan_ids(unlogged, None)
+    unlogged = recommendation_document(replace(PlanResult.of(run(), top=3), plan_ids=PlanIds()))
     assert [c["plan_id"] for c in unlogged["candidates"]] == ["1", "2", "3"]
 
 
