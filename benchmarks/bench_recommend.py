@@ -119,8 +119,10 @@ def bench_llm(repeats: int, parent_run_id: str | None) -> None:
     from mlflow_gpuopt.catalog import clear_catalog_cache, load_catalog
     from mlflow_gpuopt.hardware import hardware_for_gpu
     from mlflow_gpuopt.perfmodel import fit
-    from mlflow_gpuopt.recommend import recommend, recommendation_dict
-    from mlflow_gpuopt.recommend.search import scaling_points
+    from mlflow_gpuopt.recommend import recommend
+    from mlflow_gpuopt.recommend.chart_points import scaling_points
+    from mlflow_gpuopt.recommend.result import PlanResult
+    from mlflow_gpuopt.report.document import recommendation_document
 
     phases: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
@@ -156,16 +158,18 @@ def bench_llm(repeats: int, parent_run_id: str | None) -> None:
 
             scaling = scaling_points(predictor, LLM_70B, cat.offers, cat.gpus, _hardware_for,
                                      512, LLM_TARGET.global_batch)
-            doc = recommendation_dict(rec, top=20)
+            result = PlanResult(rec, top=20, notes=rec.notes,
+                                source_run_ids=(parent_run_id,) if parent_run_id else ())
+            doc = recommendation_document(result)
             charts = {"pareto": pareto_png(rec), "scaling": scaling_png(scaling)}
-            return doc, charts, render_html(doc, charts, title="bench", source="bench")
+            return result, charts, render_html(doc, charts, title="bench", source="bench")
 
-        doc, charts, html = timed("explain", explain)
+        result, charts, html = timed("explain", explain)
         if parent_run_id:
             from mlflow_gpuopt.mlflow_io.recommendation import log_recommendation
 
-            timed("log", lambda doc=doc, charts=charts, html=html: log_recommendation(
-                doc, source_run_ids=[parent_run_id], charts=charts, report_html=html))
+            timed("log", lambda result=result, charts=charts, html=html: log_recommendation(
+                result, charts=charts, report_html=html))
     best = rec.winner or rec.fastest
     search = statistics.median(phases["search"])
     print("\nLLM 70B decoder (bf16, seq 4096, global batch 1024, 1T tokens, 60 days), whole "

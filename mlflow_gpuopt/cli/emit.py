@@ -1,10 +1,8 @@
-"""``recommend --emit {torchrun,skypilot} [--plan K] [--out PATH]``: the options, and the
-lines that say where the artefact went. The artefact is made and written by
-:mod:`mlflow_gpuopt.planning.emitting` (written before anything is logged)."""
+"""``recommend --emit {torchrun,skypilot} [--plan K] [--out PATH]``: the options. The
+artefact is made and written by :mod:`mlflow_gpuopt.planning.emitting` (before anything is
+logged); the lines that say where it went by :mod:`mlflow_gpuopt.report.text`."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import click
 
@@ -33,25 +31,3 @@ def emit_options(command):
     for option in reversed(options):
         command = option(command)
     return command
-
-
-def print_lines(doc: dict[str, Any], out: Any) -> None:
-    """The plan-id line and, after ``--emit``, where the artefact is and how to run it."""
-    cands = doc["candidates"]
-    if cands and cands[0].get("plan_id"):
-        first = cands[0]["plan_id"]
-        scheme = ("<recommendation run>:<rank>" if ":" in first
-                  else "the rank (not logged)")
-        click.echo(f"Plan ids: {scheme}, e.g. #1 = {first}; launch one with "
-                   "--emit torchrun|skypilot --plan K", file=out)
-    e = doc.get("emitted")
-    if not e:
-        return
-    if e["kind"] == "torchrun":
-        how = f"run it on each node: NODE_RANK=<rank> MASTER_ADDR=<node 0> bash {e['path']}"
-    else:
-        how = f"launch it: sky launch -c gpuopt {e['path']}"
-    click.echo(f"Wrote the {e['kind']} launch artefact of plan {e['plan_id']} to {e['path']}; "
-               f"{how}", file=out)
-    for note in e["notes"]:
-        click.echo(f"Note: {note}", file=out)

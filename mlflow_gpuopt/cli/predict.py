@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import math
 
 import click
 
@@ -37,73 +36,6 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
     if proxy_path and not observations_path:
         raise UsageError("--proxy-workload needs --observations O.csv (the proxy's "
                          "measurements)")
-
-
-def _fmt_hours(h: float) -> str:
-    from mlflow_gpuopt.quantities import format_hours
-
-    return format_hours(h) if math.isfinite(h) else "unbounded"
-
-
-def _fmt_bytes(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
-
-
-def _human(result: dict) -> str:
-    lines = [
-        f"{result['gpus']} x {result['gpu']} ({result['nodes']} node(s)), "
-        f"{result['strategy']}, micro-batch {result['micro_batch']} x accumulation "
-        f"{result['grad_accum']}, {result['precision']}"
-        + (f", recompute {result['recompute']}" if result["recompute"] != "none" else ""),
-        f"  throughput   {result['throughput_samples_per_s']:,.1f} samples/s  "
-        f"(90% interval {result['low']:,.1f} - {result['high']:,.1f})",
-    ]
-    if result.get("tokens_per_s"):
-        lines.append(f"  tokens       {result['tokens_per_s']:,.0f} tokens/s")
-    t = result["time_breakdown"]
-    lines.append(f"  step time    {result['step_time_s'] * 1e3:,.2f} ms  (compute "
-                 f"{t['compute_s'] * 1e3:,.2f} ms, exposed communication "
-                 f"{t['exposed_comm_s'] * 1e3:,.2f} ms, pipeline bubble "
-                 f"{t['bubble_s'] * 1e3:,.2f} ms)")
-    m = result["memory"]
-    fits = ("fits" if result["fits"] else "DOES NOT FIT") + f", P(fits) {result['p_fits']:.0%}"
-    lines.append(f"  memory/GPU   {_fmt_bytes(result['memory_per_gpu_bytes'])} of "
-                 f"{_fmt_bytes(result['memory_usable_bytes'])} usable ({fits}; weights "
-                 f"{_fmt_bytes(m['weights_bytes'])}, gradients {_fmt_bytes(m['gradients_bytes'])}"
-                 f", optimizer {_fmt_bytes(m['optimizer_bytes'])}, activations "
-                 f"{_fmt_bytes(m['activations_bytes'])}, workspace "
-                 f"{_fmt_bytes(m['workspace_bytes'])}"
-                 + (f", context-parallel K/V buffers {_fmt_bytes(m['cp_buffers_bytes'])}"
-                    if m.get("cp_buffers_bytes") else "") + ")")
-    lines.append(f"  largest micro-batch that fits: {result['max_micro_batch']}")
-    net = result.get("network")
-    if net and result["nodes"] > 1:
-        lines.append(f"  network      {net['inter_node_gbps']:,.0f} Gbit/s per node "
-                     f"({net['source']})")
-    if "time_to_train_hours" in result:
-        b = result["time_breakdown_hours"]
-        total = result["time_to_train_hours"]
-        lines.append(
-            f"  time to train {_fmt_hours(total)} for {result['target_samples']:,.0f} samples "
-            f"({result['target_steps']:,} steps; 90% interval "
-            f"{_fmt_hours(result['time_to_train_hours_low'])} - "
-            f"{_fmt_hours(result['time_to_train_hours_high'])})")
-        share = (lambda x: 100.0 * x / total) if total > 0 else (lambda x: 0.0)
-        lines.append(f"  where it goes compute {b['compute']:,.2f} h ({share(b['compute']):.0f}%), "
-                     f"exposed communication {b['exposed_comm']:,.2f} h "
-                     f"({share(b['exposed_comm']):.0f}%), pipeline bubble "
-                     f"{b['bubble']:,.2f} h ({share(b['bubble']):.0f}%)")
-    basis = (f"{result['observations_used']} measurement(s)"
-             + ("; extrapolated to this GPU type" if result["extrapolated"] else ""))
-    lines.append(f"  based on     {basis}")
-    for note in result["assumptions"]:
-        lines.append(f"  assumption   {note}")
-    top = next((d for d in result.get("defaults", ()) if d["throughput_change"]), None)
-    if top is not None:
-        lines.append(f"  decided most by  {top['quantity']} ({top['source']}): moved by its "
-                     f"own spread (x{math.exp(top['log_spread']):.2f}) it changes throughput "
-                     f"{100 * top['throughput_change']:+.0f}%")
-    return "\n".join(lines)
 
 
 @click.command("predict")
@@ -174,4 +106,9 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         activation_checkpointing=activation_checkpointing, virtual_stages=virtual_stages,
         instance_type=instance_type, inter_node_gbps=inter_node_gbps,
         power_limit_w=power_limit_w, target=training_target), load_catalog_or_fail())
-    click.echo(_json.dumps(result) if as_json else _human(result))
+    if as_json:
+        click.echo(_json.dumps(result))
+    else:
+        from mlflow_gpuopt.report.text import prediction_text
+
+        click.echo(prediction_text(result))

@@ -15,7 +15,7 @@ import click
 
 from mlflow_gpuopt.catalog.schema import PROVIDERS
 from mlflow_gpuopt.cli import _json
-from mlflow_gpuopt.cli import emit as launch_emit
+from mlflow_gpuopt.cli.emit import emit_options
 from mlflow_gpuopt.cli._errors import LoggingFailed, UsageError
 from mlflow_gpuopt.cli.options import (
     check_run_source,
@@ -80,7 +80,7 @@ from mlflow_gpuopt.validation import BOUNDS
               show_default=True, metavar="SHARE",
               help="Share of each GPU's usable memory a plan must leave free at its predicted "
                    "peak (0 keeps every plan likely to fit).")
-@launch_emit.emit_options
+@emit_options
 def recommend(run_ids, experiment, workload_path, observations_path, proxy_path, samples, epochs,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
@@ -133,46 +133,10 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
     if as_json:
         click.echo(_json.dumps(result.doc, indent=2), file=sys.stdout)
     else:
-        _print_human(result.doc, sys.stdout, result.logged)
+        from mlflow_gpuopt.report.text import recommendation_lines
+
+        for line in recommendation_lines(result.doc, result.logged):
+            click.echo(line, file=sys.stdout)
     if result.log_error is not None:
         raise LoggingFailed(f"could not log the recommendation to MLflow (it is printed "
                             f"above): {result.log_error}")
-
-
-def _print_human(doc, out, logged) -> None:
-    from mlflow_gpuopt.recommend.explain import hours_text, money
-
-    t = doc["target"]
-    deadline = (f"deadline {hours_text(t['deadline_hours'])}" if t["deadline_hours"]
-                else "no deadline")
-    click.echo(f"Target: {t['description']} ({t['total_samples']:,.0f} samples), {deadline}, "
-               f"confidence {t['confidence']:.0%}", file=out)
-    if not doc["candidates"]:
-        # the search's note already starts with "no plan fits: "; say it once
-        click.echo("No plan fits: " + "; ".join(
-            n.removeprefix("no plan fits: ") for n in doc["notes"]), file=out)
-        return
-    from mlflow_gpuopt.report.table import text_table
-
-    for line in text_table(doc["candidates"]):
-        click.echo(line, file=out)
-    click.echo("", file=out)
-    if doc["winner"]:
-        for line in doc["explanation"]:
-            click.echo(line, file=out)
-    else:
-        for label in ("fastest", "cheapest"):
-            c = doc[label]
-            click.echo(f"{label.title()}: {c['provider']} {c['instance_type']} × {c['nodes']}, "
-                       f"{hours_text(c['predicted_hours'])}, {money(c['predicted_cost_usd'])}; "
-                       f"launch: {c['launch']}", file=out)
-    for note in doc["notes"]:
-        click.echo(f"Note: {note}", file=out)
-    for assumed in doc.get("model_assumptions") or ():
-        click.echo(f"Assumed: {assumed}", file=out)
-    if logged is not None:
-        click.echo(f"Logged to MLflow run {logged.run_id} (experiment {logged.experiment_id}) "
-                   f"with {len(logged.child_run_ids)} candidate runs; open it with "
-                   "`mlflow ui` → the source run → its nested recommendation run → "
-                   "Artifacts → gpuopt/report.html", file=out)
-    launch_emit.print_lines(doc, out)

@@ -14,11 +14,14 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from mlflow_gpuopt import contract
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.recommend.result import PlanResult
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +78,11 @@ def _finite(v: Any) -> Any:
     return v
 
 
-def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
-                       charts: Mapping[str, bytes], report_html: str, top_children: int = 5,
-                       client=None) -> LoggedRecommendation:
-    """Log ``doc`` (``recommend.recommendation_dict``) nested under ``source_run_ids[0]``.
+def log_recommendation(result: PlanResult, *, charts: Mapping[str, bytes], report_html: str,
+                       top_children: int = 5, client=None) -> LoggedRecommendation:
+    """Log ``result`` nested under its first source run: ``gpuopt/recommendation.json`` is
+    its document (:func:`~mlflow_gpuopt.report.document.recommendation_document`) with the
+    new run's plan ids.
 
     As few store round trips as MLflow allows: one ``get_run`` for the experiment; per run
     ``create_run`` (tags), one ``log_batch`` (params, metrics, tags) and ``set_terminated``;
@@ -95,33 +99,37 @@ def log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
 
     uri = getattr(getattr(client, "_tracking_client", None), "tracking_uri", None)
     with no_url_echo(uri or mlflow.get_tracking_uri()):
-        return _log_recommendation(doc, source_run_ids=source_run_ids, charts=charts,
-                                   report_html=report_html, top_children=top_children,
-                                   client=client)
+        return _log_recommendation(result, charts=charts, report_html=report_html,
+                                   top_children=top_children, client=client)
 
 
-def _log_recommendation(doc: Mapping[str, Any], *, source_run_ids: Sequence[str],
-                        charts: Mapping[str, bytes], report_html: str, top_children: int,
-                        client) -> LoggedRecommendation:
+def _log_recommendation(result: PlanResult, *, charts: Mapping[str, bytes], report_html: str,
+                        top_children: int, client) -> LoggedRecommendation:
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
+    from mlflow_gpuopt.recommend.result import PlanIds
+    from mlflow_gpuopt.report.document import recommendation_document
+
     client = client or MlflowClient()
+    source_run_ids = result.source_run_ids
     parent = client.get_run(source_run_ids[0])
     exp_id = parent.info.experiment_id
-    target = doc["target"]
-    best = doc.get("winner") or doc.get("cheapest")
+    rec = result.recommendation
+    plan = rec.winner or rec.cheapest
     name = "gpuopt-recommendation"
-    if best:
-        name += f" {best['provider']} {best['instance_type']} ×{best['nodes']}"
+    if plan is not None:
+        name += f" {plan.offer.provider} {plan.offer.instance_type} ×{plan.nodes}"
     run = client.create_run(exp_id, run_name=name, tags={
         "mlflow.parentRunId": source_run_ids[0],
         contract.TAG_KIND: contract.KIND_RECOMMENDATION,
         contract.TAG_SOURCE_RUN_IDS: ",".join(source_run_ids),
-        "mlflow.note.content": "\n\n".join(doc.get("explanation") or doc.get("notes") or []),
+        "mlflow.note.content": "\n\n".join(rec.explanation or result.notes),
     })
     run_id = run.info.run_id
-    doc = _with_plan_ids(doc, run_id)
+    doc = recommendation_document(replace(result, plan_ids=PlanIds(run_id)))
+    target = doc["target"]
+    best = doc["winner"] or doc["cheapest"]
     status = "FAILED"
     children: list[str] = []
     try:
@@ -164,15 +172,6 @@ def plan_tags(recommendation_run_id: str, rank: int) -> dict[str, str]:
     return {contract.TAG_PLAN: plan_id(recommendation_run_id, rank),
             contract.TAG_RECOMMENDATION_RUN_ID: recommendation_run_id,
             contract.TAG_PLAN_RANK: str(rank)}
-
-
-def _with_plan_ids(doc: Mapping[str, Any], run_id: str) -> dict[str, Any]:
-    """A copy of ``doc`` whose ranked candidates carry ``plan_id`` (``<run_id>:<rank>``)."""
-    from mlflow_gpuopt.launch.plan_ids import plan_id
-
-    cands = [dict(c, plan_id=plan_id(run_id, c["rank"])) if c.get("rank") else c
-             for c in doc["candidates"]]
-    return {**doc, "candidates": cands}
 
 
 def log_files(client, run_id: str, files: Mapping[str, str | bytes]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_gpuopt.errors import InputError
+from mlflow_gpuopt.recommend.result import Emitted, PlanIds, PlanResult
 
 EMIT_CHOICES = ("torchrun", "skypilot")
 _DEFAULT_NAMES = {"torchrun": "gpuopt-plan{rank}-torchrun.sh",
@@ -133,19 +134,19 @@ def _matching_rank(row: dict[str, Any], rec: Any) -> int | None:
     return None
 
 
-def check_plan(req: EmitRequest | None, doc: dict[str, Any],
+def check_plan(req: EmitRequest | None, listed: Sequence[Any],
                logged_row: dict[str, Any] | None = None) -> None:
-    """The asked plan exists in the ranked result and the launcher can start it."""
+    """The asked plan exists in the ranked plans shown (``listed``, best first) and the
+    launcher can start it."""
     if req is None:
         return
-    cands = doc["candidates"]
     if logged_row is not None:
         provider = logged_row["provider"]
-    elif req.rank > len(cands):
-        raise InputError(f"--plan {req.rank}: the recommendation has only {len(cands)} "
+    elif req.rank > len(listed):
+        raise InputError(f"--plan {req.rank}: the recommendation has only {len(listed)} "
                          "ranked plan(s)")
     else:
-        provider = cands[req.rank - 1]["provider"]
+        provider = listed[req.rank - 1].offer.provider
     if req.kind == "skypilot":
         from mlflow_gpuopt.launch.skypilot import SKYPILOT_CLOUDS
 
@@ -166,21 +167,6 @@ def find_logged_plan(req: EmitRequest | None, rec: Any,
                          "more (other target, options, prices or runs); emit a rank of this "
                          "result instead")
     return found
-
-
-def add_plan_ids(doc: dict[str, Any], logged: Any) -> None:
-    """Add ``plan_id`` (and ``plan_run_id`` where a child run holds the plan) by rank."""
-    from mlflow_gpuopt.launch import plan_id
-
-    run_id = logged.run_id if logged is not None else None
-    children = dict(enumerate(logged.child_run_ids, start=1)) if logged is not None else {}
-    rows = list(doc["candidates"]) + list(doc.get("pareto") or [])
-    rows += [doc[k] for k in ("winner", "fastest", "cheapest") if doc.get(k)]
-    for row in rows:
-        if row.get("rank"):
-            row["plan_id"] = plan_id(run_id, row["rank"])
-            if row["rank"] in children:
-                row["plan_run_id"] = children[row["rank"]]
 
 
 @dataclass(frozen=True)
@@ -214,8 +200,8 @@ def _stage_text(req: EmitRequest, text: str) -> str:
         raise InputError(f"cannot write --out {req.out}: {exc.strerror or exc}") from None
 
 
-def stage(req: EmitRequest | None, rec: Any, doc: dict[str, Any],
-          source_run_ids: Sequence[str], found_rank: int | None, *,
+def stage(req: EmitRequest | None, rec: Any, source_run_ids: Sequence[str],
+          found_rank: int | None, *,
           logging: bool) -> Staged | None:
     """Render the artefact and write it to a temporary file beside ``req.out``; ``None``
     without a request. ``found_rank``: where ``--plan <run>:<rank>`` sits in ``rec`` (the
@@ -280,16 +266,20 @@ def _remove(staged: Staged | None) -> None:
             os.unlink(staged.tmp)
 
 
-def finish(staged: Staged | None, doc: dict[str, Any], logged: Any) -> None:
-    """Add plan ids to ``doc``; with a staged artefact, give it the final plan id, move it to
-    ``--out`` and record it in ``doc["emitted"]``."""
-    add_plan_ids(doc, logged)
+def finish(staged: Staged | None, result: PlanResult, logged: Any) -> PlanResult:
+    """``result`` with its plan ids (the logged run's, else bare ranks); with a staged
+    artefact, the artefact given its final plan id, moved to ``--out`` and recorded."""
+    from mlflow_gpuopt.launch import plan_id
+
+    ids = PlanIds(logged.run_id, tuple(logged.child_run_ids)) if logged is not None \
+        else PlanIds()
+    result = replace(result, plan_ids=ids)
     if staged is None:
-        return
+        return result
     from mlflow_gpuopt.atomic_write import move_into_place
 
     req = staged.req
-    final_id = staged.fixed_plan_id or doc["candidates"][req.rank - 1]["plan_id"]
+    final_id = staged.fixed_plan_id or plan_id(ids.recommendation_run_id, req.rank)
     if final_id != staged.ctx.plan_id:
         _remove(staged)  # first: the final file takes the room the staged one held
         staged = replace(staged, tmp=_stage_text(
@@ -302,6 +292,6 @@ def finish(staged: Staged | None, doc: dict[str, Any], logged: Any) -> None:
         raise InputError(f"--out {req.out} exists; pass --force to replace it") from None
     except OSError as exc:
         raise InputError(f"cannot write --out {req.out}: {exc.strerror or exc}") from None
-    doc["emitted"] = {"kind": req.kind, "path": str(req.out), "rank": req.rank,
-                      "plan_id": final_id, "script": staged.ctx.script,
-                      "notes": list(staged.notes)}
+    return replace(result, emitted=Emitted(kind=req.kind, path=str(req.out), rank=req.rank,
+                                           plan_id=final_id, script=staged.ctx.script,
+                                           notes=staged.notes))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlflow_gpuopt.planning.emitting import EmitRequest
 from mlflow_gpuopt.planning.inputs import PlanInputs
 from mlflow_gpuopt.planning.target import TrainingTarget
+from mlflow_gpuopt.recommend.result import PlanResult
 
 
 @dataclass(frozen=True)
@@ -57,24 +58,33 @@ class RecommendRequest:
 class RecommendResult:
     """The recommendation, what it was made from, and where it went."""
 
-    recommendation: Any  # recommend.Recommendation
+    #: the answer, typed, with what each stage added (notes, alternatives, plan ids, ...)
+    plan_result: PlanResult
     predictor: Any
     inputs: PlanInputs
-    #: the ``recommend --json`` document (docs/metrics.md), plan ids and emit record added
-    doc: dict[str, Any]
     logged: Any = None  # mlflow_io.recommendation.LoggedRecommendation
     #: why logging failed (one line, redacted), or None
     log_error: str | None = None
+
+    @property
+    def recommendation(self) -> Any:
+        """The search's answer (``recommend.Recommendation``)."""
+        return self.plan_result.recommendation
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        """The ``recommend --json`` document (docs/metrics.md)."""
+        from mlflow_gpuopt.report.document import recommendation_document
+
+        return recommendation_document(self.plan_result)
 
 
 def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
     """Read, fit, search, price advice, log and emit, as ``recommend`` does."""
     from mlflow_gpuopt.planning import emitting
-    from mlflow_gpuopt.planning.advising import advice_on_plan
     from mlflow_gpuopt.planning.fitting import fit_runs
     from mlflow_gpuopt.planning.inputs import read_inputs
     from mlflow_gpuopt.planning.searching import make_target, search, search_space
-    from mlflow_gpuopt.recommend import recommendation_dict
 
     if catalog is None:
         from mlflow_gpuopt.catalog import load_catalog
@@ -97,45 +107,57 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
                          source=", ".join(inputs.run_ids) or str(request.proxy_path))
     rec = search(inputs, predictor, catalog, target, space)
 
-    doc = recommendation_dict(rec, top=request.top)
-    if rec.winner is None and rec.candidates and request.deadline_hours is not None:
-        alts = _deadline_alternatives(inputs, predictor, catalog, target, space,
-                                      batch_may_change=request.target.steps is None)
-        doc["deadline_alternatives"] = [a.as_dict() for a in alts]
-        doc["notes"] = [*doc["notes"], *(a.line() for a in alts)]
-    doc["source_run_ids"] = list(inputs.run_ids)
-    if not inputs.from_runs and request.log:
-        doc["notes"].append(
-            "not logged to MLflow: planned from --workload, there is no run to nest it under")
-    doc["model_assumptions"] = list(getattr(predictor, "assumptions", ()) or ())
-    doc["notes"] = [*inputs.notes, *doc["notes"]]
-    if inputs.proxy is not None:  # say where the speed came from, in the printed notes too
-        doc["notes"][:0] = [a for a in doc["model_assumptions"]
-                            if a.startswith("transferred from proxy")]
-    if inputs.from_runs and rec.candidates and inputs.proxy is None:
-        doc["advice"] = advice_on_plan(inputs, rec, predictor, catalog)
-    emitting.check_plan(request.emit, doc, logged_row)
+    result = _described(request, inputs, predictor, catalog, rec, target, space)
+    emitting.check_plan(request.emit, result.listed, logged_row)
     found_rank = emitting.find_logged_plan(request.emit, rec, logged_row)
 
     will_log = request.log and bool(rec.candidates) and inputs.from_runs
     # The artefact is written (to a temporary file beside --out) before anything is logged:
     # a directory that refuses it, or a full disk, leaves the store as it was.
-    staged = emitting.stage(request.emit, rec, doc, inputs.run_ids, found_rank,
-                            logging=will_log)
+    staged = emitting.stage(request.emit, rec, inputs.run_ids, found_rank, logging=will_log)
     logged = log_error = None
     with emitting.unstaged_on_error(staged):
         if will_log:
             try:
-                logged = _log(doc, rec, inputs)
+                logged = _log(result, inputs)
             except Exception as exc:  # a full disk, a read-only store, a refused write
                 from mlflow_gpuopt.redact import one_line_reason
 
                 log_error = one_line_reason(exc)
             else:
-                doc["mlflow_run_id"] = logged.run_id
-        emitting.finish(staged, doc, logged)
-    return RecommendResult(recommendation=rec, predictor=predictor, inputs=inputs, doc=doc,
+                result = replace(result, mlflow_run_id=logged.run_id)
+        result = emitting.finish(staged, result, logged)
+    return RecommendResult(plan_result=result, predictor=predictor, inputs=inputs,
                            logged=logged, log_error=log_error)
+
+
+def _described(request: RecommendRequest, inputs: PlanInputs, predictor: Any, catalog: Any,
+               rec: Any, target: Any, space: Any) -> PlanResult:
+    """The search's answer with what the inputs, a missed deadline and the run's advice
+    add: notes (the proxy's transfer, the inputs', the search's, the alternatives'), source
+    runs, the model's assumptions."""
+    from mlflow_gpuopt.planning.advising import advice_on_plan
+
+    result = PlanResult.of(rec, top=request.top)
+    notes = list(rec.notes)
+    if rec.winner is None and rec.candidates and request.deadline_hours is not None:
+        alts = tuple(_deadline_alternatives(inputs, predictor, catalog, target, space,
+                                            batch_may_change=request.target.steps is None))
+        result = replace(result, deadline_alternatives=alts)
+        notes += [a.line() for a in alts]
+    if not inputs.from_runs and request.log:
+        notes.append(
+            "not logged to MLflow: planned from --workload, there is no run to nest it under")
+    assumptions = tuple(getattr(predictor, "assumptions", ()) or ())
+    # say where the speed came from, in the printed notes too
+    transfer = [a for a in assumptions if a.startswith("transferred from proxy")] \
+        if inputs.proxy is not None else []
+    result = replace(result, notes=(*transfer, *inputs.notes, *notes),
+                     source_run_ids=tuple(inputs.run_ids), model_assumptions=assumptions)
+    if inputs.from_runs and rec.candidates and inputs.proxy is None:
+        result = replace(result, with_advice=True,
+                         advice=advice_on_plan(inputs, rec, predictor, catalog))
+    return result
 
 
 def _deadline_alternatives(inputs: PlanInputs, predictor: Any, catalog: Any, target: Any,
@@ -153,20 +175,22 @@ def _deadline_alternatives(inputs: PlanInputs, predictor: Any, catalog: Any, tar
         batch_may_change=batch_may_change)
 
 
-def _log(doc: dict[str, Any], rec: Any, inputs: PlanInputs):
-    """Log ``doc`` with its charts and HTML report nested under the first source run."""
+def _log(result: PlanResult, inputs: PlanInputs):
+    """Log ``result`` with its charts and HTML report nested under the first source run."""
     from mlflow_gpuopt.mlflow_io.recommendation import log_recommendation
     from mlflow_gpuopt.report import pareto_png, render_html, scaling_png
+    from mlflow_gpuopt.report.document import recommendation_document
 
+    rec = result.recommendation
     gpus = {p.gpu for p in rec.scaling}
     # a proxy's measurements are of another model: not drawn on this model's scaling curves
     measured = () if inputs.proxy is not None else inputs.observations
     charts = {"pareto": pareto_png(rec),
               "scaling": scaling_png(rec.scaling, [o for o in measured if o.gpu in gpus])}
-    html = render_html(doc, charts, title=f"GPU recommendation for {inputs.workload.name}",
+    html = render_html(recommendation_document(result), charts,
+                       title=f"GPU recommendation for {inputs.workload.name}",
                        source="Measured runs: " + ", ".join(inputs.run_ids))
     # MLflow prints "View run … at: <url>" on stdout for HTTP stores; stdout is the
     # command's (--json).
     with contextlib.redirect_stdout(sys.stderr):
-        return log_recommendation(doc, source_run_ids=list(inputs.run_ids), charts=charts,
-                                  report_html=html)
+        return log_recommendation(result, charts=charts, report_html=html)

@@ -7,14 +7,9 @@ Imports only ``perfmodel`` types and the catalog schema: no MLflow, torch, HTTP 
                         spec, gpus_per_node=offer.gpu_count, offer=offer))
 """
 
-from mlflow_gpuopt.recommend.search import (
-    LARGE_MODEL_PARAMS,
-    NoOffersError,
-    allowed_precisions,
-    filter_offers,
-    pareto_front,
-    recommend,
-)
+from mlflow_gpuopt.recommend.offers import NoOffersError, allowed_precisions, filter_offers
+from mlflow_gpuopt.recommend.ranking import pareto_front
+from mlflow_gpuopt.recommend.search import LARGE_MODEL_PARAMS, recommend
 from mlflow_gpuopt.recommend.serialize import CANDIDATE_KEYS, recommendation_dict
 from mlflow_gpuopt.recommend.types import (
     Candidate,

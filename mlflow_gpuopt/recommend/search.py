@@ -48,21 +48,19 @@ What makes it quick (the answer is the same as evaluating every offer on its own
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from mlflow_gpuopt.errors import InputError
-from mlflow_gpuopt.catalog.catalog import Catalog
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.activations import normalize_recompute
 from mlflow_gpuopt.perfmodel.layout import context_degree
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
+from mlflow_gpuopt.recommend.chart_points import scaling_points
 from mlflow_gpuopt.recommend.cost import evaluate, price_per_hour
 from mlflow_gpuopt.recommend.explain import (
     batch_note,
@@ -73,6 +71,16 @@ from mlflow_gpuopt.recommend.explain import (
     one_line_why,
     strategy_label,
 )
+from mlflow_gpuopt.recommend.offers import (
+    DATA_PARALLEL_LADDER,
+    allowed_precisions,
+    filter_offers,
+)
+from mlflow_gpuopt.recommend.ranking import (
+    DOMINATED_REASON,
+    fastest_plan,
+    rank_plans,
+)
 from mlflow_gpuopt.recommend.shortfall import binding_constraint
 from mlflow_gpuopt.recommend.types import (
     Candidate,
@@ -80,12 +88,10 @@ from mlflow_gpuopt.recommend.types import (
     HardwareFor,
     Predictor,
     Recommendation,
-    ScalingPoint,
     SearchSpace,
     Target,
 )
 
-_DATA_PARALLEL_LADDER = ("ddp", "zero1", "zero2", "fsdp")
 #: Models at least this big also get tensor/pipeline-parallel plans.
 LARGE_MODEL_PARAMS = 1_000_000_000
 #: Shortest sequence (tokens) context parallelism is searched for: below it a GPU's share of
@@ -94,77 +100,8 @@ LARGE_MODEL_PARAMS = 1_000_000_000
 CP_MIN_SEQ_LEN = 16384
 _CONTEXT_PARALLEL_FLAVOURS = ("zero1", "fsdp")
 _MIN_NODE_GAIN = 1.05
-#: A plan no more than this much faster than a cheaper sibling is not worth a row.
-_SAME_SPEED = 1.05
-#: The ``dropped`` reason for plans :func:`collapse_dominated` removes (the report counts it).
-DOMINATED_REASON = ("dominated: a cheaper plan on the same provider, GPU and pricing is as "
-                    "fast (±5%)")
-_SCALING_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-#: The ``dropped`` reason for plans :func:`drop_exact_ties` removes.
-TIE_REASON = ("same time and cost as a listed plan on the same offer (e.g. tf32 where it runs "
-              "as fast as fp32)")
-_STRATEGY_ORDER = ("single", "ddp", "zero1", "zero2", "fsdp", "zero3", "tp", "pp")
 #: The ``dropped`` reason for shapes whose data-parallel ranks cannot share the global batch.
 UNEVEN_BATCH_REASON = "the global batch does not split evenly over the data-parallel ranks"
-
-
-class NoOffersError(InputError):
-    """No catalog offer matches the providers / region / spot choice asked for."""
-
-
-def allowed_precisions(workload_precision: str, spec: GpuSpec, *,
-                       linear_layers: bool = False) -> tuple[str, ...]:
-    """Precisions a plan on ``spec`` may use without changing what the script computes.
-
-    fp32 scripts may also run with TF32 matmuls (where the GPU has TF32); fp16 autocast
-    may become bf16 (no loss scaling needed); bf16 needs bf16 hardware; fp8 needs fp8.
-    16-bit scripts whose FLOPs are in linear layers (``linear_layers``: transformers) may also
-    run those in FP8 where the GPU has FP8 tensor cores: Transformer Engine and torchao float8
-    swap ``nn.Linear`` modules and leave the rest of the step in bf16 (convolutions included,
-    so CNNs are not offered FP8).
-    """
-    p = (workload_precision or "fp32").lower()
-    fp8 = ("fp8",) if spec.fp8_tflops and linear_layers else ()
-    if p == "fp32":
-        return ("fp32", "tf32") if spec.tf32_tflops else ("fp32",)
-    if p == "tf32":
-        return ("tf32",) if spec.tf32_tflops else ("fp32",)
-    if p == "fp16":
-        return ("fp16", "bf16", *fp8) if spec.bf16_tflops else ("fp16",)
-    if p == "bf16":
-        return ("bf16", *fp8) if spec.bf16_tflops else ()
-    if p == "fp8":
-        return ("fp8",) if spec.fp8_tflops else ()
-    return (p,)
-
-
-def filter_offers(offers: Iterable[Offer], space: SearchSpace,
-                  gpus: Mapping[str, GpuSpec] | None = None) -> list[Offer]:
-    """Offers allowed by providers / region / spot / GPUs per instance (see
-    :meth:`Catalog.query`), cheapest $/GPU-h first; raises :class:`NoOffersError` if none, or
-    if no offer is in the region asked (region-independent offers alone do not make a region
-    real)."""
-    catalog = Catalog(tuple(offers), gpus or {})
-    region = space.region.lower() if space.region else None
-    if region and not any(o.region.lower() == region for o in catalog.offers):
-        raise NoOffersError(f"no catalog offers in region {space.region}")
-    try:
-        out = catalog.query(provider=space.providers or None, region=space.region,
-                            spot=space.spot, max_gpu_count=space.max_gpus)
-    except ValueError as exc:  # an unknown provider
-        raise NoOffersError(str(exc)) from None
-    if not out:
-        asked = []
-        if space.providers:
-            asked.append("provider " + "/".join(space.providers))
-        if space.region:
-            asked.append(f"region {space.region}")
-        if space.spot:
-            asked.append("spot")
-        if space.max_gpus is not None:
-            asked.append(f"at most {space.max_gpus} GPUs")
-        raise NoOffersError(f"no catalog offers for {', '.join(asked) or 'this search'}")
-    return out
 
 
 def _node_counts(gpus_per_node: int, limit: int, max_gpus: int | None) -> list[int]:
@@ -197,7 +134,7 @@ def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
     total = per_node * nodes
     if total == 1:
         return [("single", 1, 1)]
-    shapes = [(s, 1, 1) for s in _DATA_PARALLEL_LADDER]
+    shapes = [(s, 1, 1) for s in DATA_PARALLEL_LADDER]
     fast_link = offer.intra_node_link in FAST_INTRA_NODE_LINKS
     if per_node in (2, 4, 8) and fast_link:
         shapes.append(("tp", per_node, 1))
@@ -242,7 +179,7 @@ def _expert_shapes(shapes: list[tuple[str, int, int]], total: int, num_experts: 
     data-parallel ranks)."""
     out = []
     for strategy, tp, pp in shapes:
-        if strategy not in _DATA_PARALLEL_LADDER:
+        if strategy not in DATA_PARALLEL_LADDER:
             continue
         dp = total // (tp * pp)
         ep = 2
@@ -487,7 +424,7 @@ class _Search:
                 for strategy, tp, pp in _shapes(offer, nodes, compound=compound,
                                                 num_layers=self.workload.num_layers,
                                                 num_experts=ep_experts, seq_len=cp_seq):
-                    ladder = strategy in _DATA_PARALLEL_LADDER and tp * pp == 1
+                    ladder = strategy in DATA_PARALLEL_LADDER and tp * pp == 1
                     experts = "xep" in strategy or "xcp" in strategy  # their own degree
                     base = _without_cp(strategy)
                     if base != strategy and (base, tp, pp) in fit_plain:
@@ -605,241 +542,11 @@ class _Search:
             self.candidates.append(cand)
 
 
-def _rank_key(c: Candidate) -> tuple:
-    if c.meets_deadline:
-        return (0, c.cost_usd, c.hours)
-    return (1, -round(c.p_meets_deadline, 6), c.cost_usd)
-
-
-def _dedupe_key(c: Candidate) -> tuple:
-    cfg = c.config
-    return (c.offer.provider, c.offer.instance_type, c.nodes, strategy_label(cfg),
-            cfg.micro_batch, cfg.grad_accum, cfg.precision, c.pricing)
-
-
-def _exact(x: float) -> str:
-    """A float as a tie key: equal to 12 significant figures (sums in another order agree)."""
-    return f"{x:.12g}"
-
-
-def drop_exact_ties(ranked: Sequence[Candidate], own_precision: str,
-                    ) -> tuple[tuple[Candidate, ...], int]:
-    """List plans with identical time, cost and P(deadline) on the same offer, nodes and
-    pricing once; returns (kept in order, how many dropped).
-
-    Of the tied plans the one kept is the simplest to run: the script's own precision, then
-    the simpler strategy (one GPU, DDP, ZeRO-1, …), no activation checkpointing, the larger
-    micro-batch; the order does not depend on the search's order.
-    """
-    own = (own_precision or "fp32").lower()
-
-    def simplicity(c: Candidate) -> tuple:
-        cfg = c.config
-        strategy = (_STRATEGY_ORDER.index(cfg.strategy) if cfg.strategy in _STRATEGY_ORDER
-                    else len(_STRATEGY_ORDER))
-        return ((cfg.precision or own) != own, strategy, cfg.tp * cfg.pp,
-                cfg.activation_checkpointing, -(cfg.micro_batch or 0), cfg.precision or "",
-                c.offer.region)
-
-    chosen: dict[tuple, Candidate] = {}
-    for c in ranked:
-        key = (c.offer.provider, c.offer.instance_type, c.nodes, c.pricing, _exact(c.hours),
-               _exact(c.cost_usd), _exact(c.p_meets_deadline))
-        if key not in chosen or simplicity(c) < simplicity(chosen[key]):
-            chosen[key] = c
-    keep = {id(c) for c in chosen.values()}
-    out = tuple(c for c in ranked if id(c) in keep)
-    return out, len(ranked) - len(out)
-
-
-def collapse_dominated(ranked: Sequence[Candidate],
-                       keep: Sequence[Candidate] = ()) -> tuple[tuple[Candidate, ...], int]:
-    """Drop plans a cheaper sibling makes pointless; returns (kept in order, how many dropped).
-
-    A plan B is dropped when another plan A on the same provider, GPU type and pricing costs
-    less, is at most 5 % slower (well inside the prediction's interval), and meets the
-    deadline whenever B does: e.g. DDP where ZeRO-1 is faster on the same nodes, a bigger
-    host of the same GPU, or twice the nodes for 2 % more speed. Plans in ``keep`` (the
-    Pareto set) are never dropped, so the fastest and the cheapest always stay.
-    """
-    kept_ids = {id(c) for c in keep}
-    groups: dict[tuple, list[Candidate]] = {}
-    for c in ranked:
-        groups.setdefault((c.offer.provider, c.offer.gpu, c.pricing), []).append(c)
-    out, dropped = [], 0
-    for b in ranked:
-        if id(b) not in kept_ids and any(
-                a is not b and a.cost_usd < b.cost_usd * (1 - 1e-9)
-                and a.hours <= b.hours * _SAME_SPEED
-                and (a.meets_deadline or not b.meets_deadline)
-                for a in groups[(b.offer.provider, b.offer.gpu, b.pricing)]):
-            dropped += 1
-            continue
-        out.append(b)
-    return tuple(out), dropped
-
-
-def fastest_plan(cands: Sequence[Candidate]) -> Candidate | None:
-    """The plan with the shortest predicted time (the cheaper of equal ones): what "fastest"
-    names has to be the fastest row of the table. :func:`pareto_front` also keeps the
-    cheapest plan within 5 % of it, which the model cannot tell apart on time."""
-    if not cands:
-        return None
-    return min(cands, key=lambda c: (c.hours, c.cost_usd))
-
-
-def _near_fastest(cands: Sequence[Candidate]) -> Candidate | None:
-    """The cheapest plan within 5 % of the shortest predicted time: predictions carry tens of
-    percent of uncertainty, so a plan 1 % faster for ten times the money buys nothing sure."""
-    if not cands:
-        return None
-    quickest = min(c.hours for c in cands)
-    return min((c for c in cands if c.hours <= quickest * _SAME_SPEED),
-               key=lambda c: (c.cost_usd, c.hours))
-
-
-def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
-    """The cost-vs-time frontier, fastest first, thinned so each step buys real speed.
-
-    A plan is on it when no other plan is both faster and cheaper; walking from the
-    cheapest, a plan is kept only when it is more than 5 % faster than the last one kept
-    (smaller steps are inside the prediction's interval); the cheapest plan within 5 % of
-    the shortest time and :func:`fastest_plan` always end it (the one step that may buy
-    less). Every plan on it is on the strict frontier.
-    """
-    strict: list[Candidate] = []
-    best_cost = math.inf
-    for c in sorted(cands, key=lambda c: (c.hours, c.cost_usd)):
-        if c.cost_usd < best_cost - 1e-9:
-            strict.append(c)
-            best_cost = c.cost_usd
-    if not strict:
-        return ()
-    kept = [strict[-1]]  # the cheapest
-    for c in reversed(strict[:-1]):
-        if c.hours * _SAME_SPEED < kept[-1].hours:
-            kept.append(c)
-    for end in (_near_fastest(cands), fastest_plan(cands)):
-        if end is not None and all(end is not c for c in kept):
-            kept.append(end)
-    return tuple(sorted(kept, key=lambda c: (c.hours, c.cost_usd)))
-
-
-def _scaling_point(predictor: Predictor, hw: Hardware, per_node: int, nodes: int,
-                   batch: int, precision: str) -> Prediction | None:
-    """The first data-parallel shape that fits (DDP, then ZeRO-1/2, FSDP; activation
-    checkpointing last), with the per-GPU ``batch`` split so it fits in memory."""
-    n = per_node * nodes
-    for ac in (False, True):
-        for strategy in (("single",) if n == 1 else _DATA_PARALLEL_LADDER):
-            base = ParallelConfig(gpus_per_node=per_node, nodes=nodes, strategy=strategy,
-                                  micro_batch=1, grad_accum=batch, precision=precision,
-                                  activation_checkpointing=ac)
-            try:
-                m_max = int(predictor.max_micro_batch(base, hw))
-                if m_max < 1:
-                    continue
-                mb = largest_divisor_at_most(batch, m_max)
-                p = predictor.predict(replace(base, micro_batch=mb, grad_accum=batch // mb), hw)
-            except (ValueError, ArithmeticError):
-                continue
-            if p.fits:
-                return p
-    return None
-
-
 def memory_note(headroom: float) -> str:
     """The memory policy every plan was held to, in words."""
     return (f"memory: every plan leaves at least {headroom:.0%} of each GPU's usable memory "
             "free at its predicted peak and fits with probability >= 50 % "
             "(--memory-headroom)")
-
-
-def instance_family(offer: Offer) -> str:
-    """The instance family an offer belongs to: its type without the size.
-
-    ``p4d.24xlarge`` -> ``p4d``, ``a2-highgpu-8g`` -> ``a2-highgpu``, ``gpu_8x_a100`` ->
-    ``gpu_Nx_a100``, ``Standard_ND96asr_v4`` -> ``Standard_NDasr_v4``; every Colab tier is
-    ``colab`` (the same runtime, paid differently).
-    """
-    it = offer.instance_type
-    if offer.provider == "aws":
-        return it.split(".", 1)[0]
-    if offer.provider == "gcp":
-        return re.sub(r"-\d+g?$", "", it)
-    if offer.provider == "lambda":
-        return re.sub(r"_\d+x_", "_Nx_", it)
-    if offer.provider == "azure":
-        return re.sub(r"^(Standard_[A-Za-z]+?)\d+", r"\1", it)
-    if offer.provider == "colab":
-        return "colab"
-    return it
-
-
-def _family_shapes(offers: Sequence[Offer], max_gpus: int) -> list[tuple[int, Offer, int]]:
-    """(GPUs, offer, nodes) a family can really be rented as: each node size it sells, then
-    whole nodes of its largest networked size, doubling, up to ``max_gpus``."""
-    by_count: dict[int, Offer] = {}
-    for o in offers:
-        prev = by_count.get(o.gpu_count)
-        rank = (o.inter_node_gbps, o.max_nodes, o.intra_node_gb_per_s, o.instance_type, o.region)
-        if prev is None or rank > (prev.inter_node_gbps, prev.max_nodes,
-                                   prev.intra_node_gb_per_s, prev.instance_type, prev.region):
-            by_count[o.gpu_count] = o
-    shapes = {n: (o, 1) for n, o in by_count.items() if n <= max_gpus}
-    multi = [o for o in by_count.values() if o.inter_node_gbps > 0 and o.max_nodes > 1]
-    if multi:
-        big = max(multi, key=lambda o: o.gpu_count)
-        nodes = 2
-        while nodes <= big.max_nodes and big.gpu_count * nodes <= max_gpus:
-            shapes.setdefault(big.gpu_count * nodes, (big, nodes))
-            nodes *= 2
-    return [(n, o, nodes) for n, (o, nodes) in sorted(shapes.items())]
-
-
-def scaling_points(predictor: Predictor, workload: Workload, offers: Sequence[Offer],
-                   gpus: Mapping[str, GpuSpec], hardware_for: HardwareFor,
-                   max_gpus: int = 64, global_batch: int | None = None,
-                   ) -> tuple[ScalingPoint, ...]:
-    """Predicted throughput vs GPU count per GPU type and instance family.
-
-    Each point is a shape the family is sold as (one node of each size, then whole nodes of
-    its largest networked size), so a line never joins points of different machines; data
-    parallel with the least-sharded strategy that fits (so a model too big for DDP still
-    gets a curve), at ``global_batch`` split over the GPUs (counts that do not divide it are
-    left out) or, with it None, at the workload's per-GPU batch on every GPU.
-    """
-    families: dict[tuple[str, str, str], list[Offer]] = {}
-    for o in offers:
-        families.setdefault((o.gpu, o.provider, instance_family(o)), []).append(o)
-    batch = max(1, (workload.micro_batch or 1) * (workload.grad_accum or 1))
-    points = []
-    hw_cache: dict[tuple, Hardware] = {}
-    for (gpu, provider, family), members in sorted(families.items()):
-        spec = gpus.get(gpu)
-        if spec is None:
-            continue
-        precs = allowed_precisions(workload.precision, spec)
-        if not precs:
-            continue
-        for n, o, nodes in _family_shapes(members, max_gpus):
-            if global_batch is not None and global_batch % n:
-                continue
-            key = (o.instance_type, o.region, o.provider)
-            hw = hw_cache.get(key)
-            if hw is None:
-                hw = hw_cache[key] = hardware_for(spec, o)
-            p = _scaling_point(predictor, hw, o.gpu_count, nodes,
-                               global_batch // n if global_batch is not None else batch,
-                               precs[-1])
-            if p is None:
-                continue
-            points.append(ScalingPoint(gpu=gpu, gpus=n,
-                                       throughput_samples_per_s=p.throughput_samples_per_s,
-                                       low=p.low, high=p.high, provider=provider,
-                                       family=family, instance_type=o.instance_type,
-                                       nodes=nodes))
-    return tuple(points)
 
 
 def _single_gpu_efficiency(predictor: Predictor, c: Candidate, hw: Hardware) -> float | None:
@@ -899,19 +606,8 @@ def recommend(predictor: Predictor, workload: Workload, offers: Iterable[Offer],
         search.offer(offer, spec, hw, explored[key], cost=not twin)
     search.candidates = [replace(c, launch=launch_line(c)) for c in search.candidates]
 
-    best: dict[tuple, Candidate] = {}
-    for c in search.candidates:
-        k = _dedupe_key(c)
-        if k not in best or _rank_key(c) < _rank_key(best[k]):
-            best[k] = c
-    ranked = tuple(sorted(best.values(), key=_rank_key))
-    ranked, n_ties = drop_exact_ties(ranked, workload.precision)
-    if n_ties:
-        search.dropped[TIE_REASON] += n_ties
-    front = pareto_front(ranked)
-    ranked, n_dominated = collapse_dominated(ranked, keep=front)
-    if n_dominated:
-        search.dropped[DOMINATED_REASON] += n_dominated
+    ranked, front, dropped = rank_plans(search.candidates, workload.precision)
+    search.dropped.update(dropped)
     winner = ranked[0] if ranked and ranked[0].meets_deadline else None
     fastest = fastest_plan(ranked)
     cheapest = min(ranked, key=lambda c: (c.cost_usd, c.hours), default=None)

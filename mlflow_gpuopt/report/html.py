@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlflow_gpuopt.recommend.explain import hours_figure, money
-from mlflow_gpuopt.recommend.search import DOMINATED_REASON
+from mlflow_gpuopt.recommend.ranking import DOMINATED_REASON
 from mlflow_gpuopt.report.table import PLAN_COLUMNS, plan_cells
 
 _CSS = """

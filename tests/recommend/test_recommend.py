@@ -296,7 +296,7 @@ def test_explanation_names_only_what_differs_and_formats_small_numbers():
 @pytest.mark.parametrize("workload,samples,deadline", [
     (BIG, 2e6, 200.0), (RESNET, 90 * 1_281_167, 24.0), (RESNET, 90 * 1_281_167, None)])
 def test_no_row_is_made_pointless_by_a_cheaper_sibling(workload, samples, deadline):
-    from mlflow_gpuopt.recommend.search import pareto_front as front_of
+    from mlflow_gpuopt.recommend.ranking import pareto_front as front_of
 
     target = Target(samples, deadline_hours=deadline, per_rank_batch=workload.micro_batch)
     rec = run(workload, target)
@@ -350,12 +350,14 @@ def test_json_has_the_contract_keys():
 
 
 def test_every_ranked_plan_has_one_id_wherever_it_appears():
-    from mlflow_gpuopt.planning.emitting import add_plan_ids
-    from mlflow_gpuopt.launch import parse_plan_id
-    from mlflow_gpuopt.mlflow_io.recommendation import LoggedRecommendation
+    from dataclasses import replace
 
-    doc = recommendation_dict(run(), top=8)
-    add_plan_ids(doc, LoggedRecommendation("rec42", "0", ("c1", "c2", "c3")))
+    from mlflow_gpuopt.launch import parse_plan_id
+    from mlflow_gpuopt.recommend.result import PlanIds, PlanResult
+    from mlflow_gpuopt.report.document import recommendation_document
+
+    result = PlanResult.of(run(), top=8)
+    doc = recommendation_document(replace(result, plan_ids=PlanIds("rec42", ("c1", "c2", "c3"))))
     rows = doc["candidates"] + doc["pareto"] + [doc["winner"], doc["fastest"], doc["cheapest"]]
     for row in rows:
         if row["rank"] is None:  # a frontier plan beyond the ranked list has no rank
@@ -364,8 +366,7 @@ def test_every_ranked_plan_has_one_id_wherever_it_appears():
         assert parse_plan_id(row["plan_id"]) == ("rec42", row["rank"])
         assert row.get("plan_run_id") == {1: "c1", 2: "c2", 3: "c3"}.get(row["rank"])
     assert doc["winner"]["plan_id"] == "rec42:1"
-    unlogged = recommendation_dict(run(), top=3)
-    add_plan_ids(unlogged, None)
+    unlogged = recommendation_document(replace(PlanResult.of(run(), top=3), plan_ids=PlanIds()))
     assert [c["plan_id"] for c in unlogged["candidates"]] == ["1", "2", "3"]
 
 
@@ -489,7 +490,7 @@ def test_exact_ties_are_listed_once_with_the_measured_precision():
                          hardware_for=hardware_for, with_scaling=False)
 
     rec = search()
-    from mlflow_gpuopt.recommend.search import TIE_REASON
+    from mlflow_gpuopt.recommend.ranking import TIE_REASON
 
     assert rec.dropped[TIE_REASON] > 0  # tf32 plans on A100/H100, as fast and as dear as fp32
     seen = set()
@@ -509,7 +510,7 @@ def test_exact_ties_are_listed_once_with_the_measured_precision():
 
 def test_scaling_chart_has_one_line_per_gpu_and_instance_family():
     """Each line joins only shapes one family is sold as, and its label names the family."""
-    from mlflow_gpuopt.recommend.search import instance_family
+    from mlflow_gpuopt.recommend.chart_points import instance_family
     from mlflow_gpuopt.report.charts import scaling_png, scaling_series
 
     lambda_v100 = offer("lambda", "gpu_8x_v100", "V100-SXM2-16GB", 8, 4.4, region="global",

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from recommend_helpers import OFFERS
+from support.recommend import OFFERS
 
 from mlflow_gpuopt.cli import gpuopt
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
