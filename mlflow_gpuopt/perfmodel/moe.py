@@ -25,10 +25,12 @@ def is_moe(workload: Workload) -> bool:
 
 
 def moe_layers(workload: Workload) -> int:
-    """Decoder layers whose MLP is a mixture of experts (every ``moe_layer_freq``-th)."""
+    """Decoder layers whose MLP is a mixture of experts: every ``moe_layer_freq``-th after
+    the ``first_dense_layers``."""
     if not is_moe(workload) or not workload.num_layers:
         return 0
-    return workload.num_layers // max(1, workload.moe_layer_freq or 1)
+    after = max(0, workload.num_layers - (workload.first_dense_layers or 0))
+    return after // max(1, workload.moe_layer_freq or 1)
 
 
 def routed_expert_params(workload: Workload) -> float:

@@ -81,6 +81,9 @@ class Workload:
     expert_ffn_hidden_size: int | None = None  # one expert's MLP inner width
     #: every n-th decoder layer is a MoE layer (1: all; 2: every other); None: 1
     moe_layer_freq: int | None = None
+    #: dense decoder layers before the first MoE one (DeepSeek's ``first_k_dense_replace``);
+    #: None: 0
+    first_dense_layers: int | None = None
     #: tokens an expert takes, over its even share (Switch/GShard); None: dropless, planned
     #: at 1.0 (no imbalance)
     capacity_factor: float | None = None
