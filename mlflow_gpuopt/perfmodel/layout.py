@@ -112,6 +112,11 @@ class Layout:
     #: data-parallel group (Megatron's expert-model-parallel group); divides ``dp``
     ep: int = 1
     ep_spans_nodes: bool = False  # the expert-parallel group crosses a node boundary
+    #: ranks of one expert-parallel group that share a node: the group's ranks sit next to
+    #: the tensor-parallel ones, inside the pipeline stages (Megatron-core's rank order
+    #: ``tp-cp-ep-dp-pp``, ``initialize_model_parallel``; torchtitan's mesh ``pp`` outermost,
+    #: ``ep`` carved from ``dp_shard`` next to ``tp``), so ``min(ep, gpus per node / tp)``
+    ep_ranks_per_node: int = 1
 
     def gpus_total(self) -> int:
         """GPUs in the job: ``tp × pp × dp``."""
@@ -172,7 +177,8 @@ def resolve_layout(config: ParallelConfig) -> Layout:
                   dp_ranks_per_node=min(dp, dp_in_node),
                   dp_spans_nodes=config.nodes > 1 and dp > dp_in_node,
                   pp_spans_nodes=config.nodes > 1 and tp * pp > g, vp=vp, ep=ep,
-                  ep_spans_nodes=config.nodes > 1 and ep > dp_in_node)
+                  ep_spans_nodes=config.nodes > 1 and ep * tp > g,
+                  ep_ranks_per_node=max(1, min(ep, g // tp)))
 
 
 def validate_config(config: ParallelConfig, hardware: Hardware) -> None:
