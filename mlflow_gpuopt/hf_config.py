@@ -44,7 +44,8 @@ FAMILIES = GATED_FAMILIES + GELU_FAMILIES + MOE_FAMILIES + MLA_FAMILIES
 #: Families refused with the reason (none at present).
 _REFUSED: dict[str, str] = {}
 #: Older spellings of a family's ``model_type``, and ``architectures`` class-name prefixes.
-_TYPE_ALIASES = {"refinedweb": "falcon", "refinedwebmodel": "falcon", "gptneox": "gpt_neox"}
+_TYPE_ALIASES = {"refinedweb": "falcon", "refinedwebmodel": "falcon", "gptneox": "gpt_neox",
+                 "kimi_k2": "deepseek_v3"}  # Kimi K2: DeepseekV3ForCausalLM
 _ARCH_PREFIXES = (("Mixtral", "mixtral"), ("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"),
                   ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"),
                   ("GPTNeoX", "gpt_neox"), ("GPT2", "gpt2"), ("Gemma2", "gemma2"),

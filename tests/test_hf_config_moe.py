@@ -190,3 +190,25 @@ def test_deepseek_params_equal_what_transformers_builds_at_full_size(name):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert decoder_shape(doc).params == sum(p.numel() for p in model.parameters())
+
+
+BENCH_CONFIGS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "hf"
+# The config.json shapes bench_llm's MoE rows read, against their model cards' totals:
+# Qwen3-235B-A22B "235B total, 22B activated"; Kimi K2 (model_type kimi_k2, DeepSeek-V3's
+# layout) "1 trillion total, 32 billion activated" (active here less the embedding, as
+# DeepSeek's); Qwen3-30B-A3B 30.5 B; DeepSeek-V3 as above.
+BENCH_TOTALS = {"qwen3_235b_a22b": (235e9, 22e9, 0.01), "kimi_k2": (1.0e12, 32e9, 0.03),
+                "qwen3_30b_a3b": (30.5e9, None, 0.01), "deepseek_v3": (671e9, 37e9, 0.025)}
+
+
+@pytest.mark.parametrize("name", sorted(BENCH_TOTALS))
+def test_benchmark_config_shapes_match_their_model_cards(name):
+    total, active, rel = BENCH_TOTALS[name]
+    doc = json.loads((BENCH_CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+    shape = decoder_shape(doc)
+    assert shape.params == pytest.approx(total, rel=rel)
+    if active is not None:
+        skipped = shape.embedding_params if shape.kv_lora_rank else 0
+        assert shape.active_params - skipped == pytest.approx(active, rel=rel)
+    if name == "kimi_k2":
+        assert shape.family == "deepseek_v3" and doc["model_type"] == "kimi_k2"
