@@ -566,6 +566,9 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
         "vocab_size": shape.vocab_size, "dropout": shape.dropout,
         "largest_layer_params": shape.largest_unit_params,
     }
+    if shape.kv_lora_rank:
+        # latent attention's Q, K, V per token, as the attention kernel keeps them
+        out["qkv_width"] = shape.num_heads * (2 * shape.head_dim + shape.value_head_dim)
     if shape.moe_layers:
         dense = shape.num_layers - shape.moe_layers
         active_width = shape.experts_per_token * shape.expert_ffn_hidden_size \
@@ -606,8 +609,9 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
             f"({shape.qk_rope_head_dim} rotary), value head {shape.value_head_dim}, key/value "
             f"latent {shape.kv_lora_rank}" + (f", query latent {shape.q_lora_rank}"
                                               if shape.q_lora_rank else "")
-            + f"; FLOPs count these widths; the activation memory formula takes Q, K and V "
-            f"as 3 × hidden_size ({3 * shape.hidden_size} per token, the layer holds {qkv})")
+            + f"; FLOPs count these widths, the activation formula Q, K and V at {qkv} "
+            f"per token (qkv_width; the latents, {shape.q_lora_rank + shape.kv_lora_rank} "
+            "wide, and the output projection's wider input are not counted)")
         if shape.first_dense_layers:
             notes.append(f"the first {shape.first_dense_layers} layers are dense "
                          f"(first_k_dense_replace, MLP {shape.ffn_hidden_size} wide)")

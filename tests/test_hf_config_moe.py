@@ -212,3 +212,18 @@ def test_benchmark_config_shapes_match_their_model_cards(name):
         assert shape.active_params - skipped == pytest.approx(active, rel=rel)
     if name == "kimi_k2":
         assert shape.family == "deepseek_v3" and doc["model_type"] == "kimi_k2"
+
+
+def test_latent_attention_qkv_width_sets_the_activation_formula(tmp_path):
+    """DeepSeek-V3's Q, K, V per token: 128 heads × (2 × 192 + 128) = 65,536 elements, not
+    3 × 7,168; the formula's per-layer bytes grow by the difference × 2 bytes (bf16)."""
+    from dataclasses import replace as dc_replace
+
+    from mlflow_gpuopt.perfmodel.activations import layer_bytes_per_token, transformer_dims
+
+    w = read_workload(_write(tmp_path, _fixture("deepseek_v3")), seq_len=4096).workload
+    assert w.qkv_width == 128 * (2 * 192 + 128)
+    with_mla = layer_bytes_per_token(transformer_dims(w), 2.0, 0.0, "flash", False)
+    plain = layer_bytes_per_token(transformer_dims(dc_replace(w, qkv_width=None)), 2.0, 0.0,
+                                  "flash", False)
+    assert with_mla - plain == pytest.approx(2.0 * (65536 - 3 * 7168))
