@@ -69,9 +69,9 @@ Derivation set vs report set, for every constant the model takes from published 
 rows above; ``compute.FP8_RECIPE_EFFICIENCY`` from torchao's README (not in this table); nothing
 is set from a report row.
 
-Mixture-of-experts rows (``llm_moe.py``, ``data/moe_training_throughput.tsv``: Megatron-Bridge
-and NeMo AutoModel, each model's Hugging Face config.json as the workload) print after the
-dense ones, with their own summary; ``--moe`` runs them alone.
+Mixture-of-experts rows (``llm_moe.py``, ``data/moe_training_throughput.tsv``: Megatron-Bridge,
+NeMo AutoModel and torchtitan's DeepEP page, each model's Hugging Face config.json as the
+workload) print after the dense ones, with their own summary; ``--moe`` runs them alone.
 
 Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--moe``, ``--derive-fp8`` and
 ``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and

@@ -1,6 +1,7 @@
 """The mixture-of-experts rows of ``bench_llm.py``: published MoE pre-training throughput
 (``data/moe_training_throughput.tsv``, whose header names each source, commit and date:
-Megatron-Bridge's performance-summary archive, NeMo AutoModel's performance summary),
+Megatron-Bridge's performance-summary archive, NeMo AutoModel's performance summary,
+torchtitan's DeepEP README),
 predicted through ``mlflow gpuopt predict`` (``cli_path.run_predict``) as a user would: the
 model's Hugging Face ``config.json`` (``workloads/hf/``) as ``--workload`` with
 ``--seq-len``, and the published layout as ``--strategy`` (``tpN x ppN x epN x`` zero1 for
@@ -16,9 +17,10 @@ defaults (a ``config.json`` has no keys for them); recomputation is what the run
 configuration states (AutoModel's: full), else the default (Megatron-Bridge's table does not
 state it).
 
-Tasks (tokens/s per GPU; the dense rows' goals): every scored row from its config.json alone,
-and across GPU types (the same model, source and routing measured on the other GPU type, the
-smallest such run as the observation).
+Tasks (tokens/s per GPU; the dense rows' goals): scaling (the same source, model, GPU, layout
+and micro-batch measured at its smallest GPU count), across GPU types (the same model and
+source measured on the other GPU type, the smallest such run as the observation), and every
+scored row from its config.json alone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ CONFIGS = HERE / "workloads" / "hf"
 #: tsv GPU -> (the ``--gpu`` name a user gives, node network Gbit/s: DGX H100 / B200 have
 #: 8 × 400 Gbit/s InfiniBand)
 GPUS = {"H100-SXM-80GB": ("NVIDIA H100 80GB HBM3", 3200.0), "B200": ("NVIDIA B200", 3200.0)}
-TASKS = ("MoE: no measurement (config.json alone)", "MoE: across GPU types")
+TASKS = ("MoE: scaling, from the smallest GPU count", "MoE: across GPU types",
+         "MoE: no measurement (config.json alone)")
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,14 @@ def moe_tasks(rows: list[MoeRow]) -> dict[str, list[tuple[MoeRow, list[MoeRow]]]
     scored = [r for r in rows if r.skip_reason() is None]
     out: dict[str, list[tuple[MoeRow, list[MoeRow]]]] = {name: [] for name in TASKS}
     for t in scored:
-        out[TASKS[0]].append((t, []))
+        out[TASKS[2]].append((t, []))
+        same = [r for r in scored if (r.source, r.model, r.config, r.gpu, r.precision,
+                                      r.micro_batch, r.tp, r.pp, r.ep, r.dp_strategy)
+                == (t.source, t.model, t.config, t.gpu, t.precision, t.micro_batch, t.tp,
+                    t.pp, t.ep, t.dp_strategy)]
+        smallest = min(r.gpus for r in same)
+        if t.gpus > smallest:
+            out[TASKS[0]].append((t, [r for r in same if r.gpus == smallest][:1]))
         others = [r for r in scored if r.gpu != t.gpu and r.config == t.config
                   and r.source == t.source and r.precision == t.precision]
         if others:
