@@ -74,7 +74,11 @@ Derivation set vs report set, for every constant the model takes from published 
 rows above; ``compute.FP8_RECIPE_EFFICIENCY`` from torchao's README (not in this table); nothing
 is set from a report row.
 
-Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--derive-fp8`` and
+Mixture-of-experts rows (``llm_moe.py``, ``data/moe_training_throughput.tsv``: Megatron-Bridge,
+NeMo AutoModel and torchtitan's DeepEP page, each model's Hugging Face config.json as the
+workload) print after the dense ones, with their own summary; ``--moe`` runs them alone.
+
+Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--moe``, ``--derive-fp8`` and
 ``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and
 ``uncertainty.SIGMA_PRIOR_TRANSFORMER``.
 """
@@ -527,7 +531,21 @@ def derive_prior_width(rows: list[Row]) -> None:
           f"(rms over {len(every)} derivation rows)")
 
 
+def moe_section(tmp: Path) -> list[str]:
+    """The mixture-of-experts rows (``llm_moe.py``: published MoE throughput, each model's
+    config.json on the CLI path with the published layout); returns their summary lines."""
+    import llm_moe
+
+    return llm_moe.run(tmp)
+
+
 def main() -> None:
+    if "--moe" in sys.argv[1:]:
+        lines = moe_section(Path(tempfile.mkdtemp(prefix="bench_llm_moe_")))
+        print("\nSummary, mixture of experts (tokens/s per GPU; " + GOALS + ")")
+        for line in lines:
+            print(line)
+        return
     if "--derive-prior-width" in sys.argv[1:]:
         derive_prior_width(load_rows()[0])
         return
@@ -585,6 +603,10 @@ def main() -> None:
     for r in infeasible:
         print(f"    {r.source} {r.model} {r.gpus}x{r.gpu} tp{r.tp} pp{r.pp} mb{r.micro_batch} "
               f"{r.recompute}")
+    moe_lines = moe_section(tmp)
+    print("\nSummary, mixture of experts (tokens/s per GPU; " + GOALS + ")")
+    for line in moe_lines:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,16 @@ Decoder-only language models of the families below, as ``transformers`` builds t
 (``AutoModelForCausalLM.from_config``): Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3
 (gated MLP, RMSNorm), GPT-2, GPT-NeoX, Falcon and Phi (GELU MLP, LayerNorm), and the
 mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE (routed gated experts, a router, Qwen2-MoE's
-gated shared expert; docs/models.md#mixture-of-experts). The count is
+gated shared expert; docs/models.md#mixture-of-experts), and DeepSeek-V2/V3 (multi-head
+latent attention, dense first layers, shared experts; docs/metrics.md#deepseek-latent-attention).
+The count is
 the model's own: embeddings (tied or not), attention with grouped-query key/value heads and
 ``head_dim`` where the config gives it, the MLP (three matrices gated, two not), every norm,
 the biases each family has, learned positions (GPT-2) and the LM head.
 
 FLOPs per sample follow the profile's convention (docs/metrics.md, ``gpuopt.flops_per_sample``:
-model FLOPs, what ``FlopCounterMode`` counts over a step): 6·N·T + 12·L·T²·(heads × head_dim),
+model FLOPs, what ``FlopCounterMode`` counts over a step): 6·N·T + 12·L·T²·(heads × head_dim)
+(6·L·T²·heads × (query/key head + value head) under latent attention),
 with N the weights of the matrix products: every linear layer and the LM head once (tied or
 not), not the input embedding (a gather) nor norms and biases (element-wise); in a MoE layer
 the router, the ``experts_per_token`` experts a token visits and the shared expert (the
@@ -35,12 +38,14 @@ GATED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3
 GELU_FAMILIES = ("gpt2", "gpt_neox", "falcon", "phi")
 #: Mixtures of experts whose attention is a Llama-layout decoder's.
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
-FAMILIES = GATED_FAMILIES + GELU_FAMILIES + MOE_FAMILIES
-#: Families read elsewhere as a mixture of experts, refused with the reason.
-_REFUSED = {"deepseek_v2": "multi-head latent attention (MLA) is not a layout read here",
-            "deepseek_v3": "multi-head latent attention (MLA) is not a layout read here"}
+#: Mixtures of experts with multi-head latent attention (MLA) and dense first layers.
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
+FAMILIES = GATED_FAMILIES + GELU_FAMILIES + MOE_FAMILIES + MLA_FAMILIES
+#: Families refused with the reason (none at present).
+_REFUSED: dict[str, str] = {}
 #: Older spellings of a family's ``model_type``, and ``architectures`` class-name prefixes.
-_TYPE_ALIASES = {"refinedweb": "falcon", "refinedwebmodel": "falcon", "gptneox": "gpt_neox"}
+_TYPE_ALIASES = {"refinedweb": "falcon", "refinedwebmodel": "falcon", "gptneox": "gpt_neox",
+                 "kimi_k2": "deepseek_v3"}  # Kimi K2: DeepseekV3ForCausalLM
 _ARCH_PREFIXES = (("Mixtral", "mixtral"), ("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"),
                   ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"),
                   ("GPTNeoX", "gpt_neox"), ("GPT2", "gpt2"), ("Gemma2", "gemma2"),
@@ -92,11 +97,29 @@ class DecoderShape:
     shared_ffn_hidden_size: int = 0
     shared_expert_gate: bool = False
     moe_layer_freq: int = 1
+    #: dense decoder layers before the first MoE one (DeepSeek's ``first_k_dense_replace``)
+    first_dense_layers: int = 0
+    #: Multi-head latent attention (DeepSeek-V2/V3; 0: none): keys and values from a
+    #: ``kv_lora_rank`` latent (plus a shared ``qk_rope_head_dim`` rotary key), queries from a
+    #: ``q_lora_rank`` latent (0: projected directly); ``head_dim`` is a query/key head's
+    #: width (non-rotary + rotary), ``v_head_dim`` a value head's.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def value_head_dim(self) -> int:
+        """A value head's width: ``v_head_dim`` under latent attention, else ``head_dim``."""
+        return self.v_head_dim or self.head_dim
 
     @property
     def moe_layers(self) -> int:
-        """Decoder layers whose MLP is a mixture of experts (layer i when (i+1) % freq == 0)."""
-        return self.num_layers // self.moe_layer_freq if self.num_experts > 1 else 0
+        """Decoder layers whose MLP is a mixture of experts: after the ``first_dense_layers``,
+        layer i when (i+1) % freq == 0."""
+        if self.num_experts <= 1:
+            return 0
+        return (self.num_layers - self.first_dense_layers) // self.moe_layer_freq
 
     @property
     def expert_weights(self) -> int:
@@ -125,7 +148,15 @@ class DecoderShape:
 
     @property
     def attention_weights(self) -> int:
-        """Weights of one layer's Q, K, V and output projections."""
+        """Weights of one layer's Q, K, V and output projections (under latent attention:
+        ``q_a``/``q_b`` or ``q_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj`` and ``o_proj``)."""
+        if self.kv_lora_rank:
+            h, a, qk, r = self.hidden_size, self.num_heads, self.head_dim, self.kv_lora_rank
+            q = (h * self.q_lora_rank + self.q_lora_rank * a * qk if self.q_lora_rank
+                 else h * a * qk)
+            kv = h * (r + self.qk_rope_head_dim) \
+                + r * a * (qk - self.qk_rope_head_dim + self.value_head_dim)
+            return q + kv + a * self.value_head_dim * h
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         return self.hidden_size * (q + 2 * kv) + q * self.hidden_size
@@ -142,6 +173,9 @@ class DecoderShape:
         kv = self.num_kv_heads * self.head_dim
         biases = ((q + 2 * kv) if self.qkv_bias else 0) + (self.hidden_size if self.out_bias
                                                            else 0)
+        if self.kv_lora_rank:  # attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
+            biases = (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
+                      + self.hidden_size) if self.qkv_bias else 0
         return self.attention_weights + biases + self.norm_params_per_layer
 
     @property
@@ -192,11 +226,13 @@ class DecoderShape:
 
     def flops_per_sample(self, seq_len: int) -> float:
         """Model FLOPs of forward + backward for one sequence of ``seq_len`` tokens:
-        6·N·T + 12·L·T²·(heads × head_dim) (the scores and their weighted sum, forward and
-        backward, over the whole T × T square as ``FlopCounterMode`` counts them)."""
+        6·N·T + 6·L·T²·heads × (head_dim + value head_dim) (the scores and their weighted
+        sum, forward and backward, over the whole T × T square as ``FlopCounterMode`` counts
+        them; 12·L·T²·heads × head_dim where the two widths are one)."""
         t = float(seq_len)
         return (6.0 * self.matmul_weights * t
-                + 12.0 * self.num_layers * t * t * self.num_heads * self.head_dim)
+                + 6.0 * self.num_layers * t * t * self.num_heads
+                * (self.head_dim + self.value_head_dim))
 
     @property
     def largest_unit_params(self) -> int:
@@ -315,6 +351,8 @@ def decoder_shape(doc: Mapping[str, Any], where: str = "config.json") -> Decoder
         return _gated_shape(doc, family, h, layers, heads, vocab, where)
     if family in MOE_FAMILIES:
         return _moe_shape(doc, family, h, layers, heads, vocab, where)
+    if family in MLA_FAMILIES:
+        return _mla_shape(doc, family, h, layers, heads, vocab, where)
     if family == "gpt_neox":
         bias = _flag(doc, "attention_bias", True, where)
         return DecoderShape(
@@ -404,6 +442,52 @@ def _moe_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: 
         "shared_expert_gate": gate, "moe_layer_freq": freq})
 
 
+def _mla_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: int,
+               vocab: int, where: str) -> DecoderShape:
+    """DeepSeek-V2/V3 as ``transformers`` builds them: multi-head latent attention (its
+    latents RMS-normed), ``first_k_dense_replace`` dense layers of ``intermediate_size``,
+    then MoE layers of ``n_routed_experts`` gated experts of ``moe_intermediate_size``
+    (``num_experts_per_tok`` per token), ``n_shared_experts`` of that width and a router.
+    The multi-token-prediction layers (``num_nextn_predict_layers``) are not in that model
+    and not counted."""
+    v3 = family == "deepseek_v3"
+    if _flag(doc, "mlp_bias", False, where):
+        raise HfConfigError(f"{where}: 'mlp_bias' true is not read here for {family}; write "
+                            "a workload.json instead")
+    freq = _count(doc, ("moe_layer_freq",), where, default=1, high=layers)
+    if freq != 1:
+        raise HfConfigError(f"{where}: 'moe_layer_freq' {freq} is not read here (transformers "
+                            "makes every layer after first_k_dense_replace a MoE layer); write "
+                            "a workload.json instead")
+    experts = _count(doc, ("n_routed_experts", "num_local_experts", "num_experts"), where,
+                     default=256 if v3 else 64)
+    k = _count(doc, ("num_experts_per_tok",), where, default=8 if v3 else None, high=experts)
+    first = doc.get("first_k_dense_replace")
+    first = 0 if first in (None, 0) else _count(doc, ("first_k_dense_replace",), where,
+                                                 high=layers)
+    kv_rank = _count(doc, ("kv_lora_rank",), where, default=512)
+    q_rank = 0 if "q_lora_rank" in doc and doc["q_lora_rank"] is None else _count(
+        doc, ("q_lora_rank",), where, default=1536)
+    rope = _count(doc, ("qk_rope_head_dim",), where, default=64)
+    nope = _count(doc, ("qk_nope_head_dim",), where, default=128)
+    v_dim = _count(doc, ("v_head_dim",), where, default=128)
+    width = _count(doc, ("moe_intermediate_size",), where, default=2048 if v3 else 1407)
+    n_shared = doc.get("n_shared_experts")
+    n_shared = 0 if n_shared in (None, 0) else _count(doc, ("n_shared_experts",), where,
+                                                       high=experts)
+    return DecoderShape(
+        family=family, num_layers=layers, hidden_size=h, num_heads=heads, num_kv_heads=heads,
+        head_dim=nope + rope, ffn_hidden_size=_count(doc, ("intermediate_size",), where),
+        vocab_size=vocab, gated_mlp=True,
+        tied_embeddings=_flag(doc, "tie_word_embeddings", False, where),
+        norm_params_per_layer=2 * h + q_rank + kv_rank, final_norm_params=h,
+        qkv_bias=_flag(doc, "attention_bias", False, where), out_bias=False, mlp_bias=False,
+        dropout=_probability(doc, ("attention_dropout",), 0.0, where),
+        num_experts=experts, experts_per_token=k, expert_ffn_hidden_size=width,
+        shared_ffn_hidden_size=n_shared * width, first_dense_layers=first,
+        kv_lora_rank=kv_rank, q_lora_rank=q_rank, qk_rope_head_dim=rope, v_head_dim=v_dim)
+
+
 def _falcon_shape(doc: Mapping[str, Any], h: int, layers: int, heads: int, vocab: int,
                   where: str) -> DecoderShape:
     """Falcon: fused QKV (multi-query in 7B, grouped in the new decoder architecture),
@@ -482,6 +566,9 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
         "vocab_size": shape.vocab_size, "dropout": shape.dropout,
         "largest_layer_params": shape.largest_unit_params,
     }
+    if shape.kv_lora_rank:
+        # latent attention's Q, K, V per token, as the attention kernel keeps them
+        out["qkv_width"] = shape.num_heads * (2 * shape.head_dim + shape.value_head_dim)
     if shape.moe_layers:
         dense = shape.num_layers - shape.moe_layers
         active_width = shape.experts_per_token * shape.expert_ffn_hidden_size \
@@ -492,6 +579,8 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
                                         / shape.expert_ffn_hidden_size),
             "expert_ffn_hidden_size": shape.expert_ffn_hidden_size,
             "moe_layer_freq": shape.moe_layer_freq,
+            **({"first_dense_layers": shape.first_dense_layers}
+               if shape.first_dense_layers else {}),
             # the activation formula's MLP width: what one token's MLP holds, per layer
             "ffn_hidden_size": round((dense * shape.ffn_hidden_size
                                       + shape.moe_layers * active_width) / shape.num_layers),
@@ -512,7 +601,25 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
                if shape.shared_ffn_hidden_size else "")
             + f"; FLOPs from the {shape.active_params / 1e9:.3g} B active parameters "
             f"(router included), memory from all {params / 1e9:.3g} B")
-    if shape.head_dim * shape.num_heads != shape.hidden_size:
+    if shape.kv_lora_rank:
+        a = shape.num_heads
+        qkv = a * (2 * shape.head_dim + shape.value_head_dim)
+        notes.append(
+            f"multi-head latent attention: {a} heads, query/key head {shape.head_dim} wide "
+            f"({shape.qk_rope_head_dim} rotary), value head {shape.value_head_dim}, key/value "
+            f"latent {shape.kv_lora_rank}" + (f", query latent {shape.q_lora_rank}"
+                                              if shape.q_lora_rank else "")
+            + f"; FLOPs count these widths, the activation formula Q, K and V at {qkv} "
+            f"per token (qkv_width; the latents, {shape.q_lora_rank + shape.kv_lora_rank} "
+            "wide, and the output projection's wider input are not counted)")
+        if shape.first_dense_layers:
+            notes.append(f"the first {shape.first_dense_layers} layers are dense "
+                         f"(first_k_dense_replace, MLP {shape.ffn_hidden_size} wide)")
+        mtp = doc.get("num_nextn_predict_layers")
+        if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0:
+            notes.append(f"num_nextn_predict_layers {mtp}: the multi-token-prediction layers "
+                         "are not in the transformers model and not counted")
+    elif shape.head_dim * shape.num_heads != shape.hidden_size:
         notes.append(f"heads × head_dim ({shape.num_heads} × {shape.head_dim}) is not "
                      f"hidden_size ({shape.hidden_size}): FLOPs count the heads' width, the "
                      "activation memory formula takes hidden_size")

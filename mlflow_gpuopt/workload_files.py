@@ -40,7 +40,8 @@ REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
 _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_layers",
              "largest_layer_params", "hidden_size", "num_heads", "num_kv_heads", "vocab_size",
              "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
-             "expert_ffn_hidden_size", "moe_layer_freq"}
+             "expert_ffn_hidden_size", "moe_layer_freq", "first_dense_layers",
+             "qkv_width"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
@@ -59,6 +60,7 @@ HF_CONFIG_NAMES = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_siz
 _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_sample",
                 "num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
                 "moe_intermediate_size": "expert_ffn_hidden_size",
+                "first_k_dense_replace": "first_dense_layers",
                 **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
 _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
@@ -272,6 +274,10 @@ def _check_moe(kwargs: dict[str, Any], where: str) -> None:
                                 "expert takes its even share of tokens)")
     if kwargs.get("moe_layer_freq") == 0:
         kwargs.pop("moe_layer_freq")
+    first, layers = kwargs.get("first_dense_layers"), kwargs.get("num_layers")
+    if first and layers and first >= layers:
+        raise WorkloadFileError(f"{where}: 'first_dense_layers' ({first}) must be below "
+                                f"'num_layers' ({layers}): a MoE model has a MoE layer")
 
 
 def _strategy(text: str) -> str:

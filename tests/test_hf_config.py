@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from mlflow_gpuopt.hf_config import (FAMILIES, MOE_FAMILIES, HfConfigError, decoder_shape,
-                                     is_hf_config)
+from mlflow_gpuopt.hf_config import (FAMILIES, MLA_FAMILIES, MOE_FAMILIES, HfConfigError,
+                                     decoder_shape, is_hf_config)
 from mlflow_gpuopt.workload_files import WorkloadFileError, load_workload, read_workload
 
 # The shapes of published checkpoints, as their config.json on the Hugging Face Hub states
@@ -171,7 +171,12 @@ def test_bad_configs_are_one_line(tmp_path):
                                            "hidden_size": 10**6, "intermediate_size": 10**6,
                                            "num_attention_heads": 8})
     assert "not a family" in _bad(tmp_path, {**llama, "model_type": "jamba"})
-    assert "latent attention" in _bad(tmp_path, {**llama, "model_type": "deepseek_v3"})
+    deepseek = {**llama, "model_type": "deepseek_v2", "n_routed_experts": 8,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+    assert "moe_layer_freq" in _bad(tmp_path, {**deepseek, "moe_layer_freq": 2})
+    assert "missing 'num_experts_per_tok'" in _bad(
+        tmp_path, {k: v for k, v in deepseek.items() if k != "num_experts_per_tok"})
+    assert "mlp_bias" in _bad(tmp_path, {**deepseek, "mlp_bias": True})
     assert "mlp_only_layers" in _bad(tmp_path, {**llama, "model_type": "qwen2_moe",
                                                 "mlp_only_layers": [0]})
     assert "text_config" in _bad(tmp_path, {"model_type": "gemma3", "text_config": {}})
@@ -242,6 +247,20 @@ TINY = {  # every family, scaled down (GQA, head_dim, qk norms, new Falcon, bias
                       num_experts_per_tok=2, decoder_sparse_step=2),
     "qwen3_moe": dict(num_key_value_heads=2, head_dim=32, intermediate_size=96,
                       moe_intermediate_size=24, num_experts=8, num_experts_per_tok=3),
+    # multi-head latent attention (query latent or not, value heads narrower than the
+    # query/key ones), a dense first layer, shared experts
+    "deepseek_v3": dict(num_hidden_layers=3, num_key_value_heads=4, intermediate_size=96,
+                        moe_intermediate_size=24,
+                        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_group=1,
+                        topk_group=1),
+    "deepseek_v2": dict(num_hidden_layers=3, num_key_value_heads=4, intermediate_size=96,
+                        moe_intermediate_size=24,
+                        n_routed_experts=6, num_experts_per_tok=3, n_shared_experts=2,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                        attention_bias=True),
 }
 
 
@@ -258,7 +277,8 @@ def test_params_and_flops_equal_transformers_and_the_flop_counter(family):
     kwargs = {**base, "vocab_size": 128, **TINY[family]}
     config = transformers.AutoConfig.for_model(family, **kwargs)
     # MoE experts in the per-expert loop: FlopCounterMode does not count grouped GEMMs
-    experts = {"experts_implementation": "eager"} if family in MOE_FAMILIES else {}
+    experts = ({"experts_implementation": "eager"} if family in MOE_FAMILIES + MLA_FAMILIES
+               else {})
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
                                                           **experts)
     shape = decoder_shape({"model_type": family, **config.to_dict()})

@@ -5,6 +5,7 @@ expert keys, and the workload.json checks of those keys."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +122,7 @@ def test_workload_file_expert_keys_and_hf_spellings(tmp_path):
     ({"num_experts": 8, "experts_per_token": 9}, "at most 'num_experts'"),
     ({"num_experts": 8, "capacity_factor": 0}, "above 0"),
     ({"num_experts": "eight"}, "must be a number"),
+    ({"num_experts": 8, "first_dense_layers": 32}, "must be below 'num_layers'"),
 ])
 def test_bad_expert_keys_are_one_line(tmp_path, extra, words):
     path = _write(tmp_path, {**_base(), **extra}, "w.json")
@@ -128,3 +130,100 @@ def test_bad_expert_keys_are_one_line(tmp_path, extra, words):
         load_workload(path)
     assert words in str(info.value) and "\n" not in str(info.value)
     assert str(path) in str(info.value)
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+# DeepSeek's config.json files (the keys the layout depends on, from the published
+# checkpoints) and the totals their model cards and papers give: DeepSeek-V3 671 B total /
+# 37 B activated, DeepSeek-V2 236 B / 21 B, DeepSeek-V2-Lite 15.7 B / 2.4 B. DeepSeek's
+# "activated" leaves out the token embedding (a gather); the cards round to two figures.
+DEEPSEEK = {"deepseek_v3": (671e9, 37e9), "deepseek_v2": (236e9, 21e9),
+            "deepseek_v2_lite": (15.7e9, 2.4e9)}
+
+
+def _fixture(name):
+    return json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK))
+def test_deepseek_latent_attention_counts_match_the_published_totals(name):
+    total, active = DEEPSEEK[name]
+    shape = decoder_shape(_fixture(name))
+    assert shape.params == pytest.approx(total, rel=0.003)
+    assert shape.active_params - shape.embedding_params == pytest.approx(active, rel=0.025)
+
+
+def test_deepseek_v3_workload_keys_and_notes(tmp_path):
+    doc = _fixture("deepseek_v3")
+    wl = read_workload(_write(tmp_path, doc), seq_len=4096)
+    w = wl.workload
+    assert (w.num_experts, w.experts_per_token, w.num_shared_experts) == (256, 8, 1)
+    assert (w.expert_ffn_hidden_size, w.first_dense_layers) == (2048, 3)
+    # 3 dense layers of 18432 and 58 MoE layers of 8 routed + 1 shared 2048-wide experts
+    assert w.ffn_hidden_size == round((3 * 18432 + 58 * 9 * 2048) / 61)
+    # attention per token and layer: 6·T·heads·(192 + 128) FLOPs, forward and backward
+    shape = decoder_shape(doc)
+    attn = 6.0 * 61 * 4096 * 4096 * 128 * (192 + 128)
+    assert w.flops_per_sample == pytest.approx(6.0 * shape.matmul_weights * 4096 + attn)
+    words = " ".join(wl.notes)
+    assert "latent attention" in words and "num_nextn_predict_layers 1" in words
+    assert "first 3 layers are dense" in words
+
+
+def test_first_dense_layers_sets_the_moe_layers_ep_shards():
+    from mlflow_gpuopt.perfmodel import moe
+    from mlflow_gpuopt.perfmodel.types import Workload
+
+    w = Workload(params=671e9, flops_per_sample=1e15, precision="bf16", num_layers=61,
+                 hidden_size=7168,
+                 num_experts=256, experts_per_token=8, expert_ffn_hidden_size=2048,
+                 first_dense_layers=3)
+    assert moe.moe_layers(w) == 58
+    assert moe.routed_expert_params(w) == 58 * 256 * 3 * 7168 * 2048
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK))
+def test_deepseek_params_equal_what_transformers_builds_at_full_size(name):
+    doc = _fixture(name)
+    kwargs = {k: v for k, v in doc.items() if k not in ("architectures", "model_type")}
+    config = transformers.AutoConfig.for_model(doc["model_type"], **kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert decoder_shape(doc).params == sum(p.numel() for p in model.parameters())
+
+
+BENCH_CONFIGS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "hf"
+# The config.json shapes bench_llm's MoE rows read, against their model cards' totals:
+# Qwen3-235B-A22B "235B total, 22B activated"; Kimi K2 (model_type kimi_k2, DeepSeek-V3's
+# layout) "1 trillion total, 32 billion activated" (active here less the embedding, as
+# DeepSeek's); Qwen3-30B-A3B 30.5 B; DeepSeek-V3 as above.
+BENCH_TOTALS = {"qwen3_235b_a22b": (235e9, 22e9, 0.01), "kimi_k2": (1.0e12, 32e9, 0.03),
+                "qwen3_30b_a3b": (30.5e9, None, 0.01), "deepseek_v3": (671e9, 37e9, 0.025)}
+
+
+@pytest.mark.parametrize("name", sorted(BENCH_TOTALS))
+def test_benchmark_config_shapes_match_their_model_cards(name):
+    total, active, rel = BENCH_TOTALS[name]
+    doc = json.loads((BENCH_CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+    shape = decoder_shape(doc)
+    assert shape.params == pytest.approx(total, rel=rel)
+    if active is not None:
+        skipped = shape.embedding_params if shape.kv_lora_rank else 0
+        assert shape.active_params - skipped == pytest.approx(active, rel=rel)
+    if name == "kimi_k2":
+        assert shape.family == "deepseek_v3" and doc["model_type"] == "kimi_k2"
+
+
+def test_latent_attention_qkv_width_sets_the_activation_formula(tmp_path):
+    """DeepSeek-V3's Q, K, V per token: 128 heads × (2 × 192 + 128) = 65,536 elements, not
+    3 × 7,168; the formula's per-layer bytes grow by the difference × 2 bytes (bf16)."""
+    from dataclasses import replace as dc_replace
+
+    from mlflow_gpuopt.perfmodel.activations import layer_bytes_per_token, transformer_dims
+
+    w = read_workload(_write(tmp_path, _fixture("deepseek_v3")), seq_len=4096).workload
+    assert w.qkv_width == 128 * (2 * 192 + 128)
+    with_mla = layer_bytes_per_token(transformer_dims(w), 2.0, 0.0, "flash", False)
+    plain = layer_bytes_per_token(transformer_dims(dc_replace(w, qkv_width=None)), 2.0, 0.0,
+                                  "flash", False)
+    assert with_mla - plain == pytest.approx(2.0 * (65536 - 3 * 7168))

@@ -177,6 +177,9 @@ class TransformerDims:
     vocab_size: float | None = None
     #: key/value heads of grouped-query attention; None: ``num_heads`` (multi-head attention)
     num_kv_heads: int | None = None
+    #: Q, K and V elements per token where the heads' widths are not hidden / heads (latent
+    #: attention); None: ``(1 + 2 × kv_share) × hidden_size``
+    qkv_width: float | None = None
 
     @property
     def kv_share(self) -> float:
@@ -203,7 +206,8 @@ def transformer_dims(workload: Workload) -> TransformerDims | None:
                            ffn_hidden_size=float(ffn), gated_mlp=gated,
                            vocab_size=float(workload.vocab_size) if workload.vocab_size else None,
                            num_kv_heads=int(workload.num_kv_heads) if workload.num_kv_heads
-                           else None)
+                           else None,
+                           qkv_width=float(workload.qkv_width) if workload.qkv_width else None)
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ def layer_bytes_per_token(dims: TransformerDims, element_bytes: float, mask_byte
     # Q, K and V in units of h: K and V at k/a of h where they are kept at k heads (SDPA's
     # own GQA, or checkpointed eager attention); eager attention saves them expanded
     kv = dims.kv_share if attention == "flash" or recompute == "selective" else 1.0
-    qkv = 1.0 + 2.0 * kv
+    qkv = dims.qkv_width / h if dims.qkv_width else 1.0 + 2.0 * kv
     shardable = (qkv * e + e + mlp) * h  # Q, K, V, projection input, MLP inner tensors
     replicated = (4.0 * e + 2.0 * d) * h + 2.0 * NORM_STATS_BYTES  # norms' inputs, masks
     per_token = shardable / t + (replicated / t if sequence_parallel else replicated)

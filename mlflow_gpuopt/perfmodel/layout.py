@@ -131,6 +131,11 @@ class Layout:
     #: ``dp`` group, which hold the same weights (docs/models.md#context-parallelism)
     cp: int = 1
     cp_spans_nodes: bool = False  # the context-parallel group crosses a node boundary
+    #: ranks of one expert-parallel group that share a node: the group's ranks sit next to
+    #: the tensor-parallel ones, inside the pipeline stages (Megatron-core's rank order
+    #: ``tp-cp-ep-dp-pp``, ``initialize_model_parallel``; torchtitan's mesh ``pp`` outermost,
+    #: ``ep`` carved from ``dp_shard`` next to ``tp``), so ``min(ep, gpus per node / tp)``
+    ep_ranks_per_node: int = 1
 
     @property
     def replicas(self) -> int:
@@ -200,8 +205,9 @@ def resolve_layout(config: ParallelConfig) -> Layout:
                   dp_ranks_per_node=min(dp, dp_in_node),
                   dp_spans_nodes=config.nodes > 1 and dp > dp_in_node,
                   pp_spans_nodes=config.nodes > 1 and tp * pp > g, vp=vp, ep=ep,
-                  ep_spans_nodes=config.nodes > 1 and ep > dp_in_node, cp=cp,
-                  cp_spans_nodes=config.nodes > 1 and cp > dp_in_node)
+                  ep_spans_nodes=config.nodes > 1 and ep * tp > g,
+                  ep_ranks_per_node=max(1, min(ep, g // tp)), cp=cp,
+                  cp_spans_nodes=config.nodes > 1 and cp * tp > g)  # tp-cp-ep-dp-pp
 
 
 def validate_config(config: ParallelConfig, hardware: Hardware) -> None:

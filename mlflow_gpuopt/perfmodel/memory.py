@@ -31,7 +31,7 @@ from mlflow_gpuopt.perfmodel.activations import (
 from mlflow_gpuopt.perfmodel import context
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
-from mlflow_gpuopt.perfmodel.moe import routed_expert_params
+from mlflow_gpuopt.perfmodel.moe import largest_unit_params, routed_expert_params
 from mlflow_gpuopt.perfmodel.precision import (
     COMM_ELEMENT_BYTES,
     ELEMENT_BYTES,
@@ -323,7 +323,8 @@ def memory_at(workload: Workload, config: ParallelConfig, layout: Layout,
     shards = layout.tp * layout.pp
     k, _ = optimizer_state_bytes_per_param(workload)
     share = trainable_share(workload)
-    params, big = workload.params / shards, shape.largest_layer_params / layout.tp
+    params = workload.params / shards
+    big = largest_unit_params(workload, layout, shape.largest_layer_params) / layout.tp
     frozen = frozen_weight_bytes(workload, precision)
     experts = routed_expert_params(workload) / shards if layout.ep > 1 else 0.0
     w, g, o = model_states_bytes(params - experts, precision, layout.dp_strategy, layout.dp,

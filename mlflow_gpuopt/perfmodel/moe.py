@@ -25,10 +25,12 @@ def is_moe(workload: Workload) -> bool:
 
 
 def moe_layers(workload: Workload) -> int:
-    """Decoder layers whose MLP is a mixture of experts (every ``moe_layer_freq``-th)."""
+    """Decoder layers whose MLP is a mixture of experts: every ``moe_layer_freq``-th after
+    the ``first_dense_layers``."""
     if not is_moe(workload) or not workload.num_layers:
         return 0
-    return workload.num_layers // max(1, workload.moe_layer_freq or 1)
+    after = max(0, workload.num_layers - (workload.first_dense_layers or 0))
+    return after // max(1, workload.moe_layer_freq or 1)
 
 
 def routed_expert_params(workload: Workload) -> float:
@@ -76,7 +78,7 @@ def alltoall_s(workload: Workload, layout: Layout, hardware: Hardware, micro_bat
     nbytes = alltoall_bytes_per_layer(workload, tokens, act_bytes) * (layout.ep - 1) / layout.ep
     layers = max(1, moe_layers(workload) // layout.pp)
     # bytes leaving the GPU: comm.alltoall_s takes what a rank sends to all its peers
-    per_call = comm.alltoall_s(nbytes, layout.ep, layout.dp_ranks_per_node, hardware)
+    per_call = comm.alltoall_s(nbytes, layout.ep, layout.ep_ranks_per_node, hardware)
     return ALLTOALLS_PER_LAYER * layers * per_call
 
 
@@ -86,6 +88,21 @@ def params_per_shard(workload: Workload, layout: Layout) -> float:
     experts = routed_expert_params(workload) if layout.ep > 1 else 0.0
     shards = layout.tp * layout.pp
     return (workload.params - experts) / shards + experts / (shards * layout.ep)
+
+
+def largest_unit_params(workload: Workload, layout: Layout, largest: float) -> float:
+    """The largest unit FSDP / ZeRO-3 gathers at once, ``largest`` parameters without expert
+    parallelism: under ``ep`` a MoE layer's unit holds this rank's ``1/ep`` of its routed
+    experts only (they are sharded over the expert data-parallel group, not gathered from
+    the other expert-parallel ranks), and stays at least the embedding matrix."""
+    layers = moe_layers(workload)
+    if layout.ep <= 1 or not layers:
+        return largest
+    per_layer = routed_expert_params(workload) / layers
+    if per_layer >= largest:  # the largest unit is not a MoE layer holding all its experts
+        return largest
+    embedding = float(workload.vocab_size or 0) * float(workload.hidden_size or 0)
+    return max(largest - per_layer * (1.0 - 1.0 / layout.ep), min(largest, embedding))
 
 
 def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[str, ...]:

@@ -161,7 +161,9 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         # reduce-scatters under the backward (comm.fsdp_exposed_s).
         fwd = (1.0 - comm.BACKWARD_SHARE) * t_micro
         exposed_dp = comm.fsdp_exposed_s(
-            params_shard * grad_bytes, shape.largest_layer_params / tp * grad_bytes,
+            params_shard * grad_bytes,
+            moe.largest_unit_params(workload, layout, shape.largest_layer_params) / tp
+            * grad_bytes,
             max(1, shape.num_layers // pp), layout, hardware, fwd, t_micro - fwd, kappa)
         step = s * (t_micro + exposed_dp) + t_opt + t_straggle
     else:

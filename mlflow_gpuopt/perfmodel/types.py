@@ -45,6 +45,10 @@ class Workload:
     #: key/value heads (grouped-query attention: fewer than ``num_heads``, dividing it);
     #: None: ``num_heads`` (multi-head attention)
     num_kv_heads: int | None = None
+    #: elements per token of one layer's Q, K and V together as the attention kernel keeps
+    #: them, where they are not ``(1 + 2 × kv_heads / heads) × hidden_size`` (multi-head
+    #: latent attention: heads × (2 × query/key head + value head)); None: that formula
+    qkv_width: int | None = None
     vocab_size: int | None = None
     ffn_hidden_size: int | None = None  # None: 4 × hidden (GELU MLP), 8/3 × hidden (SwiGLU)
     mlp: str | None = None  # "gelu" (two matrices) or "swiglu" (gated, three)
@@ -81,6 +85,9 @@ class Workload:
     expert_ffn_hidden_size: int | None = None  # one expert's MLP inner width
     #: every n-th decoder layer is a MoE layer (1: all; 2: every other); None: 1
     moe_layer_freq: int | None = None
+    #: dense decoder layers before the first MoE one (DeepSeek's ``first_k_dense_replace``);
+    #: None: 0
+    first_dense_layers: int | None = None
     #: tokens an expert takes, over its even share (Switch/GShard); None: dropless, planned
     #: at 1.0 (no imbalance)
     capacity_factor: float | None = None

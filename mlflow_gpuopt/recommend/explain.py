@@ -349,8 +349,10 @@ def explain_winner(win: Candidate, runner_up: Candidate | None, target: Target,
     other = max(0.0, step - p.compute_s - p.exposed_comm_s - p.bubble_s)
     parts = [f"compute {seconds_text(p.compute_s)} ({p.compute_s / step:.0%})"]
     if win.gpus > 1 or p.exposed_comm_s > 0.005 * step:
+        a2a = (f", of which the experts' all-to-all {seconds_text(p.alltoall_s)}"
+               if p.alltoall_s > 0 else "")
         parts.append(f"exposed communication {seconds_text(p.exposed_comm_s)} "
-                     f"({p.exposed_comm_s / step:.0%})")
+                     f"({p.exposed_comm_s / step:.0%}{a2a})")
     if win.config.pp > 1 or p.bubble_s > 0.005 * step:
         parts.append(f"pipeline bubble {seconds_text(p.bubble_s)} ({p.bubble_s / step:.0%})")
     if other > 0.005 * step:

@@ -76,6 +76,8 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
         "step_time_s": c.prediction.step_time_s,
         "exposed_comm_fraction": (c.prediction.exposed_comm_s / c.prediction.step_time_s
                                   if c.prediction.step_time_s > 0 else 0.0),
+        # expert parallelism's dispatch and combine per optimizer step (0 without ep)
+        "alltoall_s": c.prediction.alltoall_s,
         "memory_capacity_bytes": c.prediction.memory_capacity_bytes,
         "memory_usable_bytes": c.prediction.memory_usable_bytes,
         "p_fits": (round(c.prediction.p_fits, 6) if c.prediction.p_fits is not None

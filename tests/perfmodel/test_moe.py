@@ -98,3 +98,47 @@ def test_alltoall_across_nodes_waits_on_the_network():
     sent = 4096 * H * K * 2 * 15 / 16
     inter = sent * 8 / 15 / (400e9 / 8)
     assert t == pytest.approx(4 * L * (20e-6 + inter))
+
+
+def test_the_expert_group_sits_next_to_tensor_parallel_inside_the_pipeline_stages():
+    """Megatron-core's rank order tp-cp-ep-dp-pp (torchtitan: pp outermost): pp8 × ep8 over
+    8 nodes keeps each expert-parallel group of 8 inside one node, so its all-to-all is the
+    NVLink one, not the network's."""
+    layout = resolve_layout(ParallelConfig(gpus_per_node=8, nodes=8,
+                                           strategy="pp8xep8xzero1"))
+    assert (layout.pp, layout.dp, layout.ep, layout.ep_ranks_per_node) == (8, 8, 8, 8)
+    assert not layout.ep_spans_nodes
+    t = moe.alltoall_s(MIXTRAL, layout, H100, 1, 4096, 2)
+    one = 5e-6 + 4096 * H * K * 2 * 7 / 8 / (450e9 * 0.75)
+    assert t == pytest.approx(4 * (L // 8) * one)
+    # with tp2 an ep8 group spans two nodes (4 of its ranks per node)
+    wide = resolve_layout(ParallelConfig(gpus_per_node=8, nodes=2,
+                                         strategy="tp2xep8xzero1"))
+    assert (wide.ep_ranks_per_node, wide.ep_spans_nodes) == (4, True)
+
+
+def test_fsdp_gathers_a_moe_layer_with_this_ranks_experts_only():
+    """Under ep the unit FSDP gathers holds 1/ep of the layer's routed experts (they are not
+    gathered from the other expert-parallel ranks), never less than the embedding."""
+    layer = 4 * H * H + E * H + E * 3 * H * F  # attention (about), router, all experts
+    w = replace(MIXTRAL, largest_layer_params=layer)
+    ep8 = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="ep8xfsdp"))
+    per_layer = E * 3 * H * F
+    assert moe.largest_unit_params(w, ep8, layer) == pytest.approx(
+        layer - per_layer + per_layer / 8)
+    fsdp = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="fsdp"))
+    assert moe.largest_unit_params(w, fsdp, layer) == layer
+    huge_vocab = replace(w, vocab_size=10**7)  # the embedding is the larger unit
+    assert moe.largest_unit_params(huge_vocab, ep8, layer) == layer
+    # and the gathered buffer under ep8xfsdp shrinks accordingly
+    small = memory_per_gpu(w, ParallelConfig(gpus_per_node=8, strategy="ep8xfsdp"))
+    whole = memory_per_gpu(w, ParallelConfig(gpus_per_node=8, strategy="fsdp"))
+    assert small.weights_bytes < whole.weights_bytes
+
+
+def test_first_dense_layers_leave_the_alltoall_of_those_layers_out():
+    layout = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="ep8xfsdp"))
+    full = moe.alltoall_s(MIXTRAL, layout, H100, 1, 4096, 2)
+    three_dense = moe.alltoall_s(replace(MIXTRAL, first_dense_layers=3), layout, H100, 1,
+                                 4096, 2)
+    assert three_dense == pytest.approx(full * (L - 3) / L)

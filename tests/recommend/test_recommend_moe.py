@@ -46,4 +46,13 @@ def test_mixtral_is_recommended_with_expert_parallelism(tmp_path):
     out = json.loads(r.output)
     strategies = [c["strategy"] for c in out["candidates"]]
     assert any("xep" in s for s in strategies), strategies
-    assert "xep" in out["winner"]["strategy"]
+    win = out["winner"]
+    assert "xep" in win["strategy"]
+    # the all-to-all in the winner's breakdown and its explanation, the active-parameter
+    # FLOPs in the notes
+    assert 0 < win["alltoall_s"] <= win["exposed_comm_fraction"] * win["step_time_s"] + 1e-9
+    where = next(line for line in out["explanation"] if line.startswith("Where the time"))
+    assert "the experts' all-to-all" in where
+    assert any("12.9 B active parameters" in n and "46.7 B" in n for n in out["notes"])
+    dense = [c for c in out["candidates"] if "xep" not in c["strategy"]]
+    assert all(c["alltoall_s"] == 0 for c in dense)

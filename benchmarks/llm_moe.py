@@ -1,0 +1,230 @@
+"""The mixture-of-experts rows of ``bench_llm.py``: published MoE pre-training throughput
+(``data/moe_training_throughput.tsv``, whose header names each source, commit and date:
+Megatron-Bridge's performance-summary archive, NeMo AutoModel's performance summary,
+torchtitan's DeepEP README),
+predicted through ``mlflow gpuopt predict`` (``cli_path.run_predict``) as a user would: the
+model's Hugging Face ``config.json`` (``workloads/hf/``) as ``--workload`` with
+``--seq-len``, and the published layout as ``--strategy`` (``tpN x ppN x epN x`` zero1 for
+Megatron's distributed optimizer, fsdp for AutoModel's FSDP2), ``--virtual-stages`` from VP.
+
+Rows not scored (counted and named): context parallel > 1 (``cpN`` is another developer's
+part); an expert-parallel degree that does not divide the data-parallel one (Megatron takes
+the expert group over tp × dp with expert tensor parallel 1; the model's ``ep`` comes from the
+data-parallel ranks); token-dropping runs whose capacity factor the source does not state;
+a run with DeepSeek-V3's multi-token-prediction layer (not in the ``transformers`` model, so
+not in the config.json count). The attention kernel and tensor-parallel overlap are the
+defaults (a ``config.json`` has no keys for them); recomputation is what the run's
+configuration states (AutoModel's: full), else the default (Megatron-Bridge's table does not
+state it).
+
+Tasks (tokens/s per GPU; the dense rows' goals): scaling (the same source, model, GPU, layout
+and micro-batch measured at its smallest GPU count), across GPU types (the same model and
+source measured on the other GPU type, the smallest such run as the observation), and every
+scored row from its config.json alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "moe_training_throughput.tsv"
+CONFIGS = HERE / "workloads" / "hf"
+#: tsv GPU -> (the ``--gpu`` name a user gives, node network Gbit/s: DGX H100 / B200 have
+#: 8 × 400 Gbit/s InfiniBand)
+GPUS = {"H100-SXM-80GB": ("NVIDIA H100 80GB HBM3", 3200.0), "B200": ("NVIDIA B200", 3200.0)}
+TASKS = ("MoE: scaling, from the smallest GPU count", "MoE: across GPU types",
+         "MoE: no measurement (config.json alone)")
+
+
+@dataclass(frozen=True)
+class MoeRow:
+    source: str
+    date: str
+    model: str
+    config: str
+    gpu: str
+    gpus: int
+    tp: int
+    pp: int
+    vp: int
+    ep: int
+    cp: int
+    dp_strategy: str
+    micro_batch: int
+    global_batch: int
+    grad_accum: int | None
+    seq: int
+    precision: str  # bf16 | fp8
+    routing: str
+    recompute: str | None  # none | selective | full; None where the source does not say
+    tokens_per_s_per_gpu: float
+    notes: str
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def accum(self) -> int:
+        if self.grad_accum:
+            return self.grad_accum
+        return max(1, round(self.global_batch / (self.dp * self.micro_batch)))
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // 8)
+
+    @property
+    def strategy(self) -> str:
+        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep))
+                 if v > 1]
+        return "x".join(parts + [self.dp_strategy])
+
+    def skip_reason(self) -> str | None:
+        if self.cp > 1:
+            return "context parallel"
+        if self.dp % self.ep:
+            return f"ep{self.ep} over tp x dp (dp {self.dp})"
+        if self.routing == "tokendrop":
+            return "token dropping, capacity factor not stated"
+        if "MTP" in self.model and "w/o MTP" not in self.model:
+            return "multi-token-prediction layer"
+        if self.gpu not in GPUS:
+            return "GPU not in the catalog"
+        return None
+
+
+def load_moe_rows() -> list[MoeRow]:
+    lines = [ln for ln in DATA.read_text().splitlines() if ln and not ln.startswith("#")]
+    out = []
+    for r in csv.DictReader(lines, delimiter="\t"):
+        accum = r["grad_accum"]
+        out.append(MoeRow(
+            source=r["source"], date=r["date"], model=r["model"], config=r["config"],
+            gpu=r["gpu"], gpus=int(r["gpus"]), tp=int(r["tp"]), pp=int(r["pp"]),
+            vp=int(r["vp"]), ep=int(r["ep"]), cp=int(r["cp"]), dp_strategy=r["dp_strategy"],
+            micro_batch=int(r["micro_batch"]), global_batch=int(r["global_batch"]),
+            grad_accum=None if accum == "NA" else int(accum), seq=int(r["seq_len"]),
+            precision="fp8" if r["precision"].lower().startswith(("fp8", "mxfp8"))
+            else "bf16", routing=r["routing"],
+            recompute=None if r["recompute"] == "NA" else r["recompute"],
+            tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"]), notes=r["notes"]))
+    return out
+
+
+def cli_args(row: MoeRow) -> list[str]:
+    """``mlflow gpuopt predict`` flags: the config.json, its training sequence length and
+    the published layout."""
+    args = ["--workload", str(CONFIGS / f"{row.config}.json"), "--seq-len", str(row.seq),
+            "--gpu", GPUS[row.gpu][0], "--gpus", str(row.gpus), "--nodes", str(row.nodes),
+            "--strategy", row.strategy, "--micro-batch", str(row.micro_batch),
+            "--grad-accum", str(row.accum), "--precision", row.precision,
+            "--inter-node-gbps", str(GPUS[row.gpu][1])]
+    if row.vp > 1 and row.pp > 1:
+        args += ["--virtual-stages", str(row.vp)]
+    if row.recompute:
+        args += ["--recompute", row.recompute]
+    return args
+
+
+def observation_line(row: MoeRow) -> list:
+    samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
+    return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, row.strategy,
+            row.precision, row.accum, row.recompute or "", ""]
+
+
+def predict(target: MoeRow, refs: list[MoeRow], tmp: Path) -> tuple[float, float, float,
+                                                                      bool, dict]:
+    """(tokens/s per GPU, low, high, fits, the command's JSON) for ``target``."""
+    args = cli_args(target)
+    if refs:
+        obs = tmp / "moe_observations.csv"
+        with obs.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(OBSERVATION_COLUMNS)
+            writer.writerows(observation_line(r) for r in refs)
+        args += ["--observations", str(obs)]
+    out = run_predict(args)
+    k = target.seq / target.gpus
+    return (out["throughput_samples_per_s"] * k, out["low"] * k, out["high"] * k,
+            out["fits"], out)
+
+
+def moe_tasks(rows: list[MoeRow]) -> dict[str, list[tuple[MoeRow, list[MoeRow]]]]:
+    scored = [r for r in rows if r.skip_reason() is None]
+    out: dict[str, list[tuple[MoeRow, list[MoeRow]]]] = {name: [] for name in TASKS}
+    for t in scored:
+        out[TASKS[2]].append((t, []))
+        same = [r for r in scored if (r.source, r.model, r.config, r.gpu, r.precision,
+                                      r.micro_batch, r.tp, r.pp, r.ep, r.dp_strategy)
+                == (t.source, t.model, t.config, t.gpu, t.precision, t.micro_batch, t.tp,
+                    t.pp, t.ep, t.dp_strategy)]
+        smallest = min(r.gpus for r in same)
+        if t.gpus > smallest:
+            out[TASKS[0]].append((t, [r for r in same if r.gpus == smallest][:1]))
+        others = [r for r in scored if r.gpu != t.gpu and r.config == t.config
+                  and r.source == t.source and r.precision == t.precision]
+        if others:
+            smallest = min(o.gpus for o in others)
+            out[TASKS[1]].append((t, [o for o in others if o.gpus == smallest][:1]))
+    return out
+
+
+def summarise(name: str, results: list[tuple[float, bool, float]]) -> str:
+    if not results:
+        return f"  {name:40s} n=  0  (no pairs)"
+    errs = sorted(e for e, _, _ in results)
+    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
+    cover = 100.0 * sum(c for _, c, _ in results) / len(results)
+    width = statistics.median(w for _, _, w in results)
+    return (f"  {name:40s} n={len(results):3d} median {statistics.median(errs):6.1f}%  "
+            f"p90 {p90:6.1f}%  coverage {cover:5.1f}%  width {width:5.2f}x")
+
+
+def run(tmp: Path, verbose: bool = False) -> list[str]:
+    """Print every MoE row's prediction per task; return the summary lines."""
+    rows = load_moe_rows()
+    skipped = [(r, r.skip_reason()) for r in rows if r.skip_reason()]
+    print(f"\nMixture-of-experts rows: {len(rows)} ({len(rows) - len(skipped)} scored, "
+          f"{len(skipped)} skipped)")
+    for r, why in skipped:
+        print(f"  skipped {r.source} {r.date} {r.model} {r.gpus}x{r.gpu} {r.strategy}: {why}")
+    lines = []
+    infeasible: set[MoeRow] = set()
+    for name, pairs in moe_tasks(rows).items():
+        print(f"\n== Task {name}")
+        res = []
+        for target, refs in pairs:
+            try:
+                got, low, high, fits, out = predict(target, refs, tmp)
+            except PredictError as exc:
+                print(f"  {target.model} {target.gpus}x{target.gpu}: not predicted ({exc})")
+                continue
+            if not fits and not refs:
+                infeasible.add(target)
+            pub = target.tokens_per_s_per_gpu
+            err = 100.0 * abs(got - pub) / pub
+            res.append((err, low <= pub <= high, high / low))
+            ref = ", ".join(f"{r.gpus}x{r.gpu} {r.strategy}" for r in refs)
+            t = out.get("time_breakdown", {})
+            print(f"  {target.model[:24]:24s} {target.gpus:5d}x{target.gpu:14s} "
+                  f"{target.precision:4s} {target.strategy:20s} mb{target.micro_batch} "
+                  f"published {pub:7.0f} predicted {got:7.0f} ({low:.0f}-{high:.0f}) "
+                  f"err {err:5.1f}%{'' if fits else ' [does not fit]'}  "
+                  f"a2a {1e3 * t.get('alltoall_s', 0.0):.0f} ms of "
+                  f"{1e3 * out.get('step_time_s', 0.0):.0f} ms  from [{ref or 'config alone'}]")
+            if verbose:
+                print("    " + json.dumps(t))
+        lines.append(summarise(name, res))
+    scored = len(rows) - len(skipped)
+    lines.append(f"  published MoE configurations called infeasible: {len(infeasible)} of "
+                 f"{scored} (goal 0)")
+    return lines
