@@ -95,7 +95,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llm_table import DATA, note, num
+from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap
 
 from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
 
@@ -193,24 +193,13 @@ class Row:
     @property
     def tp_comm_overlap(self) -> bool | None:
         """Whether the source's runs overlap tensor-parallel communication with the GEMMs
-        (None without tensor parallelism): NVIDIA's stacks do (Megatron-LM's README: "overlap
-        of DP/TP/PP comm"; NeMo's launcher configs ``ub_tp_comm_overlap: True``, e.g.
-        NeMo-Framework-Launcher ``conf/training/gpt3/175b.yaml``; Megatron-Bridge's performance
-        recipes ``CommOverlapConfig(tp_comm_overlap=True)``); torchtitan's only in its
-        "AsyncTP" variants (vanilla TP waits on each collective)."""
-        if self.tp <= 1:
-            return None
-        if self.family == "nvidia":
-            return True
-        return "asynctp" in self.variant_notes.replace(" ", "").lower()
+        (``llm_table.tp_comm_overlap``)."""
+        return tp_comm_overlap(self.source, self.variant_notes, self.tp)
 
     @property
     def attention_kernel(self) -> str | None:
-        """The fused attention kernel the source runs: NVIDIA's stacks (Megatron-LM, NeMo,
-        Megatron-Bridge) Transformer Engine's ``DotProductAttention``, cuDNN's fused attention on
-        Hopper and Blackwell (``te``); torchtitan PyTorch SDPA, whose flash backend is
-        FlashAttention-2 (None: the default, ``fa2``)."""
-        return "te" if self.family == "nvidia" else None
+        """The fused attention kernel the source runs (``llm_table.attention_kernel``)."""
+        return attention_kernel(self.source)
 
     @property
     def cp_exchange(self) -> str | None:

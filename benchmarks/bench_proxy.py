@@ -17,7 +17,9 @@ Each pair goes through what a user runs, in-process through the click entry poin
 The workload files hold only what a model card or ``config.json`` gives (params, FLOPs per
 sample ``(6·N + 12·L·h·s)·s``, layers, hidden, heads, key/value heads, FFN width, MLP kind,
 vocabulary, sequence length, SDPA attention, no dropout for Llama) and how the job runs
-(precision, FP8 recipe, recomputation): never ``memory_traffic_bytes_per_sample`` or another
+(precision, FP8 recipe, recomputation, the attention kernel and, with tensor parallelism,
+whether its collectives overlap the GEMMs, as ``llm_table`` reads them from the source, the
+same as ``bench_llm.py``): never ``memory_traffic_bytes_per_sample`` or another
 profile-only key. The observations CSV is the proxy's published tokens/s × GPUs ÷ sequence,
 with its layout. Architectures: Llama 2 / 3 from their Hugging Face configs (parameter counts
 and shapes, which the issue allows); GPT-3, Nemotron and Megatron-LM's GPT rows give layers,
@@ -35,11 +37,9 @@ Nothing in the model was set from these pairs: the transfer's width comes from
 ``uncertainty.TRANSFORMER_MFU_SPREAD`` (bench_llm's derivation set), see
 ``perfmodel/transfer.py``.
 
-``--diagnose`` adds two what-ifs that say where the transfer misses (never the product's
-settings): the same pairs with the step model's tensor-parallel all-reduces and pipeline
-point-to-point sends taken as hidden (NVIDIA's stacks overlap them), and with each workload's
-DRAM traffic from its architecture (6 × the activation formula) instead of the FLOPs / 30
-default.
+``--diagnose`` adds a what-if that says how much of the transfer's miss is communication
+(never the product's settings): the same pairs with the step model's tensor-parallel
+collectives and pipeline point-to-point sends taken as free.
 
 Run: ``python benchmarks/bench_proxy.py [-v] [--diagnose]`` (seconds, CPU only; ``-v`` prints
 every pair).
@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli_path import run_predict
-from llm_table import DATA, note, num
+from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap
 
 
 #: tsv GPU -> (catalog GPU, node network Gbit/s per node): DGX H100/B200 and Grand Teton 8 ×
@@ -239,6 +239,12 @@ def workload_doc(row: Row) -> dict:
            "optimizer": "adamw", "attention": "sdpa", "recompute": row.recompute}
     if row.fp8_recipe:
         doc["fp8_recipe"] = row.fp8_recipe
+    overlap = tp_comm_overlap(row.source, row.notes, row.tp)
+    if overlap is not None:
+        doc["tp_comm_overlap"] = overlap
+    kernel = attention_kernel(row.source)
+    if kernel:
+        doc["attention_kernel"] = kernel
     arch = LLAMA.get((kind, row.layers, row.hidden))
     if arch is not None:
         heads, kv, ffn, vocab = arch
@@ -342,29 +348,16 @@ def score(todo: list[tuple[Row, Row]], workload=None) -> list[tuple[float, bool,
 
 
 def diagnose(todo: list[tuple[Row, Row]]) -> None:
-    """What-ifs (module docstring): where the transfer's error comes from."""
+    """The what-if of the module docstring: the pairs with TP and PP communication free."""
     from mlflow_gpuopt.perfmodel import comm
-    from mlflow_gpuopt.perfmodel.activations import TransformerDims, activation_bytes
 
-    print("\nDiagnosis (what-ifs, not the product's settings)")
+    print("\nDiagnosis (what-if, not the product's settings)")
     tp, p2p = comm.tp_allreduce_s, comm.pp_p2p_s
     comm.tp_allreduce_s = comm.pp_p2p_s = lambda *a, **k: 0.0
     try:
-        print(summary("TP all-reduce + PP p2p hidden", score(todo)))
+        print(summary("TP collectives + PP p2p free", score(todo)))
     finally:
         comm.tp_allreduce_s, comm.pp_p2p_s = tp, p2p
-
-    def with_traffic(row: Row) -> dict:
-        doc = workload_doc(row)
-        dims = TransformerDims(
-            num_layers=row.layers, hidden_size=row.hidden, seq_len=row.seq,
-            num_heads=doc["num_heads"], ffn_hidden_size=doc["ffn_hidden_size"],
-            gated_mlp=doc["mlp"] == "swiglu", vocab_size=doc.get("vocab_size"),
-            num_kv_heads=doc.get("num_kv_heads"))
-        act = activation_bytes(dims, 1, 2.0, 0.0, attention="sdpa", recompute="none")
-        return {**doc, "memory_traffic_bytes_per_sample": 6.0 * act.stored_bytes}
-
-    print(summary("DRAM traffic from the architecture", score(todo, with_traffic)))
 
 
 def main() -> None:

@@ -24,3 +24,25 @@ def note(notes: str, key: str) -> str | None:
         if part.lower().startswith(key + "="):
             return part.split("=", 1)[1].strip()
     return None
+
+
+def tp_comm_overlap(source: str, notes: str, tp: int) -> bool | None:
+    """Whether a row's runs overlap tensor-parallel communication with the GEMMs (None
+    without tensor parallelism): NVIDIA's stacks do (Megatron-LM's README: "overlap of DP/TP/PP
+    comm"; NeMo's launcher configs ``ub_tp_comm_overlap: True``, e.g. NeMo-Framework-Launcher
+    ``conf/training/gpt3/175b.yaml``; Megatron-Bridge's performance recipes
+    ``CommOverlapConfig(tp_comm_overlap=True)``); torchtitan's only in its "AsyncTP" variants
+    (vanilla TP waits on each collective)."""
+    if tp <= 1:
+        return None
+    if not source.startswith("torchtitan"):
+        return True
+    return "asynctp" in notes.replace(" ", "").lower()
+
+
+def attention_kernel(source: str) -> str | None:
+    """The fused attention kernel a row's stack runs: NVIDIA's (Megatron-LM, NeMo,
+    Megatron-Bridge) Transformer Engine's ``DotProductAttention``, cuDNN's fused attention on
+    Hopper and Blackwell (``te``); torchtitan PyTorch SDPA, whose flash backend is
+    FlashAttention-2 (None: the default, ``fa2``)."""
+    return None if source.startswith("torchtitan") else "te"

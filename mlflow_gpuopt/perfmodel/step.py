@@ -5,9 +5,10 @@
                                                    buckets under the last backward (comm.py)
     T_step  = s·(T_grad + exposed(T_gather, T_rs)) + T_opt + T_straggle   ZeRO-3 / FSDP: per
                                                    unit, every micro-step (comm.py)
-    T_step  = (s + (p−1)/v)·(T_stage + v·T_p2p) + exposed T_comm + ...    pipeline (1F1B),
-                                                   bubble (p−1)/(v·s) of ideal; its data-
-                                                   parallel traffic by Pollux's overlap
+    T_step  = s·(T_grad + P_exposed) + (p−1)/v·(T_grad + T_p2p) + exposed T_comm + ...
+                                                   pipeline (1F1B / interleaved), bubble
+                                                   (p−1)/(v·s) of ideal; its data-parallel
+                                                   traffic by Pollux's overlap
                                                    (T_stage^γ + T_comm^γ)^(1/γ)
 
 Context parallel (``cp``) splits each sample's sequence: a GPU's per-sample work ``b`` is
@@ -18,7 +19,11 @@ group that reduces the gradients is the replicas × ``cp``.
 The pipeline bubble is Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
 on GPU Clusters Using Megatron-LM", Sec. 2.2): (p−1)/m of the ideal time for 1F1B with m
 micro-batches, (p−1)/(v·m) with the interleaved schedule's v model chunks per device, whose
-point-to-point traffic grows v-fold (each micro-batch crosses v times as many stage boundaries).
+point-to-point traffic ``T_p2p`` grows v-fold (each micro-batch crosses v times as many stage
+boundaries). Each GPU sends 1/tp of the ``b·s·h`` boundary (sequence parallelism,
+:func:`pp_boundary_bytes`); the interleaved schedule overlaps its sends and receives with
+compute, 1F1B does not (``P_exposed``, :func:`pp_exposed_p2p_s`); the fill and drain cross
+p−1 boundaries each way in the open.
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
 ``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
@@ -87,6 +92,38 @@ class StepTerms:
     cp_exchange_total_s: float = 0.0
 
 
+def pp_boundary_bytes(micro_batch: float, shape: Shape, act_bytes: int, tp: int,
+                      cp: int = 1) -> float:
+    """Bytes one GPU sends across one pipeline-stage boundary per micro-batch, one direction:
+    the residual stream ``b·s·h``, split over the ``tp`` ranks of the stage by sequence
+    parallelism (each rank sends its ``s/tp`` rows on its own link). Megatron-Core's schedules
+    communicate ``(s/tp, b, h)`` under ``--sequence-parallel`` (``schedules.py``
+    ``get_tensor_shapes``); torchtitan's tensor-parallel plan keeps the residual stream
+    sequence-sharded (``SequenceParallel`` norms, ``Shard(1)`` block outputs) between stages.
+    Sequence parallelism is taken on wherever tp > 1, as the activation memory takes it
+    (``activations.py``); context parallelism keeps ``s/cp`` of each sample on a rank."""
+    return (micro_batch * shape.seq_len * shape.hidden_size * act_bytes
+            / (max(1, tp) * max(1, cp)))
+
+
+def pp_exposed_p2p_s(t_p2p: float, t_micro: float, vp: int) -> float:
+    """Seconds one micro-step's pipeline sends and receives ``t_p2p`` (all ``v`` chunks, both
+    directions) add to it in the steady state.
+
+    The interleaved schedule (``v > 1``) posts the next chunk's receive and this chunk's send
+    asynchronously and computes meanwhile (Megatron's ``overlap_p2p_comm``, on by default and
+    only possible with interleaving: ``arguments.py`` turns it off for the non-interleaved
+    schedule; PyTorch's ``ScheduleInterleaved1F1B`` posts the receives one action ahead), so
+    only what the micro-step's compute cannot cover adds. The non-interleaved 1F1B schedule
+    sends and receives as one blocking batch between its forward and backward passes: all of
+    it adds."""
+    if t_p2p <= 0:
+        return 0.0
+    if vp > 1:
+        return max(0.0, t_p2p - t_micro)
+    return t_p2p
+
+
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
                micro_batch: float, grad_accum: int, shape: Shape, optimizer_state_bytes: float,
                calib: Calibration, recompute_factor: float = 1.0,
@@ -148,10 +185,14 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
 
     bubble = 0.0
     if pp > 1:
-        boundary = micro_batch * seq_local * shape.hidden_size * act_bytes
         vp = max(1, layout.vp)
-        t_stage = t_micro + kappa * vp * comm.pp_p2p_s(boundary, layout, hardware)
-        bubble = (pp - 1) * t_stage / vp
+        boundary = pp_boundary_bytes(micro_batch, shape, act_bytes, tp, cp)
+        t_p2p = kappa * vp * comm.pp_p2p_s(boundary, layout, hardware)
+        # Steady state: each micro-step waits for its sends unless the schedule overlaps them.
+        t_stage = t_micro + pp_exposed_p2p_s(t_p2p, t_micro, vp)
+        # Fill and drain: p−1 chunk times (1/v of a micro-step each) and p−1 boundary
+        # crossings each way, which nothing hides (Narayanan et al. 2021, Sec. 2.2).
+        bubble = (pp - 1) * (t_micro + t_p2p) / vp
         pipe = s * t_stage + bubble
         t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
