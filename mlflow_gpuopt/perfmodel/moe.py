@@ -153,7 +153,8 @@ def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precis
     """Seconds per micro-step on one GPU of this pipeline stage's MoE layers beyond their
     dense part, by cause (before calibration): ``permute`` (traffic), ``expert_gemm`` (the
     experts' GEMMs at ``M`` = :func:`tokens_per_expert` against the dense layers' ``M`` =
-    the micro-batch's tokens), ``dispatch`` (host launches) and ``sync`` (dropless only).
+    the micro-batch's tokens), ``dispatch`` (host launches, unless the profile counted the
+    kernels) and ``sync`` (dropless only).
     ``seq_len`` is a sample's tokens on the GPU (``seq/cp``); all zero for a dense model."""
     parts = dict.fromkeys(("permute", "expert_gemm", "dispatch", "sync"), 0.0)
     layers = moe_layers(workload)
@@ -178,11 +179,13 @@ def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precis
             rate = (peak_flops_per_s(hardware.peak_flops_per_s, precision)
                     * matmul_efficiency(hardware, precision)[0])
             parts["expert_gemm"] = flops / rate * (1 / ratio - 1)
-    local = max(1, (workload.num_experts or 1) // layout.ep)
-    per_expert = GEMMS_PER_EXPERT_STEP + (FP8_CASTS_PER_EXPERT_STEP if precision == "fp8"
-                                          else 0)
-    parts["dispatch"] = (layers * (ROUTER_KERNELS_PER_LAYER_STEP + per_expert * local)
-                         * KERNEL_DISPATCH_S)
+    if not (workload.kernels_per_micro_step and workload.kernels_per_micro_step > 0):
+        # a profiled run's kernel count has them already (compute.kernel_count)
+        local = max(1, (workload.num_experts or 1) // layout.ep)
+        per_expert = GEMMS_PER_EXPERT_STEP + (FP8_CASTS_PER_EXPERT_STEP if precision == "fp8"
+                                              else 0)
+        parts["dispatch"] = (layers * (ROUTER_KERNELS_PER_LAYER_STEP + per_expert * local)
+                             * KERNEL_DISPATCH_S)
     if workload.capacity_factor is None:
         parts["sync"] = layers * SYNC_STALL_S
     return parts

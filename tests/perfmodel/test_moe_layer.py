@@ -66,6 +66,12 @@ def test_launches_count_the_router_and_each_local_experts_gemms():
         32 * (70 + 10 * 8) * 10e-6)
 
 
+def test_a_profiled_kernel_count_already_has_the_launches():
+    counted = replace(MIXTRAL, kernels_per_micro_step=9000.0)
+    parts = moe.layer_parts_s(counted, EP8, H100, "bf16", 1, SEQ)
+    assert parts["dispatch"] == 0.0 and parts["sync"] > 0.0
+
+
 def test_only_a_dropless_layer_syncs_with_the_host():
     assert moe.layer_parts_s(MIXTRAL, EP8, H100, "bf16", 1, SEQ)["sync"] == pytest.approx(
         32 * 2 * 10e-6)
