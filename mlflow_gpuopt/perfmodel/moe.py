@@ -6,17 +6,66 @@ experts and back: with ``ep`` expert-parallel ranks, 2 all-to-alls in forward (d
 combine) and 2 in backward, each moving ``tokens × hidden × top-k × element bytes`` per
 GPU, of which ``(ep − 1)/ep`` leaves the GPU. A capacity factor lets the busiest rank take
 that many times its even share, and every rank waits for it. They are not overlapped.
+
+Each MoE layer also costs, per micro-step, what a dense MLP does not (:func:`layer_time_s`):
+the permutation traffic (the routed copies of the hidden states read and written by the
+permute, local sort, unsort and unpermute kernels), the expert GEMMs' lower efficiency at
+``M`` = the tokens one expert takes, the host-side launches of the router, the dispatcher
+and each local expert's GEMMs, and in a dropless layer the device-to-host sync of the
+per-expert token counts (docs/models.md#mixture-of-experts).
 """
 
 from __future__ import annotations
 
 from mlflow_gpuopt.perfmodel import comm
+from mlflow_gpuopt.perfmodel.compute import (
+    KERNEL_DISPATCH_S,
+    matmul_efficiency,
+    memory_efficiency,
+)
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import Layout
+from mlflow_gpuopt.perfmodel.precision import COMM_ELEMENT_BYTES, peak_flops_per_s
 from mlflow_gpuopt.perfmodel.types import Hardware, Workload
 
 #: all-to-alls per MoE layer per micro-step: dispatch and combine, forward and backward
 ALLTOALLS_PER_LAYER = 4
+#: Passes over the routed copies (tokens × top-k × hidden) per MoE layer per micro-step:
+#: Megatron-core's alltoall dispatcher permutes the tokens into expert order before the
+#: all-to-all, sorts the received chunks by local expert after it (omitted where ``ep`` equals
+#: the experts: Megatron-core MoE README, "Performance Best Practice"), and undoes both after
+#: the experts: 4 memory-bound kernels, each reading and writing every routed copy (2
+#: passes), in the forward and again in the backward: 4 × 2 × 2.
+PERMUTE_PASSES = 16
+#: Rows of a GEMM at which it reaches half its large-``M`` efficiency: about one 128-row
+#: tile (Hopper's ``wgmma`` kernels tile ``M`` by 64-128). From DeepGEMM's README
+#: performance tables (deepseek-ai/DeepGEMM, first release, FP8 on H800, NVCC 12.8), the
+#: same N × K at M = 64, 128, 256, 512, 1024 against M = 4096: N 4096 × K 7168 reaches 287,
+#: 533, 932, 1040, 1233 of 1304 TFLOP/s, N 7168 × K 2048 295, 510, 815, 916, 925 of 1025;
+#: solving ``M / (M + M0)`` for each gives M0 of 60-230, median about 120.
+GEMM_HALF_EFFICIENCY_M = 128.0
+#: Host-side launches of one MoE layer beyond its dense part (``compute.KERNELS_PER_LAYER_STEP``
+#: counts the dense layer): the router (its linear layer, score function, top-k, the
+#: normalisation and load-balancing loss: ~12 operators), the dispatcher (the token counts,
+#: their copy to the host, the permutation and its index, 2 all-to-alls each way, the local
+#: sort and unsort, the unpermute and the probability product: ~12): ~24 in the forward and
+#: about twice that in the backward, counted from how Megatron-core's alltoall dispatcher
+#: runs: ~70.
+ROUTER_KERNELS_PER_LAYER_STEP = 70
+#: GEMM launches per local expert per micro-step: Transformer Engine's GroupedLinear (what
+#: Megatron-core's ``--moe-grouped-gemm`` runs) "launch[es] multiple local GEMM kernels in
+#: multiple streams" (Megatron-core MoE README, arguments table), one per local expert; an
+#: expert has 2 linear layers (the gate and up projections fused, the down projection),
+#: each 1 GEMM forward and 2 backward (input and weight gradients).
+GEMMS_PER_EXPERT_STEP = 6
+#: FP8's casts per local expert per micro-step: each linear layer's input quantised in the
+#: forward and its output gradient in the backward, per expert (the expert's token slice).
+FP8_CASTS_PER_EXPERT_STEP = 4
+#: A dropless layer's host sync: the per-expert token counts are copied to the host once per
+#: forward (the all-to-all's split sizes and the GEMMs' ``M``; the backward reuses them), the
+#: CPU waits for the queue to drain (the copy's launch) and the GPU then idles until the
+#: next kernel is launched: 2 launches' worth (``compute.KERNEL_DISPATCH_S``).
+SYNC_STALL_S = 2 * KERNEL_DISPATCH_S
 
 
 def is_moe(workload: Workload) -> bool:
@@ -80,6 +129,78 @@ def alltoall_s(workload: Workload, layout: Layout, hardware: Hardware, micro_bat
     # bytes leaving the GPU: comm.alltoall_s takes what a rank sends to all its peers
     per_call = comm.alltoall_s(nbytes, layout.ep, layout.ep_ranks_per_node, hardware)
     return ALLTOALLS_PER_LAYER * layers * per_call
+
+
+def tokens_per_expert(workload: Workload, layout: Layout, micro_batch: float,
+                      seq_len: float) -> float:
+    """Rows one local expert's GEMM takes in a micro-step (its ``M``) at an even load: the GPU's
+    ``micro_batch × seq_len / tp`` tokens × top-k, from all ``ep`` ranks, over the experts
+    (× the capacity factor where tokens are padded to it)."""
+    k = workload.experts_per_token or 1
+    capacity = workload.capacity_factor or 1.0
+    return (micro_batch * seq_len / layout.tp * k * layout.ep * capacity
+            / max(1, workload.num_experts or 1))
+
+
+def gemm_efficiency(rows: float) -> float:
+    """Share of its large-``M`` efficiency a GEMM of ``rows`` rows reaches:
+    ``M / (M + GEMM_HALF_EFFICIENCY_M)``."""
+    return rows / (rows + GEMM_HALF_EFFICIENCY_M) if rows > 0 else 0.0
+
+
+def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precision: str,
+                  micro_batch: float, seq_len: float) -> dict[str, float]:
+    """Seconds per micro-step on one GPU of this pipeline stage's MoE layers beyond their
+    dense part, by cause (before calibration): ``permute`` (traffic), ``expert_gemm`` (the
+    experts' GEMMs at ``M`` = :func:`tokens_per_expert` against the dense layers' ``M`` =
+    the micro-batch's tokens), ``dispatch`` (host launches, unless the profile counted the
+    kernels) and ``sync`` (dropless only).
+    ``seq_len`` is a sample's tokens on the GPU (``seq/cp``); all zero for a dense model."""
+    parts = dict.fromkeys(("permute", "expert_gemm", "dispatch", "sync"), 0.0)
+    layers = moe_layers(workload)
+    if not layers or not workload.hidden_size:
+        return parts
+    layers = max(1, layers // layout.pp)
+    k = workload.experts_per_token or 1
+    capacity = workload.capacity_factor or 1.0
+    hidden = float(workload.hidden_size)
+    tokens = micro_batch * seq_len / layout.tp
+    element = COMM_ELEMENT_BYTES[precision]  # hidden states permuted at 16 bit under FP8
+    routed_bytes = tokens * k * capacity * hidden * element
+    parts["permute"] = (layers * PERMUTE_PASSES * routed_bytes
+                        / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware)))
+    width = workload.expert_ffn_hidden_size
+    if width:
+        matrices = 2 if (workload.mlp or "swiglu") == "gelu" else 3
+        flops = 6.0 * tokens * k * capacity * matrices * hidden * width * layers
+        ratio = (gemm_efficiency(tokens_per_expert(workload, layout, micro_batch, seq_len))
+                 / gemm_efficiency(micro_batch * seq_len))
+        if 0 < ratio < 1:
+            rate = (peak_flops_per_s(hardware.peak_flops_per_s, precision)
+                    * matmul_efficiency(hardware, precision)[0])
+            parts["expert_gemm"] = flops / rate * (1 / ratio - 1)
+    if not (workload.kernels_per_micro_step and workload.kernels_per_micro_step > 0):
+        # a profiled run's kernel count has them already (compute.kernel_count)
+        local = max(1, (workload.num_experts or 1) // layout.ep)
+        per_expert = GEMMS_PER_EXPERT_STEP + (FP8_CASTS_PER_EXPERT_STEP if precision == "fp8"
+                                              else 0)
+        parts["dispatch"] = (layers * (ROUTER_KERNELS_PER_LAYER_STEP + per_expert * local)
+                             * KERNEL_DISPATCH_S)
+    if workload.capacity_factor is None:
+        parts["sync"] = layers * SYNC_STALL_S
+    return parts
+
+
+def layer_time_s(workload: Workload, layout: Layout, hardware: Hardware, precision: str,
+                 micro_batch: float, seq_len: float, compute_scale: float = 1.0,
+                 overhead_scale: float = 1.0) -> float:
+    """:func:`layer_parts_s` summed: the GPU's work (permutation, expert GEMMs) at
+    ``compute_scale``, the host's (launches, the sync) at ``overhead_scale``."""
+    if not is_moe(workload):
+        return 0.0
+    p = layer_parts_s(workload, layout, hardware, precision, micro_batch, seq_len)
+    return (compute_scale * (p["permute"] + p["expert_gemm"])
+            + overhead_scale * (p["dispatch"] + p["sync"]))
 
 
 def params_per_shard(workload: Workload, layout: Layout) -> float:

@@ -147,7 +147,9 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     a = (kr * weight_traffic_time_s(params_shard, hardware, precision)
          + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
     b = k * per_sample_time_prior_s(workload, hardware, precision) / (shards * cp)
-    t_grad = a + b * micro_batch
+    t_grad = a + b * micro_batch + moe.layer_time_s(  # MoE layers beyond their dense part
+        workload, layout, hardware, precision, micro_batch, seq_local, k,
+        kr if calib.overhead_scale is None else calib.overhead_scale)
     if calib.latency_fixed_flops or calib.latency_per_sample_flops:
         # Each stage runs its share of the kernels; tensor parallelism splits each kernel.
         t_grad += latency_time_s(calib.latency_fixed_flops / pp,

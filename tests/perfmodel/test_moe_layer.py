@@ -1,0 +1,99 @@
+"""A MoE layer's own work beyond its dense part (``moe.layer_time_s``): permutation traffic,
+expert GEMMs at small M, the router's and experts' launches and the dropless host sync, each
+worked out by hand from the constants docs/models.md#mixture-of-experts states."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mlflow_gpuopt.perfmodel import moe, step
+from mlflow_gpuopt.perfmodel.layout import resolve_layout
+from mlflow_gpuopt.perfmodel.shape import Shape
+from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Workload
+
+H100 = Hardware(gpu="H100-SXM5-80GB", memory_bytes=80e9, memory_bandwidth_bytes_per_s=3.35e12,
+                peak_flops_per_s={"fp32": 66.9e12, "bf16": 989.4e12, "fp8": 1978.9e12},
+                intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=400e9)
+H, F, L, E, K, SEQ = 4096, 14336, 32, 8, 2, 4096
+MIXTRAL = Workload(params=46_702_792_704, flops_per_sample=3.4e14, precision="bf16",
+                   micro_batch=1, tokens_per_sample=SEQ, num_layers=L, hidden_size=H,
+                   num_heads=32, num_kv_heads=8, vocab_size=32000, ffn_hidden_size=K * F,
+                   mlp="swiglu", num_experts=E, experts_per_token=K, expert_ffn_hidden_size=F,
+                   optimizer="adamw")
+EP8 = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="ep8xfsdp"))
+#: 75% of the datasheet bandwidth (compute.MEMORY_EFFICIENCY); Hopper bf16 GEMMs at 60% of
+#: peak x Hopper's MFU over Ampere's (0.46 / 0.538, compute.tensor_efficiency)
+STREAM_BPS = 3.35e12 * 0.75
+BF16_RATE = 989.4e12 * 0.6 * 0.46 / 0.538
+
+
+def test_permutation_traffic_is_sixteen_passes_over_the_routed_copies():
+    parts = moe.layer_parts_s(MIXTRAL, EP8, H100, "bf16", 1, SEQ)
+    # 32 layers x 16 passes x 4096 tokens x 2 experts x 4096 hidden x 2 bytes
+    assert parts["permute"] == pytest.approx(32 * 16 * 4096 * 2 * 4096 * 2 / STREAM_BPS)
+    dropping = moe.layer_parts_s(replace(MIXTRAL, capacity_factor=1.25), EP8, H100, "bf16",
+                                 1, SEQ)
+    assert dropping["permute"] == pytest.approx(1.25 * parts["permute"])
+    pp2 = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="pp2xep4xfsdp"))
+    assert moe.layer_parts_s(MIXTRAL, pp2, H100, "bf16", 1, SEQ)["permute"] == pytest.approx(
+        parts["permute"] / 2)  # a stage holds half the layers
+
+
+def test_expert_gemms_lose_efficiency_at_small_m():
+    # Mixtral's 8 experts on 8 ranks: each expert takes 4096 x 2 x 8 / 8 = 8192 rows, more
+    # than the dense layers' 4096: no penalty
+    assert moe.tokens_per_expert(MIXTRAL, EP8, 1, SEQ) == 8192
+    assert moe.layer_parts_s(MIXTRAL, EP8, H100, "bf16", 1, SEQ)["expert_gemm"] == 0.0
+    # 64 experts: 4096 x 2 x 8 / 64 = 1024 rows per expert
+    fine = replace(MIXTRAL, num_experts=64)
+    assert moe.tokens_per_expert(fine, EP8, 1, SEQ) == 1024
+    ratio = (1024 / (1024 + 128)) / (4096 / (4096 + 128))
+    flops = 6 * 4096 * 2 * 3 * 4096 * 14336 * 32
+    got = moe.layer_parts_s(fine, EP8, H100, "bf16", 1, SEQ)["expert_gemm"]
+    assert got == pytest.approx(flops / BF16_RATE * (1 / ratio - 1))
+    assert moe.gemm_efficiency(128) == pytest.approx(0.5)
+
+
+def test_launches_count_the_router_and_each_local_experts_gemms():
+    # ep8 of 8 experts: 1 local expert, 70 + 6 launches per layer at 10 us
+    assert moe.layer_parts_s(MIXTRAL, EP8, H100, "bf16", 1, SEQ)["dispatch"] == pytest.approx(
+        32 * (70 + 6) * 10e-6)
+    # FP8 adds 4 casts per local expert; 64 experts on 8 ranks: 8 local
+    fine = replace(MIXTRAL, num_experts=64)
+    assert moe.layer_parts_s(fine, EP8, H100, "fp8", 1, SEQ)["dispatch"] == pytest.approx(
+        32 * (70 + 10 * 8) * 10e-6)
+
+
+def test_a_profiled_kernel_count_already_has_the_launches():
+    counted = replace(MIXTRAL, kernels_per_micro_step=9000.0)
+    parts = moe.layer_parts_s(counted, EP8, H100, "bf16", 1, SEQ)
+    assert parts["dispatch"] == 0.0 and parts["sync"] > 0.0
+
+
+def test_only_a_dropless_layer_syncs_with_the_host():
+    assert moe.layer_parts_s(MIXTRAL, EP8, H100, "bf16", 1, SEQ)["sync"] == pytest.approx(
+        32 * 2 * 10e-6)
+    assert moe.layer_parts_s(replace(MIXTRAL, capacity_factor=1.0), EP8, H100, "bf16", 1,
+                             SEQ)["sync"] == 0.0
+
+
+def test_a_dense_model_has_none_of_it():
+    dense = replace(MIXTRAL, num_experts=None, experts_per_token=None,
+                    expert_ffn_hidden_size=None)
+    single = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="fsdp"))
+    assert moe.layer_time_s(dense, single, H100, "bf16", 1, SEQ) == 0.0
+    assert set(moe.layer_parts_s(dense, single, H100, "bf16", 1, SEQ).values()) == {0.0}
+
+
+def test_the_step_adds_it_to_every_micro_steps_compute(monkeypatch):
+    shape = Shape(num_layers=L, hidden_size=H, seq_len=SEQ, largest_layer_params=1e9,
+                  assumptions=())
+    calib = step.Calibration(compute_scale=1.3, fixed_scale=1.0, overhead_scale=0.7)
+    with_moe = step.step_terms(MIXTRAL, H100, "bf16", EP8, 1, 4, shape, 12.0, calib)
+    p = moe.layer_parts_s(MIXTRAL, EP8, H100, "bf16", 1, SEQ)
+    own = 1.3 * (p["permute"] + p["expert_gemm"]) + 0.7 * (p["dispatch"] + p["sync"])
+    monkeypatch.setattr(moe, "layer_time_s", lambda *a, **k: 0.0)
+    without = step.step_terms(MIXTRAL, H100, "bf16", EP8, 1, 4, shape, 12.0, calib)
+    assert with_moe.compute_s - without.compute_s == pytest.approx(4 * own)
