@@ -80,7 +80,11 @@ workload) print after the dense ones, with their own summary; ``--moe`` runs the
 
 Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--moe``, ``--derive-fp8`` and
 ``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and
-``uncertainty.SIGMA_PRIOR_TRANSFORMER``.
+``uncertainty.SIGMA_PRIOR_TRANSFORMER``. ``--derive-gemm-efficiency`` inverts the whole model
+on the derivation rows for the GEMMs' own efficiency per GPU generation and precision (the
+rate at which the predicted step reproduces each published whole-step MFU), scores task 5 with
+it and leaves one source out at a time; ``--derived-gemm`` runs every task with that prior
+(docs/accuracy.md, "Large-language-model training", says what it changes).
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -520,6 +525,180 @@ def derive_prior_width(rows: list[Row]) -> None:
           f"(rms over {len(every)} derivation rows)")
 
 
+#: The GEMM-efficiency groups ``derive_gemm_efficiency`` solves, in order: Hopper fp8 after
+#: Hopper bf16, whose figure its rows' bf16 parts take.
+GEMM_GROUPS = (("ampere", "bf16"), ("hopper", "bf16"), ("hopper", "fp8"))
+
+
+def gemm_group(row: Row) -> tuple[str, str]:
+    """The (architecture, precision) group a row's matmuls belong to (Blackwell: Hopper's)."""
+    from mlflow_gpuopt.perfmodel import compute
+
+    return compute.transformer_mfu_group((compute.architecture(row.gpu), row.precision))
+
+
+@contextmanager
+def gemm_table(table: dict[tuple[str, str], float]):
+    """Run the model with the matmuls of each group in ``table`` at that share of the dense
+    peak (the GEMMs' own rate), in place of ``compute.tensor_efficiency``'s whole-step-MFU
+    ratio; groups not in ``table`` keep the shipped figure."""
+    from mlflow_gpuopt.perfmodel import compute
+    from mlflow_gpuopt.perfmodel.precision import normalize_precision
+
+    shipped = compute.tensor_efficiency
+
+    def efficiency(gpu: str, precision: str) -> float:
+        p = normalize_precision(precision)
+        key = compute.transformer_mfu_group((compute.architecture(gpu),
+                                             "bf16" if p == "fp16" else p))
+        return table[key] if key in table else shipped(gpu, precision)
+
+    compute.tensor_efficiency = efficiency
+    try:
+        yield
+    finally:
+        compute.tensor_efficiency = shipped
+
+
+def solve_gemm_efficiency(row: Row, table: dict[tuple[str, str], float],
+                          key: tuple[str, str], tmp: Path) -> float:
+    """The GEMM efficiency of group ``key`` (the others as in ``table``) at which the whole
+    predicted step of ``row`` (its workload file alone, the CLI path) equals its published
+    tokens/s: bisection in log over 0.1-1.0 (1.0 where even that predicts too slow)."""
+    lo, hi = math.log(0.1), math.log(1.0)
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        with gemm_table({**table, key: math.exp(mid)}):
+            got = predict(row, [], tmp)[0]
+        lo, hi = (mid, hi) if got < row.tokens_per_s_per_gpu else (lo, mid)
+    return math.exp(0.5 * (lo + hi))
+
+
+def derive_gemm_efficiency(rows: list[Row], without: str | None = None,
+                           verbose: bool = True) -> dict[tuple[str, str], float]:
+    """Per group (``GEMM_GROUPS``, in order, each solved with the earlier ones set) the median
+    over the derivation rows of :func:`solve_gemm_efficiency`: the matmul rate at which the
+    model's whole step reproduces each published whole-step throughput. ``without`` leaves
+    one source out; a group left without rows takes :func:`fill_missing`'s transfer."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_gemm_"))
+    out: dict[tuple[str, str], float] = {}
+    for key in GEMM_GROUPS:
+        members = [r for r in rows if r.derivation and r.source != without
+                   and gemm_group(r) == key]
+        if not members:
+            continue
+        solved = [solve_gemm_efficiency(r, out, key, tmp) for r in members]
+        out[key] = statistics.median(solved)
+        if verbose:
+            print(f"  {key[0]:7s} {key[1]:5s} {len(solved):3d} rows "
+                  f"({', '.join(sorted({r.source for r in members}))}): median "
+                  f"{out[key]:.3f} (range {min(solved):.3f}-{max(solved):.3f})")
+    return fill_missing(out)
+
+
+def fill_missing(table: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """A group left without rows (leave-one-source-out) takes the other generation's figure
+    at bf16, or (fp8) its own generation's bf16 figure: the same share of the doubled peak."""
+    out = dict(table)
+    out.setdefault(("ampere", "bf16"), out.get(("hopper", "bf16")))
+    out.setdefault(("hopper", "bf16"), out[("ampere", "bf16")])
+    out.setdefault(("hopper", "fp8"), out[("hopper", "bf16")])
+    return out
+
+
+def log_errors(rows: list[Row], table: dict[tuple[str, str], float], tmp: Path
+               ) -> list[tuple[Row, float, float, float]]:
+    """(row, predicted, low, high) from the workload alone under ``table``."""
+    out = []
+    with gemm_table(table):
+        for r in rows:
+            try:
+                got, low, high, _ = predict(r, [], tmp)
+            except PredictError:
+                continue
+            out.append((r, got, low, high))
+    return out
+
+
+def derive_gemm_report(rows: list[Row]) -> None:
+    """``--derive-gemm-efficiency``: the GEMM efficiencies from every derivation source and
+    task 5 scored with them (the shipped prior first), then leave one source out at a time
+    (task 5 and that source's own rows, predicted without it); then the prior width those
+    left-out rows give (what ``uncertainty.SIGMA_PRIOR_TRANSFORMER`` would be)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_gemm_"))
+    report = [r for r in rows if not r.derivation]
+
+    def task5(table: dict) -> str:
+        res = [(100.0 * abs(got - r.tokens_per_s_per_gpu) / r.tokens_per_s_per_gpu,
+                low <= r.tokens_per_s_per_gpu <= high, high / low)
+               for r, got, low, high in log_errors(report, table, tmp)]
+        return summarise("5 workload alone", res).strip()
+
+    print("shipped prior (compute.tensor_efficiency):")
+    print("  " + task5({}))
+    print("GEMM efficiency inverted from every derivation source:")
+    full = derive_gemm_efficiency(rows)
+    print("  " + task5(full))
+    left_out = []
+    for source in sorted({r.source for r in rows if r.derivation}):
+        table, own = left_out_errors(rows, source, tmp)
+        left_out += own
+        print(f"without {source}: "
+              + ", ".join(f"{k[0]} {k[1]} {v:.3f}" for k, v in table.items()))
+        print(f"  its {len(own)} rows: mean log(published/predicted) "
+              f"{statistics.fmean(own):+.3f}, rms {rms(own):.3f}")
+        print("  " + task5(table))
+    print(f"prior width, rms over the {len(left_out)} derivation rows each predicted without "
+          f"its source: {rms(left_out):.3f}")
+
+
+def rms(values: list[float]) -> float:
+    return math.sqrt(statistics.fmean(x * x for x in values))
+
+
+def left_out_errors(rows: list[Row], source: str, tmp: Path
+                    ) -> tuple[dict[tuple[str, str], float], list[float]]:
+    """(the GEMM table derived without ``source``, log(published / predicted) of that
+    source's derivation rows under it)."""
+    table = derive_gemm_efficiency(rows, without=source, verbose=False)
+    own = [math.log(r.tokens_per_s_per_gpu / got) for r, got, _, _ in
+           log_errors([r for r in rows if r.derivation and r.source == source], table, tmp)]
+    return table, own
+
+
+@contextmanager
+def derived_gemm_prior(rows: list[Row]):
+    """``--derived-gemm``: the whole benchmark with the inverted GEMM efficiencies
+    (:func:`derive_gemm_efficiency`) and, as the prior's width, the leave-one-source-out rms
+    of the derivation rows (``uncertainty.SIGMA_PRIOR_TRANSFORMER`` re-derived the same
+    way) and ``compute.FP8_RECIPE_EFFICIENCY`` re-derived under them, to see what that prior
+    changes on every task before it is shipped."""
+    from mlflow_gpuopt.perfmodel import uncertainty
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_gemm_"))
+    print("GEMM efficiency inverted from every derivation source:")
+    table = derive_gemm_efficiency(rows)
+    width = rms([x for source in sorted({r.source for r in rows if r.derivation})
+                 for x in left_out_errors(rows, source, tmp)[1]])
+    print(f"  prior width (leave-one-source-out rms): {width:.3f}")
+    from mlflow_gpuopt.perfmodel import compute
+
+    with gemm_table(table):
+        recipes = derive_fp8_recipe_efficiency()
+    print("  FP8_RECIPE_EFFICIENCY re-derived on torchao's README with it: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in recipes.items()))
+    saved = uncertainty.SIGMA_PRIOR_TRANSFORMER, dict(compute.FP8_RECIPE_EFFICIENCY)
+    uncertainty.SIGMA_PRIOR_TRANSFORMER = width
+    compute.FP8_RECIPE_EFFICIENCY.update(recipes)
+    try:
+        with gemm_table(table):
+            yield
+    finally:
+        uncertainty.SIGMA_PRIOR_TRANSFORMER = saved[0]
+        compute.FP8_RECIPE_EFFICIENCY.clear()
+        compute.FP8_RECIPE_EFFICIENCY.update(saved[1])
+
+
 def moe_section(tmp: Path) -> list[str]:
     """The mixture-of-experts rows (``llm_moe.py``: published MoE throughput, each model's
     config.json on the CLI path with the published layout); returns their summary lines."""
@@ -538,11 +717,23 @@ def main() -> None:
     if "--derive-prior-width" in sys.argv[1:]:
         derive_prior_width(load_rows()[0])
         return
+    if "--derive-gemm-efficiency" in sys.argv[1:]:
+        derive_gemm_report(load_rows()[0])
+        return
     if "--derive-fp8" in sys.argv[1:]:
         for recipe, factor in derive_fp8_recipe_efficiency().items():
             print(f"FP8_RECIPE_EFFICIENCY[{recipe!r}] = {factor:.3f} (torchao README speed-up "
                   f"{TORCHAO_README_TPS[recipe] / TORCHAO_README_TPS['bf16']:.4f})")
         return
+    if "--derived-gemm" in sys.argv[1:]:
+        with derived_gemm_prior(load_rows()[0]):
+            run_all()
+        return
+    run_all()
+
+
+def run_all() -> None:
+    """Every task, the infeasible count and the mixture-of-experts rows."""
     rows, skipped = load_rows()
     report = [r for r in rows if not r.derivation]
     print(f"LLM training throughput: {len(rows)} usable rows ({len(report)} report, "
