@@ -12,8 +12,9 @@ from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.guard import suppress
-from mlflow_gpuopt.tracking.profiler import WorkloadProfile, detect_precision
+from mlflow_gpuopt.tracking.model_facts import detect_precision
 from mlflow_gpuopt.tracking.run_params import profile_overrides, workload_params
+from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
 
 if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.run_log import RunLog

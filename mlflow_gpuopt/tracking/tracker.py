@@ -38,7 +38,7 @@ from mlflow_gpuopt.tracking.summary import TrackSummary, summarize
 if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
     from mlflow_gpuopt.tracking.hw_reader import HardwareReader
-    from mlflow_gpuopt.tracking.profiler import WorkloadProfile
+    from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
     from mlflow_gpuopt.tracking.rank_report import RankFigures
     from mlflow_gpuopt.tracking.sampler import Sampler
     from mlflow_gpuopt.tracking.step_timing import StepTiming
