@@ -195,6 +195,8 @@ class Tracker:
         self._device_count = len(sel.gpus)
         self._device = sel.device
         self._layout = self._detect_layout()
+        if self._layout is not None:
+            self._profile.context_parallel = self._layout.cp
         self._hw = HardwareReader(sel.gpus, get_host(), list(sel.cuda_indices), warn=self._warn)
         self._reporter = self._make_reporter(list(sel.gpu_ids))
         if self._dist.is_logging_rank:  # other ranks never touch MLflow
