@@ -34,6 +34,11 @@ PARAM_FLOPS_PER_SAMPLE = "gpuopt.flops_per_sample"
 PARAM_RECOMPUTE_FLOPS_PER_SAMPLE = "gpuopt.recompute_flops_per_sample"
 PARAM_OPTIMIZER = "gpuopt.optimizer"
 PARAM_TOKENS_PER_SAMPLE = "gpuopt.tokens_per_sample"
+#: Context parallelism: what the profiled rank's slice of each sample held, as measured
+#: (``gpuopt.tokens_per_sample`` and ``gpuopt.flops_per_sample`` are the whole sample's);
+#: logged only when the sequence is split (``gpuopt.cp`` > 1).
+PARAM_RANK_TOKENS_PER_SAMPLE = "gpuopt.rank_tokens_per_sample"
+PARAM_RANK_FLOPS_PER_SAMPLE = "gpuopt.rank_flops_per_sample"
 PARAM_KERNELS_PER_MICRO_STEP = "gpuopt.kernels_per_micro_step"
 #: Degrees of parallelism of a job (from its DeviceMesh or TrackConfig).
 PARAM_TP = "gpuopt.tp"

@@ -441,12 +441,9 @@ def clear_caches() -> None:
     store = sys.modules.get("mlflow_gpuopt.catalog.store")
     if store is not None:
         store.clear_catalog_cache()
-    catalog = sys.modules.get("mlflow_gpuopt.catalog")
+    catalog = sys.modules.get("mlflow_gpuopt.catalog")  # holds gpu_names once imported
     if catalog is not None:
-        catalog._gpu_memory.cache_clear()
-    names = sys.modules.get("mlflow_gpuopt.catalog.gpu_names")
-    if names is not None:
-        names.build_alias_table.cache_clear()
+        catalog.clear_gpu_name_caches()
     fingerprint = sys.modules.get("mlflow_gpuopt.devices.fingerprint")
     if fingerprint is not None:
         fingerprint.hardware_fingerprint.cache_clear()

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from mlflow_gpuopt.catalog.catalog import GLOBAL_REGION, Catalog
 from mlflow_gpuopt.catalog.errors import CatalogError, RefreshError, UnknownGpuError
-from mlflow_gpuopt.catalog.gpu_names import resolve_gpu_in
+from mlflow_gpuopt.catalog.gpu_names import build_alias_table, resolve_gpu_in
 from mlflow_gpuopt.catalog.schema import CATALOG_SCHEMA_VERSION, PROVIDERS, GpuSpec, Offer
 from mlflow_gpuopt.catalog.store import (
     catalog_cache_dir,
@@ -29,13 +29,20 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CATALOG_SCHEMA_VERSION", "GLOBAL_REGION", "PROVIDERS", "Catalog", "CatalogError", "GpuSpec",
     "Offer", "RefreshError", "UnknownGpuError", "catalog_cache_dir", "clear_catalog_cache",
-    "load_catalog", "load_gpus", "peak_flops_per_s", "resolve_gpu",
+    "clear_gpu_name_caches", "load_catalog", "load_gpus", "peak_flops_per_s", "resolve_gpu",
 ]
 
 
 @lru_cache(maxsize=1)
 def _gpu_memory() -> dict[str, float]:
     return {name: spec.memory_gb for name, spec in load_gpus().items()}
+
+
+def clear_gpu_name_caches() -> None:
+    """Forget the GPU-memory and GPU-name tables :func:`resolve_gpu` built from the loaded
+    specs; the next call builds them again (``mlflow_gpuopt.testing.clear_caches``)."""
+    _gpu_memory.cache_clear()
+    build_alias_table.cache_clear()
 
 
 def resolve_gpu(name: str) -> str:

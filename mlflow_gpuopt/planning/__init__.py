@@ -9,7 +9,8 @@ Bad input raises an :class:`~mlflow_gpuopt.errors.InputError`.
 * :mod:`.fitting`: ``fit_runs(...)``, the one fit pipeline (one GPU-name resolution)
 * :mod:`.searching`: the search space, the target in samples, the ranked plans
 * :mod:`.recommending`: ``plan(request)`` — where a recommendation is made
-* :mod:`.advising`, :mod:`.predicting`, :mod:`.ledger`, :mod:`.emitting`: the others
+* :mod:`.advising`, :mod:`.predicting`, :mod:`.ledger`, :mod:`.emitting`, :mod:`.replaying`:
+  the others
 
 Nothing is imported here, so that importing one use case does not import them all.
 """

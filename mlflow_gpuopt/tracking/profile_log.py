@@ -12,8 +12,9 @@ from mlflow_gpuopt import contract
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.guard import suppress
-from mlflow_gpuopt.tracking.profiler import WorkloadProfile, detect_precision
+from mlflow_gpuopt.tracking.model_facts import detect_precision
 from mlflow_gpuopt.tracking.run_params import profile_overrides, workload_params
+from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile, whole_sample
 
 if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.run_log import RunLog
@@ -27,6 +28,9 @@ class ProfileLog:
         self.model = model
         self.config = config
         self.profile: WorkloadProfile | None = None
+        #: the job's context-parallel degree (the tracker sets it from the layout): above 1,
+        #: each rank holds 1/cp of every sample's sequence and the profile is scaled up
+        self.context_parallel = 1
         self._run = run
         self._warn = warn
         self._logged = False
@@ -55,7 +59,12 @@ class ProfileLog:
     @suppress("profile", "workload profile failed: %s")
     def _result(self, clock: StepClock, samples: int | None,
                 forwards: int | None) -> WorkloadProfile | None:
-        return clock.profiler.result(samples, forwards, profile_overrides(self.config))
+        profiler = clock.profiler
+        profile = profiler.result(samples, forwards, profile_overrides(self.config))
+        if self.context_parallel > 1 and not profiler.batch_is_dtensor:  # a plain slice
+            profile = whole_sample(profile, self.context_parallel, profiler.tokens_per_sample,
+                                   tokens_given=bool(self.config.tokens_per_sample))
+        return profile
 
     @suppress("profile", "could not leave the profiler's modes: %s")
     def abort(self, clock: StepClock) -> None:

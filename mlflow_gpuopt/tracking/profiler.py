@@ -99,6 +99,8 @@ class WorkloadProfiler:
         self.ops: Any = None  # OpsSeen of the profiled step
         self._device_type = "cpu"
         self.tokens_per_sample: int | None = None
+        #: the batch was a DTensor: its shape (so the token count) is the global one
+        self.batch_is_dtensor = False
         self.flops: float | None = None  # model FLOPs of the profiled step
         self._replayed: ReplayedFlops | None = None
         self.recompute_flops: float | None = None  # replayed forward operators' FLOPs
@@ -114,6 +116,7 @@ class WorkloadProfiler:
         device_type = batch.device.type if batch is not None else "cpu"
         self.precision = detect_precision(self.model, device_type)
         self._device_type = device_type
+        self.batch_is_dtensor = hasattr(batch, "placements")
         if batch is not None and batch.dim() >= 1:
             self._forward_batch = int(batch.shape[0])
             if batch.dim() == 2 and not batch.is_floating_point():

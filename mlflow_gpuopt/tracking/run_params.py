@@ -79,6 +79,10 @@ def workload_params(profile: WorkloadProfile | None, config: TrackConfig,
             params[contract.PARAM_OPTIMIZER] = p.optimizer
         if p.tokens_per_sample:
             params[contract.PARAM_TOKENS_PER_SAMPLE] = p.tokens_per_sample
+        if p.sequence_split:  # context parallel: the rank's slice, as measured
+            params[contract.PARAM_RANK_TOKENS_PER_SAMPLE] = p.rank_tokens_per_sample
+            if p.rank_flops_per_sample is not None:
+                params[contract.PARAM_RANK_FLOPS_PER_SAMPLE] = f"{p.rank_flops_per_sample:.6g}"
         if p.kernels_per_micro_step:
             params[contract.PARAM_KERNELS_PER_MICRO_STEP] = f"{p.kernels_per_micro_step:.10g}"
         params[contract.PARAM_ADAPTER] = p.adapter

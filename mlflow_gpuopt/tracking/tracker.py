@@ -38,7 +38,7 @@ from mlflow_gpuopt.tracking.summary import TrackSummary, summarize
 if TYPE_CHECKING:
     from mlflow_gpuopt.tracking.distributed.mesh import ParallelLayout
     from mlflow_gpuopt.tracking.hw_reader import HardwareReader
-    from mlflow_gpuopt.tracking.profiler import WorkloadProfile
+    from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
     from mlflow_gpuopt.tracking.rank_report import RankFigures
     from mlflow_gpuopt.tracking.sampler import Sampler
     from mlflow_gpuopt.tracking.step_timing import StepTiming
@@ -195,6 +195,8 @@ class Tracker:
         self._device_count = len(sel.gpus)
         self._device = sel.device
         self._layout = self._detect_layout()
+        if self._layout is not None:
+            self._profile.context_parallel = self._layout.cp
         self._hw = HardwareReader(sel.gpus, get_host(), list(sel.cuda_indices), warn=self._warn)
         self._reporter = self._make_reporter(list(sel.gpu_ids))
         if self._dist.is_logging_rank:  # other ranks never touch MLflow

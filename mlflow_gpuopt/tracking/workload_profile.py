@@ -6,7 +6,7 @@ docs/metrics.md#artifacts-and-profilejson); :mod:`.profiler` measures it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from mlflow_gpuopt import contract
@@ -74,6 +74,11 @@ class WorkloadProfile:
     expert_ffn_hidden_size: int | None = None
     moe_layer_freq: int | None = None
     active_params: int | None = None
+    #: context parallelism: the degree one rank's slice of each sample was scaled up by
+    #: (:func:`whole_sample`), and what that slice held as measured; None: not split
+    sequence_split: int | None = None
+    rank_tokens_per_sample: int | None = None
+    rank_flops_per_sample: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -82,3 +87,31 @@ class WorkloadProfile:
             doc["hardware"] = hardware
         return doc
 
+
+def whole_sample(profile: WorkloadProfile, cp: int, rank_tokens: int | None,
+                 tokens_given: bool = False) -> WorkloadProfile:
+    """A whole sample's profile from that of one rank of a context-parallel group of ``cp``,
+    which holds ``seq / cp`` of every sample's tokens (``rank_tokens``: what its batch held;
+    None without token ids). ``tokens_given``: ``tokens_per_sample`` is the user's, kept.
+
+    Tokens, FLOPs (model and recomputed) and activation bytes are multiplied by ``cp``. The
+    per-token work (projections, MLP, head) is linear in the slice. Attention's quadratic
+    part is too under load-balanced CP: a rank's queries meet every key (all-gather) or,
+    with a causal mask, zig-zag chunks give each rank 1/cp of the causal triangle, so the
+    whole sample's attention is cp x a rank's. Without load balancing the first rank of a
+    causal split does least, and the figure is low. Activation bytes: the models divide a
+    sample's by cp to find a rank's (docs/models.md#context-parallelism).
+    """
+    def times(x: float | None) -> float | None:
+        return x * cp if x is not None else None
+
+    tokens = profile.tokens_per_sample
+    if not tokens_given and rank_tokens is not None:
+        tokens = rank_tokens * cp
+    return replace(
+        profile, tokens_per_sample=tokens, flops_per_sample=times(profile.flops_per_sample),
+        recompute_flops_per_sample=times(profile.recompute_flops_per_sample),
+        activation_bytes_per_sample=times(profile.activation_bytes_per_sample),
+        activation_saved_bytes_per_sample=times(profile.activation_saved_bytes_per_sample),
+        sequence_split=cp, rank_tokens_per_sample=rank_tokens,
+        rank_flops_per_sample=profile.flops_per_sample)

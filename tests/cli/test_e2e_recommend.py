@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support.skypilot import skypilot_check
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -425,8 +426,6 @@ def test_emit_bad_input_is_one_line_exit_2_and_writes_nothing(store, tmp_path, a
 
 
 def test_emit_skypilot_task_is_accepted_by_skypilot(store, tmp_path):
-    from test_launch import skypilot_check
-
     env, run_id, client = store
     task = tmp_path / "task.yaml"
     out = subprocess.run([str(BIN / "mlflow-gpuopt"), "recommend", "--run-id", run_id,

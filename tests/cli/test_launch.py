@@ -8,11 +8,9 @@ YAML and the estimator are checked by SkyPilot itself (tests/support/skypilot_ch
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.ports import free_port
+from support.skypilot import skypilot_check
 
 from mlflow_gpuopt.catalog import load_catalog
 from mlflow_gpuopt.launch import (
@@ -168,34 +167,6 @@ def test_emitted_script_trains_tiny_gpt_on_two_gloo_processes_as_the_plan(tmp_pa
     p = runs[0].data.params
     assert p["gpuopt.micro_batch"] == "4" and p["gpuopt.grad_accum"] == "2"
     assert p["gpuopt.world_size"] == "2" and p["batch_size"] == "4"
-
-
-def _skypilot_python() -> str:
-    if importlib.util.find_spec("sky") is not None:
-        return sys.executable
-    other = os.environ.get("GPUOPT_SKYPILOT_PYTHON")
-    if other and Path(other).exists():
-        return other
-    pytest.skip("SkyPilot is not installed (pip install 'mlflow-gpuopt[skypilot]', or set "
-                "GPUOPT_SKYPILOT_PYTHON to an interpreter that has it)")
-
-
-def _offline() -> list[str]:
-    """``unshare -rn``: run without a network where the kernel allows it (proves offline)."""
-    unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
-        return [unshare, "-rn"]
-    return []
-
-
-def skypilot_check(*args: str, stdin: str = "") -> dict:
-    """Run tests/support/skypilot_check.py under SkyPilot's interpreter; its JSON answer."""
-    out = subprocess.run([*_offline(), _skypilot_python(), str(REPO / "tests" / "support" /
-                                                                "skypilot_check.py"), *args],
-                         input=stdin, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("instance_type, spot, nodes", [

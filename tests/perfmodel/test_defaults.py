@@ -7,12 +7,11 @@ import dataclasses
 import math
 
 import pytest
+from support.perfmodel import A100, V100
 
 from mlflow_gpuopt.perfmodel import Observation, ParallelConfig, Workload, fit
 from mlflow_gpuopt.perfmodel import compute
 from mlflow_gpuopt.perfmodel import uncertainty as unc
-
-from test_perfmodel_terms import A100, V100
 
 HW = {"A100-80GB-SXM4": A100, "V100-SXM2-16GB": V100}
 # A GPT-2-medium-shaped decoder: 24 layers, h 1024, 16 heads, GELU MLP 4h, vocabulary 50257.

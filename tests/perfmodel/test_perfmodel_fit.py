@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 import pytest
+from support.perfmodel import A100, V100
 
 from mlflow_gpuopt.perfmodel import (
     Observation,
@@ -20,8 +21,6 @@ from mlflow_gpuopt.perfmodel.fitting import fit_calibration
 from mlflow_gpuopt.perfmodel.layout import resolve_layout
 from mlflow_gpuopt.perfmodel.shape import model_shape
 from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
-
-from test_perfmodel_terms import A100, V100
 
 RESNET = Workload(params=25_557_032, flops_per_sample=2.46e10, precision="fp16", micro_batch=256,
                   optimizer="SGD", optimizer_state_bytes_per_param=4,

@@ -18,6 +18,7 @@ import mlflow
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's conventional alias
+from support.tiny_gpt import D, SEQ, VOCAB, TinyGPT, profile_step
 from torch import nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,
@@ -34,7 +35,6 @@ from mlflow_gpuopt.tracking.dispatch_count import (
     model_flop_formulas,
 )
 from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
-from test_ops_seen import D, SEQ, VOCAB, TinyGPT, profile_step
 
 aten = torch.ops.aten
 LAYERS = 2  # TinyGPT's blocks

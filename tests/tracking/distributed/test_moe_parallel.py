@@ -4,7 +4,8 @@
 Expert parallel, a (dp 2, ep 2) mesh: the degrees and the ``ep2xddp`` strategy, the MoE
 layer's experts, experts per token and total / active parameters, and the all-to-all bytes
 the comm meter measures, against counts made here from the model's sizes. Context parallel,
-a (dp 2, cp 2) mesh: the ``cp`` degree, ``cp2xddp``, and every sample counted once.
+a (dp 2, cp 2) mesh: the ``cp`` degree, ``cp2xddp``, every sample counted once, and the
+profile of a whole sample from rank 0's half of its sequence.
 """
 
 from __future__ import annotations
@@ -103,5 +104,17 @@ def test_context_parallel_job_logs_cp_in_its_strategy(tmp_path):
     assert per_step == pytest.approx(2 * job.BATCH, rel=0.05)
     assert m["gpuopt/summary/comm_bytes_per_step"] == pytest.approx(
         4 * figures["dense_params"], rel=0.01)  # DDP; the all-gathers are not metered
+    # the profile is rank 0's slice (SEQ / 2 tokens of each sample) scaled to a whole sample:
+    # per token the qkv and head products, and attention's two products, whose queries
+    # meet all SEQ keys (gathered); forward + backward = 3 x the forward (2 per multiply-add)
+    h, v, seq = job.HIDDEN, job.VOCAB, job.SEQ
+    forward = seq * (2 * h * 3 * h + 2 * h * v) + 2 * (2 * seq * seq * h)
+    assert int(p["gpuopt.tokens_per_sample"]) == seq
+    assert float(p["gpuopt.flops_per_sample"]) == pytest.approx(3 * forward, rel=1e-5)
+    assert int(p["gpuopt.rank_tokens_per_sample"]) == seq // 2
+    assert float(p["gpuopt.rank_flops_per_sample"]) == pytest.approx(3 * forward / 2, rel=1e-5)
+    profile = mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/gpuopt/profile.json")
+    assert (profile["sequence_split"], profile["tokens_per_sample"],
+            profile["rank_tokens_per_sample"]) == (2, seq, seq // 2)
     if is_strategy("cp2xddp"):  # the models read cp as a degree
         assert load_run_inputs([run.info.run_id]).observations[0].strategy == "cp2xddp"
