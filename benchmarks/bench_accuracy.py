@@ -459,4 +459,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import gemm_shape
+
+    with gemm_shape.from_argv():  # --shape-gemm: the shape-dependent GEMM prior
+        code = main()
+    sys.exit(code)

@@ -84,7 +84,9 @@ Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--moe``, ``--deri
 on the derivation rows for the GEMMs' own efficiency per GPU generation and precision (the
 rate at which the predicted step reproduces each published whole-step MFU), scores task 5 with
 it and leaves one source out at a time; ``--derived-gemm`` runs every task with that prior
-(docs/accuracy.md, "Large-language-model training", says what it changes).
+(docs/accuracy.md, "Large-language-model training", says what it changes). ``--shape-gemm``
+(also on ``bench_accuracy.py`` and ``bench_proxy.py``) runs any of these with the
+shape-dependent GEMM prior of ``gemm_shape.py``, a prototype not in the model.
 """
 
 from __future__ import annotations
@@ -790,4 +792,7 @@ def run_all() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import gemm_shape
+
+    with gemm_shape.from_argv():  # --shape-gemm: the shape-dependent GEMM prior
+        main()

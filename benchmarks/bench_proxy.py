@@ -406,4 +406,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import gemm_shape
+
+    with gemm_shape.from_argv():  # --shape-gemm: the shape-dependent GEMM prior
+        main()
