@@ -103,6 +103,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap
+from scores import summary_line
 
 from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
 
@@ -461,16 +462,8 @@ def tasks(rows: list[Row]):
 
 
 def summarise(name: str, results: list[tuple[float, bool, float]]) -> str:
-    """One summary line: median and p90 absolute error, interval coverage, and the median
-    interval width as high / low (a 90% interval of ±25% is 1.67)."""
-    if not results:
-        return f"  {name:40s} n=  0  (no pairs in the report set)"
-    errs = sorted(e for e, _, _ in results)
-    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
-    cover = 100.0 * sum(c for _, c, _ in results) / len(results)
-    width = statistics.median(w for _, _, w in results)
-    return (f"  {name:40s} n={len(results):3d} median {statistics.median(errs):6.1f}%  "
-            f"p90 {p90:6.1f}%  coverage {cover:5.1f}%  width {width:5.2f}x")
+    """One summary line (:func:`scores.summary_line`)."""
+    return summary_line(name, results, "(no pairs in the report set)")
 
 
 #: torchao float8 README ("e2e training benchmarks", NVIDIA H100): Llama 3 8B, 8 × H100,

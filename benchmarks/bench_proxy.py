@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from pathlib import Path
 
 from cli_path import run_predict
 from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap
+from scores import p90
 
 
 #: tsv GPU -> (catalog GPU, node network Gbit/s per node): DGX H100/B200 and Grand Teton 8 ×
@@ -317,9 +317,8 @@ def summary(name: str, res: list[tuple[float, bool | None, float | None]]) -> st
     if not res:
         return f"  {name:34s} n=  0"
     errs = sorted(e for e, _, _ in res)
-    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
     line = (f"  {name:34s} n={len(res):3d}  median {statistics.median(errs):5.1f}%  "
-            f"p90 {p90:5.1f}%")
+            f"p90 {p90(errs):5.1f}%")
     if res[0][1] is not None:
         cover = 100.0 * sum(bool(c) for _, c, _ in res) / len(res)
         width = statistics.median(w for _, _, w in res)

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import csv
 import json
-import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
+from scores import summary_line
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "moe_training_throughput.tsv"
@@ -178,17 +177,6 @@ def moe_tasks(rows: list[MoeRow]) -> dict[str, list[tuple[MoeRow, list[MoeRow]]]
     return out
 
 
-def summarise(name: str, results: list[tuple[float, bool, float]]) -> str:
-    if not results:
-        return f"  {name:40s} n=  0  (no pairs)"
-    errs = sorted(e for e, _, _ in results)
-    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
-    cover = 100.0 * sum(c for _, c, _ in results) / len(results)
-    width = statistics.median(w for _, _, w in results)
-    return (f"  {name:40s} n={len(results):3d} median {statistics.median(errs):6.1f}%  "
-            f"p90 {p90:6.1f}%  coverage {cover:5.1f}%  width {width:5.2f}x")
-
-
 def run(tmp: Path, verbose: bool = False) -> list[str]:
     """Print every MoE row's prediction per task; return the summary lines."""
     rows = load_moe_rows()
@@ -223,7 +211,7 @@ def run(tmp: Path, verbose: bool = False) -> list[str]:
                   f"{1e3 * out.get('step_time_s', 0.0):.0f} ms  from [{ref or 'config alone'}]")
             if verbose:
                 print("    " + json.dumps(t))
-        lines.append(summarise(name, res))
+        lines.append(summary_line(name, res))
     scored = len(rows) - len(skipped)
     lines.append(f"  published MoE configurations called infeasible: {len(infeasible)} of "
                  f"{scored} (goal 0)")
