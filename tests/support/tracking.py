@@ -1,4 +1,5 @@
-"""What tracking tests read back from a tracked run (shared by tests/tracking/)."""
+"""What tracking tests read back from a tracked run, and the small training loop they track
+(shared by tests/tracking/)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,18 @@ def gpuopt_warnings(caplog) -> list[str]:
     """The ``gpuopt:`` warnings the test captured."""
     return [r.getMessage() for r in caplog.records
             if r.levelno >= logging.WARNING and r.getMessage().startswith("gpuopt:")]
+
+
+def train(model, opt, steps: int) -> list[float]:
+    """``steps`` SGD steps of ``model`` (16 inputs) on seeded random batches of 8; the losses."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        loss = model(torch.randn(8, 16, generator=gen)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses

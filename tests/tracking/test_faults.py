@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.devices.samples import GpuSample
 from mlflow_gpuopt.testing import FakeGPU, FakeGPUs, fake_nvml
+from support.tracking import train as support_train
 
 pytestmark = pytest.mark.faults
 
@@ -29,15 +30,7 @@ def make_model():
 
 
 def train(model, opt, steps=STEPS):
-    gen = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(steps):
-        loss = model(torch.randn(8, 16, generator=gen)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return support_train(model, opt, steps)
 
 
 def gpuopt_warnings(caplog, text: str) -> list[str]:

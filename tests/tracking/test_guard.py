@@ -12,6 +12,7 @@ import torch.nn as nn
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.guard import suppress
+from support.tracking import train
 
 
 class _Part:
@@ -56,18 +57,6 @@ def test_suppress_lets_base_exceptions_through():
         Stopped().work(1)
 
 
-def _train(model, opt, steps: int) -> list[float]:
-    gen = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(steps):
-        loss = model(torch.randn(8, 16, generator=gen)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 @pytest.mark.faults
 def test_failing_end_of_run_parts_cost_only_their_own_output(tracking_uri, caplog,
                                                              monkeypatch):
@@ -86,7 +75,7 @@ def test_failing_end_of_run_parts_cost_only_their_own_output(tracking_uri, caplo
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    expected = _train(model, opt, 6)
+    expected = train(model, opt, 6)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -94,7 +83,7 @@ def test_failing_end_of_run_parts_cost_only_their_own_output(tracking_uri, caplo
     monkeypatch.setattr(fingerprint, "hardware_fingerprint", no_fingerprint)
     with caplog.at_level(logging.WARNING), gpuopt.track(model, opt, interval_s=0.05,
                                                         print_summary=False) as t:
-        losses = _train(model, opt, 6)
+        losses = train(model, opt, 6)
     assert losses == expected
     assert t.summary.total_steps == 6 and t.summary.advice is None
     run = mlflow.get_run(t.run_id)
