@@ -20,7 +20,7 @@ from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt import contract
 from mlflow_gpuopt.perfmodel.activations import normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-from mlflow_gpuopt.perfmodel.layout import context_degree, parse_layout
+from mlflow_gpuopt.perfmodel.layout import context_degree, parse_layout, with_degree
 from mlflow_gpuopt.perfmodel.types import STRATEGIES, Observation, Workload
 from mlflow_gpuopt.validation import OutOfRangeError, check, finite_float
 from mlflow_gpuopt.workload_files import (
@@ -228,7 +228,7 @@ def _layout(run_id: str, params: dict[str, str], count: int) -> tuple[str, int, 
     ``gpuopt.pp`` where logged, else those the strategy string names (1 when it names
     none, or only ``tp``/``pp`` without a number: the model then resolves them). A
     context-parallel degree ``gpuopt.cp`` the strategy does not spell is added to it
-    (``fsdp`` with ``gpuopt.cp`` 2 is ``fsdpxcp2``)."""
+    (``fsdp`` with ``gpuopt.cp`` 2 is ``cp2xfsdp``)."""
     strategy = "".join((params.get(contract.PARAM_STRATEGY) or "").split()).lower() or (
         "single" if count == 1 else "ddp")
     try:
@@ -240,7 +240,7 @@ def _layout(run_id: str, params: dict[str, str], count: int) -> tuple[str, int, 
         raise RunInputError(f"run {run_id}: unknown {contract.PARAM_STRATEGY} {strategy!r}")
     cp = param_int(params, contract.PARAM_CP) or 1
     if cp > 1 and context_degree(strategy) == 1 and name != "single":
-        strategy = f"{strategy}xcp{cp}"
+        strategy = with_degree(strategy, "cp", cp)
     tp = param_int(params, contract.PARAM_TP) or max(1, tp_s)
     pp = param_int(params, contract.PARAM_PP) or max(1, pp_s)
     for degree, label in ((tp, contract.PARAM_TP), (pp, contract.PARAM_PP)):

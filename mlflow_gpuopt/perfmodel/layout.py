@@ -100,6 +100,30 @@ def _parse(text: str) -> tuple[str, int, int, int, int, int, int]:
     return dp_name, tp, pp, vp, dp, ep, cp
 
 
+#: The order ``--strategy`` and ``gpuopt.strategy`` spell a layout in (``tp2xpp2xcp4xep2xfsdp``):
+#: model-parallel degrees, then context and expert parallel, then the data-parallel part.
+_SPELLING_ORDER = {"tp": 0, "pp": 1, "vp": 2, "cp": 3, "ep": 4, "dp": 5}
+
+
+def with_degree(strategy: str, kind: str, degree: int) -> str:
+    """``strategy`` with an ``{kind}{degree}`` part put where the spelling order has it
+    (``with_degree("fsdp", "cp", 4)`` is ``cp4xfsdp``, ``with_degree("tp2xfsdp", "ep", 8)``
+    is ``tp2xep8xfsdp``); the one spelling tracking, ``--strategy`` and ``recommend`` share."""
+    rank = _SPELLING_ORDER[kind]
+    parts = [p for p in _SEPARATORS.split(strategy) if p]
+    at = next((i for i, p in enumerate(parts)
+               if _SPELLING_ORDER.get(_PART.match(p).group(1) if _PART.match(p) else "", 6)
+               > rank), len(parts))
+    return "x".join(parts[:at] + [f"{kind}{degree}"] + parts[at:])
+
+
+def without_degree(strategy: str, kind: str) -> str:
+    """``strategy`` less its ``{kind}N`` part (``without_degree("cp4xfsdp", "cp")`` is
+    ``fsdp``)."""
+    return "x".join(p for p in _SEPARATORS.split(strategy)
+                    if p and not re.fullmatch(rf"{kind}\d+", p))
+
+
 def is_strategy(text: str) -> bool:
     """True when :func:`parse_layout` accepts ``text``."""
     try:

@@ -8,7 +8,12 @@ from __future__ import annotations
 import json
 import math
 
-from mlflow_gpuopt.perfmodel.layout import context_degree
+from mlflow_gpuopt.perfmodel.layout import (
+    context_degree,
+    expert_degree,
+    parse_layout,
+    without_degree,
+)
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
 from mlflow_gpuopt.perfmodel.vendor import is_amd
 from mlflow_gpuopt.recommend.types import Candidate, Target
@@ -75,7 +80,7 @@ def strategy_label(config: ParallelConfig) -> str:
     """Short label for tables: ``ddp``, ``fsdp``, ``tp8``, ``tp8+pp2``, ``pp4``, ``fsdp+ac``;
     model-parallel layouts whose replicas shard more than DDP name it last:
     ``tp4+pp2+dp8+zero1``, with a context-parallel degree after the model-parallel ones
-    (``tp4+cp8+zero1``); without tp/pp the strategy string is the label (``fsdpxcp4``)."""
+    (``tp4+cp8+zero1``); without tp/pp the strategy string is the label (``cp4xfsdp``)."""
     if config.strategy in ("tp", "pp") or config.tp > 1 or config.pp > 1:
         parts = []
         if config.tp > 1:
@@ -86,7 +91,7 @@ def strategy_label(config: ParallelConfig) -> str:
         flavour = config.strategy
         if cp > 1:  # named with the model-parallel degrees; its ranks shard as dp's do
             parts.append(f"cp{cp}")
-            flavour = "x".join(p for p in config.strategy.split("x") if p != f"cp{cp}")
+            flavour = without_degree(config.strategy, "cp")
         dp = data_parallel_ranks(config)
         if dp > 1:
             parts.append(f"dp{dp}")
@@ -109,15 +114,10 @@ def launch_line(candidate: Candidate) -> str:
     common = f"micro-batch {mb} per GPU, gradient accumulation {accum}, {prec}"
     if cfg.activation_checkpointing:
         common += ", activation checkpointing on"
-    cp = context_degree(cfg.strategy)
-    cp_words = ""
-    if cp > 1:
-        cp_words = (f"context parallel {cp}: each sequence split over {cp} GPUs, load-balanced "
-                    "(torch.distributed.tensor.experimental.context_parallel on a 'cp' mesh "
-                    "dimension, or Megatron --context-parallel-size), micro-batch per group "
-                    "of them")
-        common += f", {cp_words}"
-    s = cfg.strategy.split("x")[0] if "xcp" in cfg.strategy else cfg.strategy
+    degree_words = _degree_words(cfg.strategy)
+    if degree_words:
+        common += f", {degree_words}"
+    s = parse_layout(cfg.strategy)[0]  # the data-parallel flavour (or tp / pp)
     if s in ("tp", "pp") or cfg.tp > 1 or cfg.pp > 1:
         dp = data_parallel_ranks(cfg)
         layout = (f"tensor parallel {cfg.tp} inside each node "
@@ -131,7 +131,7 @@ def launch_line(candidate: Candidate) -> str:
             return (f"{head} train.py --deepspeed --deepspeed_config ds_config.json  # "
                     f"{layout} with ZeRO-{s[-1]}; ds_config.json: "
                     f"{json.dumps(ds, separators=(',', ':'))}"
-                    + (f"; {cp_words}" if cp_words else ""))
+                    + (f"; {degree_words}" if degree_words else ""))
         if s == "fsdp":
             return (f"{head} train.py  # {layout}, replicas sharded with FSDP "
                     f"(fully_shard / ShardingStrategy.FULL_SHARD); {common}")
@@ -143,7 +143,7 @@ def launch_line(candidate: Candidate) -> str:
             ds[prec] = {"enabled": True}
         return (f"{head} train.py --deepspeed --deepspeed_config ds_config.json"
                 f"  # ds_config.json: {json.dumps(ds, separators=(',', ':'))}"
-                + (f"; {cp_words}" if cp_words else ""))
+                + (f"; {degree_words}" if degree_words else ""))
     if s == "fsdp":
         mp = f", MixedPrecision(param_dtype={prec})" if prec in ("bf16", "fp16") else ""
         return (f"{head} train.py  # FSDP: fully_shard / ShardingStrategy.FULL_SHARD{mp}, "
@@ -151,6 +151,21 @@ def launch_line(candidate: Candidate) -> str:
     if s == "single":
         return f"{head} train.py  # single GPU, {common}"
     return f"{head} train.py  # DistributedDataParallel, {common}"
+
+
+def _degree_words(strategy: str) -> str:
+    """How to set the context- and expert-parallel degrees of ``strategy`` ('' for none)."""
+    words = []
+    cp, ep = context_degree(strategy), expert_degree(strategy)
+    if cp > 1:
+        words.append(f"context parallel {cp}: each sequence split over {cp} GPUs, load-balanced "
+                     "(torch.distributed.tensor.experimental.context_parallel on a 'cp' mesh "
+                     "dimension, or Megatron --context-parallel-size), micro-batch per group "
+                     "of them")
+    if ep > 1:
+        words.append(f"expert parallel {ep}: each MoE layer's experts split over {ep} GPUs "
+                     "(a DeviceMesh 'ep' dimension, or Megatron --expert-model-parallel-size)")
+    return ", ".join(words)
 
 
 def data_parallel_ranks(config: ParallelConfig) -> int:
@@ -194,11 +209,12 @@ def batch_line(c: Candidate, target: Target) -> str:
 
 def describe(c: Candidate) -> str:
     """'2 × p4d.24xlarge (16 × A100-40GB-SXM4) on aws us-east-1, DDP, bf16, on-demand'."""
-    strategy = _STRATEGY_WORDS.get(c.config.strategy, c.config.strategy)
-    cp = context_degree(c.config.strategy)
-    if cp > 1:
-        base = "x".join(p for p in c.config.strategy.split("x") if p != f"cp{cp}")
-        strategy = f"{_STRATEGY_WORDS.get(base, base)}, context parallel {cp}"
+    flavour = parse_layout(c.config.strategy)[0]
+    strategy = _STRATEGY_WORDS.get(flavour, flavour)
+    for degree, words in ((context_degree(c.config.strategy), "context parallel"),
+                          (expert_degree(c.config.strategy), "expert parallel")):
+        if degree > 1:
+            strategy += f", {words} {degree}"
     return (f"{c.nodes} × {c.offer.instance_type} ({c.gpus} × {c.offer.gpu}) on "
             f"{c.offer.provider} {c.offer.region}, {strategy}"
             f" [{strategy_label(c.config)}], micro-batch {c.config.micro_batch} × "

@@ -18,12 +18,12 @@ The search is pruned so the whole catalog takes well under half a second:
   node (2, 4, 8) × pipeline stages (powers of two, at most one per layer) × data-parallel
   replicas with ZeRO-1 (Megatron's distributed optimizer) or FSDP;
 * long sequences (``CP_MIN_SEQ_LEN`` tokens or more) also get each ZeRO-1 and FSDP shape
-  (plain and compound) with context parallelism (``fsdpxcp4``): every power-of-two ``cp``
+  (plain and compound) with context parallelism (``cp4xfsdp``): every power-of-two ``cp``
   from 2 that divides the data-parallel degree (and splits the sequence into ``2·cp``
   chunks), in increasing order until one fits without recomputation (a larger one only adds
   exchange), tried whatever fitted before it;
 * mixtures of experts (``num_experts`` of 2 or more) also get each data-parallel shape with
-  expert parallelism (``fsdpxep8``): every power-of-two ``ep`` from 2 that divides the
+  expert parallelism (``ep8xfsdp``): every power-of-two ``ep`` from 2 that divides the
   data-parallel degree and the experts, tried whatever fitted before it (the experts it
   shards and the all-to-all it costs are what the search weighs).
 
@@ -48,7 +48,6 @@ What makes it quick (the answer is the same as evaluating every offer on its own
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,7 +55,12 @@ from dataclasses import dataclass, field, replace
 
 from mlflow_gpuopt.catalog.schema import FAST_INTRA_NODE_LINKS, GpuSpec, Offer
 from mlflow_gpuopt.perfmodel.activations import normalize_recompute
-from mlflow_gpuopt.perfmodel.layout import context_degree
+from mlflow_gpuopt.perfmodel.layout import (
+    context_degree,
+    expert_degree,
+    with_degree,
+    without_degree,
+)
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Hardware, ParallelConfig, Prediction, Workload
 from mlflow_gpuopt.recommend.batching import largest_divisor_at_most
@@ -167,7 +171,7 @@ def _context_shapes(shapes: list[tuple[str, int, int]], total: int, seq_len: int
         cp = 2
         while cp <= dp:
             if dp % cp == 0 and seq_len % (2 * cp) == 0:
-                out.append((f"{strategy}xcp{cp}", tp, pp))
+                out.append((with_degree(strategy, "cp", cp), tp, pp))
             cp *= 2
     return out
 
@@ -185,16 +189,9 @@ def _expert_shapes(shapes: list[tuple[str, int, int]], total: int, num_experts: 
         ep = 2
         while ep <= dp:
             if dp % ep == 0 and num_experts % ep == 0:
-                out.append((f"{strategy}xep{ep}", tp, pp))
+                out.append((with_degree(strategy, "ep", ep), tp, pp))
             ep *= 2
     return out
-
-
-def _without_cp(strategy: str) -> str:
-    """``strategy`` less its ``cpN`` part (``fsdpxcp4`` -> ``fsdp``)."""
-    if "xcp" not in strategy:
-        return strategy
-    return "x".join(p for p in strategy.split("x") if not re.fullmatch(r"cp\d+", p))
 
 
 def _compound_shapes(per_node: int, total: int, fast_link: bool, num_layers: int | None,
@@ -425,8 +422,9 @@ class _Search:
                                                 num_layers=self.workload.num_layers,
                                                 num_experts=ep_experts, seq_len=cp_seq):
                     ladder = strategy in DATA_PARALLEL_LADDER and tp * pp == 1
-                    experts = "xep" in strategy or "xcp" in strategy  # their own degree
-                    base = _without_cp(strategy)
+                    # epN / cpN layouts are searched for their own degree
+                    experts = expert_degree(strategy) > 1 or context_degree(strategy) > 1
+                    base = without_degree(strategy, "cp")
                     if base != strategy and (base, tp, pp) in fit_plain:
                         continue
                     if ladder and data_parallel_fit_full_batch:

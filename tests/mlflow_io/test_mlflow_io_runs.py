@@ -158,7 +158,7 @@ def test_a_context_parallel_degree_joins_the_strategy(client):
                  params_extra={"gpuopt.strategy": "tp2xfsdpxcp2", "gpuopt.tp": 2,
                                "gpuopt.cp": 2})
     first, second = load_run_inputs([a, b], client=client).observations
-    assert first.strategy == "fsdpxcp2"
+    assert first.strategy == "cp2xfsdp"
     assert (second.strategy, second.tp) == ("tp2xfsdpxcp2", 2)
 
 

@@ -14,7 +14,13 @@ from mlflow_gpuopt.perfmodel import context, fit
 from mlflow_gpuopt.perfmodel.activations import activation_bytes, transformer_dims
 from mlflow_gpuopt.perfmodel.comm import BUS_EFFICIENCY, INTRA_NODE_LATENCY_S
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-from mlflow_gpuopt.perfmodel.layout import context_degree, parse_layout, resolve_layout
+from mlflow_gpuopt.perfmodel.layout import (
+    context_degree,
+    parse_layout,
+    resolve_layout,
+    with_degree,
+    without_degree,
+)
 from mlflow_gpuopt.perfmodel.memory import memory_per_gpu
 from mlflow_gpuopt.perfmodel.types import Hardware, Observation, ParallelConfig
 from mlflow_gpuopt.workload_files import read_workload
@@ -157,3 +163,14 @@ def test_a_context_parallel_run_calibrates_its_own_configuration(llama):
     fitted = fit(llama, [obs], {H100.gpu: H100}).predict(cfg, H100)
     assert fitted.throughput_samples_per_s == pytest.approx(measured, rel=0.02)
     assert fitted.basis == "measured"
+
+
+@pytest.mark.parametrize(("strategy", "kind", "degree", "spelled"), [
+    ("fsdp", "cp", 4, "cp4xfsdp"), ("tp2xfsdp", "cp", 2, "tp2xcp2xfsdp"),
+    ("tp2xep4xfsdp", "cp", 2, "tp2xcp2xep4xfsdp"), ("zero1", "ep", 8, "ep8xzero1"),
+    ("tp2xcp2xfsdp", "ep", 4, "tp2xcp2xep4xfsdp"), ("tp4", "cp", 2, "tp4xcp2")])
+def test_one_spelling_for_added_degrees(strategy, kind, degree, spelled):
+    """recommend and a run's gpuopt.cp add a degree where track() and --strategy put it."""
+    assert with_degree(strategy, kind, degree) == spelled
+    assert without_degree(spelled, kind) == strategy
+    assert parse_layout(spelled) == parse_layout(strategy)

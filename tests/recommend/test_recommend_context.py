@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from support.recommend import OFFERS
 
 from mlflow_gpuopt.cli import gpuopt
+from mlflow_gpuopt.perfmodel.layout import context_degree, without_degree
 from mlflow_gpuopt.perfmodel.types import ParallelConfig
 from mlflow_gpuopt.recommend.explain import data_parallel_ranks, strategy_label
 from mlflow_gpuopt.recommend.search import CP_MIN_SEQ_LEN, _shapes
@@ -28,23 +29,24 @@ def _eight_gpu_offer():
 
 def test_cp_shapes_for_long_sequences_only():
     offer = _eight_gpu_offer()
-    assert not any("xcp" in s for s, _, _ in _shapes(offer, 1, seq_len=CP_MIN_SEQ_LEN // 2))
-    long = {s for s, tp, pp in _shapes(offer, 1, seq_len=131072) if "xcp" in s}
-    assert long == {f"{dp}xcp{cp}" for dp in ("zero1", "fsdp") for cp in (2, 4, 8)}
+    def cp_shapes(nodes, seq_len):
+        return {s for s, _, _ in _shapes(offer, nodes, seq_len=seq_len) if context_degree(s) > 1}
+
+    assert not cp_shapes(1, CP_MIN_SEQ_LEN // 2)
+    # spelled as --strategy and track() spell them: the degree before the flavour
+    assert cp_shapes(1, 131072) == {f"cp{cp}x{dp}" for dp in ("zero1", "fsdp") for cp in (2, 4, 8)}
     # a sequence that does not cut into 2·cp equal chunks gets no such degree
-    odd = {s for s, _, _ in _shapes(offer, 1, seq_len=CP_MIN_SEQ_LEN + 4) if "xcp" in s}
-    assert odd == {"zero1xcp2", "fsdpxcp2"}
-    two = {s for s, _, _ in _shapes(offer, 2, seq_len=131072) if "xcp" in s}
-    assert "fsdpxcp16" in two
+    assert cp_shapes(1, CP_MIN_SEQ_LEN + 4) == {"cp2xzero1", "cp2xfsdp"}
+    assert "cp16xfsdp" in cp_shapes(2, 131072)
 
 
 def test_labels_and_ranks_spell_cp():
-    cfg = ParallelConfig(gpus_per_node=8, nodes=4, strategy="zero1xcp8", tp=4)
+    cfg = ParallelConfig(gpus_per_node=8, nodes=4, strategy="cp8xzero1", tp=4)
     assert data_parallel_ranks(cfg) == 1  # 32 GPUs / (tp4 x cp8)
     assert strategy_label(cfg) == "tp4+cp8+zero1"
-    assert strategy_label(ParallelConfig(gpus_per_node=8, nodes=8, strategy="fsdpxcp4", tp=2)
+    assert strategy_label(ParallelConfig(gpus_per_node=8, nodes=8, strategy="cp4xfsdp", tp=2)
                           ) == "tp2+cp4+dp8+fsdp"
-    assert strategy_label(ParallelConfig(gpus_per_node=8, strategy="fsdpxcp4")) == "fsdpxcp4"
+    assert strategy_label(ParallelConfig(gpus_per_node=8, strategy="cp4xfsdp")) == "cp4xfsdp"
 
 
 def _cli(*args):
@@ -59,7 +61,7 @@ def test_128k_llama_gets_cp_plans_that_fit_where_the_same_without_cp_does_not(tm
     out = _cli("recommend", "--workload", str(path), "--seq-len", "131072", "--tokens", "10B",
                "--provider", "aws", "--no-log", "--json")
     winner = out["winner"]
-    assert winner["cp"] > 1 and "xcp" in winner["strategy"], winner["strategy"]
+    assert winner["cp"] > 1 and context_degree(winner["strategy"]) == winner["cp"], winner
     assert f"context parallel {winner['cp']}" in winner["launch"]
     text = CliRunner().invoke(gpuopt, ["recommend", "--workload", str(path), "--seq-len",
                                        "131072", "--tokens", "10B", "--provider", "aws",
@@ -68,7 +70,7 @@ def test_128k_llama_gets_cp_plans_that_fit_where_the_same_without_cp_does_not(tm
     cp_plans = [c for c in out["candidates"] if c["cp"] > 1]
     assert cp_plans
     for plan in cp_plans[:3]:
-        flavour = plan["strategy"].split("x")[0]
+        flavour = without_degree(plan["strategy"], "cp")
         common = ["predict", "--workload", str(path), "--seq-len", "131072",
                   "--gpu", plan["gpu"], "--gpus", str(plan["gpus"]), "--nodes",
                   str(plan["nodes"]), "--micro-batch", str(plan["micro_batch"]),

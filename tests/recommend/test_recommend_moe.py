@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from support.recommend import OFFERS
 
 from mlflow_gpuopt.cli import gpuopt
+from mlflow_gpuopt.perfmodel.layout import expert_degree
 from mlflow_gpuopt.recommend.search import _shapes
 
 MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
@@ -25,15 +26,16 @@ def _eight_gpu_offer():
 def test_ep_shapes_divide_the_data_parallel_degree_and_the_experts():
     offer = _eight_gpu_offer()
     dense = _shapes(offer, 1)
-    assert not any("xep" in s for s, _, _ in dense)
-    eight = {s for s, tp, pp in _shapes(offer, 1, num_experts=8) if "xep" in s}
-    assert eight == {f"{dp}xep{ep}" for dp in ("ddp", "zero1", "zero2", "fsdp")
+    assert not any(expert_degree(s) > 1 for s, _, _ in dense)
+    # spelled as --strategy and track() spell them: the degree before the flavour
+    eight = {s for s, tp, pp in _shapes(offer, 1, num_experts=8) if expert_degree(s) > 1}
+    assert eight == {f"ep{ep}x{dp}" for dp in ("ddp", "zero1", "zero2", "fsdp")
                      for ep in (2, 4, 8)}
-    six = {s for s, _, _ in _shapes(offer, 1, num_experts=6) if "xep" in s}
-    assert six == {f"{dp}xep2" for dp in ("ddp", "zero1", "zero2", "fsdp")}
+    six = {s for s, _, _ in _shapes(offer, 1, num_experts=6) if expert_degree(s) > 1}
+    assert six == {f"ep2x{dp}" for dp in ("ddp", "zero1", "zero2", "fsdp")}
     # two nodes: dp 16, but 8 experts cap ep at 8
-    two = {s for s, _, _ in _shapes(offer, 2, num_experts=8) if "xep" in s}
-    assert "fsdpxep8" in two and "fsdpxep16" not in two
+    two = {s for s, _, _ in _shapes(offer, 2, num_experts=8) if expert_degree(s) > 1}
+    assert "ep8xfsdp" in two and "ep16xfsdp" not in two
 
 
 def test_mixtral_is_recommended_with_expert_parallelism(tmp_path):
@@ -47,14 +49,15 @@ def test_mixtral_is_recommended_with_expert_parallelism(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     strategies = [c["strategy"] for c in out["candidates"]]
-    assert any("xep" in s for s in strategies), strategies
+    assert any(expert_degree(s) > 1 for s in strategies), strategies
     win = out["winner"]
-    assert "xep" in win["strategy"]
+    assert expert_degree(win["strategy"]) > 1
+    assert f"expert parallel {expert_degree(win['strategy'])}" in win["launch"]
     # the all-to-all in the winner's breakdown and its explanation, the active-parameter
     # FLOPs in the notes
     assert 0 < win["alltoall_s"] <= win["exposed_comm_fraction"] * win["step_time_s"] + 1e-9
     where = next(line for line in out["explanation"] if line.startswith("Where the time"))
     assert "the experts' all-to-all" in where
     assert any("12.9 B active parameters" in n and "46.7 B" in n for n in out["notes"])
-    dense = [c for c in out["candidates"] if "xep" not in c["strategy"]]
+    dense = [c for c in out["candidates"] if expert_degree(c["strategy"]) == 1]
     assert all(c["alltoall_s"] == 0 for c in dense)
