@@ -122,6 +122,50 @@ def hook_cost_us(n: int = 200_000, comm: bool = False) -> tuple[float, float]:
     return step_us - loop_us, fwd_us - loop_us
 
 
+def all_to_all_cost_us(calls: int = 2_000, rounds: int = 5, numel: int = 1024
+                       ) -> tuple[float, float]:
+    """Microseconds per ``dist.all_to_all_single`` on a one-rank gloo group, plain and with
+    the comm meter's wrapper (what ``track()`` installs in an expert-parallel job), in
+    alternating blocks; returns the medians over rounds (plain, metered)."""
+    import torch.distributed as dist
+
+    from mlflow_gpuopt.tracking.distributed.comm_meter import (
+        CommMeter,
+        meter_all_to_all,
+        release_all_to_all,
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        try:
+            inp, out = torch.randn(numel), torch.empty(numel)
+
+            def block() -> float:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    dist.all_to_all_single(out, inp)
+                return (time.perf_counter() - t0) / calls * 1e6
+
+            block()  # warm-up
+            plain, metered = [], []
+            for _ in range(rounds):
+                plain.append(block())
+                meter = CommMeter()
+                if not meter_all_to_all(meter):
+                    raise SystemExit("this torch's all-to-all cannot be metered")
+                try:
+                    metered.append(block())
+                finally:
+                    release_all_to_all(meter)
+                time.sleep(0.05)  # completion callbacks run on gloo's thread
+                counted = meter.end_step()[0]
+                if counted != calls:  # the wrapper must have been on the path it timed
+                    raise SystemExit(f"the meter counted {counted} of {calls} all-to-alls")
+        finally:
+            dist.destroy_process_group()
+    return statistics.median(plain), statistics.median(metered)
+
+
 def _rss_bytes() -> float:
     import psutil
 
@@ -187,6 +231,10 @@ def main() -> None:
                   f"{fwd_us:.2f} us/forward; together {step_us + fwd_us:.2f} us (goal <= 5 us)")
             dist_us = hook_cost_us(comm=True)[0]
             print(f"step hook with a distributed job's comm meter: {dist_us:.2f} us/step")
+            plain_us, metered_us = all_to_all_cost_us()
+            print(f"all-to-all (gloo, 1 rank, 4 KiB): plain {plain_us:.1f} us/call, metered "
+                  f"{metered_us:.1f} us/call, +{metered_us - plain_us:.1f} us per call "
+                  f"(ratio {metered_us / plain_us:.3f})")
         if args.long_steps > 0:
             r = long_run(args.long_steps, args.long_rate)
             mib = 2**20
