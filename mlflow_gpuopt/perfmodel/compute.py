@@ -1,7 +1,8 @@
 """Compute time of one micro-step on one GPU: ``T_grad(m) = a + b·m`` (Pollux).
 
 The priors are a roofline over matmul FLOPs (dense peak for the precision), DRAM traffic
-(half hidden under the matmuls, ``MATMUL_HIDDEN_TRAFFIC_SHARE``) and latency-bound work (which
+(half hidden under the matmuls, ``MATMUL_HIDDEN_TRAFFIC_SHARE``), the layout transposes of
+NCHW convolutions on tensor cores (:func:`transpose_time_s`) and latency-bound work (which
 scales with SM count × clock, Habitat's wave scaling; ``LATENCY_FIXED_SHARE`` of it is
 batch-independent). ``a`` adds the weight and gradient traffic and the host's kernel launches
 (``kernels_per_micro_step`` × ``KERNEL_DISPATCH_S``, else ``MICRO_STEP_OVERHEAD_S``): CPU time,
