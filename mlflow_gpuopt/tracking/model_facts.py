@@ -50,16 +50,24 @@ def memory_format_of(model: Any) -> str | None:
     then runs those convolutions channels-last), ``"contiguous"`` when they are not; None
     for a model without 2-D convolutions. The weights decide (a convolution's output takes
     the channels-last format of its weight or its input), by majority of those whose strides
-    tell the formats apart: a 1×1 kernel's weight is both at once."""
+    tell the formats apart: a 1×1 kernel's weight is both at once. A weight whose strides
+    cannot be read (a sharded or subclassed tensor) does not vote."""
     import torch
 
-    weights = [m.weight for m in model.modules()
-               if isinstance(m, torch.nn.Conv2d) and getattr(m, "weight", None) is not None
-               and m.weight.dim() == 4]
-    if not weights:
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    if not convs:
         return None
-    votes = [w.is_contiguous(memory_format=torch.channels_last) for w in weights
-             if w.is_contiguous() != w.is_contiguous(memory_format=torch.channels_last)]
+    votes = []
+    for m in convs:
+        w = getattr(m, "weight", None)
+        try:
+            if w is None or w.dim() != 4:
+                continue
+            last = w.is_contiguous(memory_format=torch.channels_last)
+            if last != w.is_contiguous():
+                votes.append(last)
+        except Exception as exc:  # a DTensor / flat-parameter view: leave it out
+            logger.debug("gpuopt: memory format of %s not readable: %s", type(m).__name__, exc)
     return "channels_last" if 2 * sum(votes) > len(votes) else "contiguous"
 
 

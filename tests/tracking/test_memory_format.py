@@ -71,6 +71,17 @@ def test_memory_format_of_reads_the_conv_weights():
     assert memory_format_of(net) == "channels_last"
     assert memory_format_of(nn.Sequential(nn.Linear(4, 4))) is None
 
+    class Unreadable:  # stands for a sharded weight whose strides cannot be asked
+        def dim(self):
+            return 4
+
+        def is_contiguous(self, memory_format=None):
+            raise RuntimeError("not a local tensor")
+
+    del net[0].weight
+    net[0].weight = Unreadable()
+    assert memory_format_of(net) == "channels_last"  # the other 3x3 kernel still tells
+
 
 def test_tracked_conv_net_logs_its_memory_format_and_predict_uses_it(tracking_uri):
     nchw = train_tracked(conv_net(), channels_last=False)
