@@ -6,7 +6,9 @@ written from each model's published size, FLOPs and shape (their ``bench.notes``
 holding only keys docs/metrics.md marks user-supplied (``tests/test_benchmark_workloads.py``).
 Every prediction is ``mlflow gpuopt predict`` on that file, invoked in-process
 (``cli_path.run_predict``), with an observations CSV of the given rows; a DGX-2's 16 GPUs per
-node are two nodes of 8 on the command line (no catalog machine holds 16).
+node are two nodes of 8 on the command line (no catalog machine holds 16). A convolutional
+network's ``memory_format`` is the one DeepLearningExamples runs each precision in
+(:func:`memory_format`: ResNet-50 channels-last in AMP only, per ConvNets' ``configs.yml``).
 
 Tasks (each prints median and p90 absolute % error per model and overall, interval coverage,
 a naive baseline, and in the summary the median interval width, high / low):
