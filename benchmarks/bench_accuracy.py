@@ -6,7 +6,9 @@ written from each model's published size, FLOPs and shape (their ``bench.notes``
 holding only keys docs/metrics.md marks user-supplied (``tests/test_benchmark_workloads.py``).
 Every prediction is ``mlflow gpuopt predict`` on that file, invoked in-process
 (``cli_path.run_predict``), with an observations CSV of the given rows; a DGX-2's 16 GPUs per
-node are two nodes of 8 on the command line (no catalog machine holds 16).
+node are two nodes of 8 on the command line (no catalog machine holds 16). A convolutional
+network's ``memory_format`` is the one DeepLearningExamples runs each precision in
+(:func:`memory_format`: ResNet-50 channels-last in AMP only, per ConvNets' ``configs.yml``).
 
 Tasks (each prints median and p90 absolute % error per model and overall, interval coverage,
 a naive baseline, and in the summary the median interval width, high / low):
@@ -37,7 +39,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cli_path import OBSERVATION_COLUMNS, run_predict
@@ -144,6 +146,30 @@ def workloads() -> dict[str, tuple]:
     return out
 
 
+def memory_format(path: Path, precision: str) -> str | None:
+    """The memory format DeepLearningExamples runs ``path``'s model in at ``precision`` (the
+    table's spelling): the file's ``bench.memory_format_by_precision`` where it has one (the
+    run's layout differs by precision: ConvNets' ``configs.yml`` sets ``memory_format: nhwc``
+    under AMP only, so its FP32 and TF32 rows run PyTorch's default NCHW), else the file's
+    own ``memory_format``. How the user ran each row, as a user knows it."""
+    doc = json.loads(path.read_text())
+    by_precision = doc["bench"].get("memory_format_by_precision", {})
+    return by_precision.get(precision, doc.get("memory_format"))
+
+
+def workload_path(path: Path, precision: str) -> Path:
+    """``path`` itself, or a copy in the temporary folder with ``memory_format`` set to how
+    the rows at ``precision`` ran (:func:`memory_format`) where that differs from the file's."""
+    doc = json.loads(path.read_text())
+    fmt = memory_format(path, precision)
+    if fmt == doc.get("memory_format"):
+        return path
+    copy = _tmp() / f"{path.stem}.{precision}.json"
+    if not copy.exists():
+        copy.write_text(json.dumps({**doc, "memory_format": fmt}))
+    return copy
+
+
 def config(row: Row, units: int) -> ParallelConfig:
     per_node = SYSTEMS[row.gpu][1]
     nodes = max(1, math.ceil(row.gpus / per_node))
@@ -185,8 +211,14 @@ def observation_line(row: Row, units: int) -> list:
 
 
 def cli_predict(path: Path, units: int, given: list[Row], t: Row) -> dict:
-    """``mlflow gpuopt predict --workload PATH [--observations CSV] ... --json`` for ``t``."""
-    args = ["--workload", str(path)]
+    """``mlflow gpuopt predict --workload PATH [--observations CSV] ... --json`` for ``t``,
+    with the file's ``memory_format`` as ``t``'s precision ran (:func:`workload_path`; the
+    given rows ran in the same one)."""
+    formats = {memory_format(path, r.precision) for r in [*given, t]}
+    if len(formats) > 1:
+        raise ValueError(f"{path.name}: the given rows and {t} ran in different memory "
+                         f"formats {sorted(map(str, formats))}")
+    args = ["--workload", str(workload_path(path, t.precision))]
     if given:
         obs = _tmp() / "observations.csv"
         with obs.open("w", newline="") as f:
@@ -359,7 +391,8 @@ def lomo_prior_width(rows, wl, hw) -> None:
     for t in rows:
         if t.gpus != 1 or t.multinode_table:
             continue
-        _, units, w = wl[t.model]
+        path, units, w = wl[t.model]
+        w = replace(w, memory_format=memory_format(path, t.precision))
         p = fit(w, [], hw).predict(config(t, units), hw[t.gpu])
         logs[t.model].append(math.log(t.throughput / p.throughput_samples_per_s))
     means = {m: statistics.fmean(v) for m, v in logs.items()}

@@ -52,6 +52,8 @@ PARAM_EP = "gpuopt.ep"
 PARAM_ATTENTION = "gpuopt.attention"  # sdpa | eager
 PARAM_RECOMPUTE = "gpuopt.recompute"  # none | selective | selective-op | full
 PARAM_FP8_RECIPE = "gpuopt.fp8_recipe"  # te | tensorwise | rowwise
+#: Memory format of the tracked model's 2-D convolutions (not logged: no Conv2d layers).
+PARAM_MEMORY_FORMAT = "gpuopt.memory_format"  # contiguous | channels_last
 #: The tracked model's wrapper class: "DataParallel", "DistributedDataParallel",
 #: "FullyShardedDataParallel", "compiled" (a torch.compile'd module) or "none".
 PARAM_MODEL_WRAPPER = "gpuopt.model_wrapper"
@@ -109,6 +111,7 @@ WORKLOAD_PARAMS = {
     "kernels_per_micro_step": PARAM_KERNELS_PER_MICRO_STEP,
     "attention": PARAM_ATTENTION, "recompute": PARAM_RECOMPUTE, "fp8_recipe": PARAM_FP8_RECIPE,
     "recompute_flops_per_sample": PARAM_RECOMPUTE_FLOPS_PER_SAMPLE,
+    "memory_format": PARAM_MEMORY_FORMAT,
     **ARCHITECTURE_PARAMS,
 }
 

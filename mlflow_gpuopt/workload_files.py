@@ -23,7 +23,11 @@ from mlflow_gpuopt.hf_config import workload_doc as hf_workload_doc
 from mlflow_gpuopt.bounded_read import read_capped
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel, normalize_fp8_recipe
+from mlflow_gpuopt.perfmodel.compute import (
+    normalize_attention_kernel,
+    normalize_fp8_recipe,
+    normalize_memory_format,
+)
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
@@ -48,7 +52,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "recompute_flops_per_sample", "capacity_factor"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
-             "cp_exchange"}
+             "cp_exchange", "memory_format"}
 _BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -228,6 +232,8 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
             kwargs["attention_kernel"] = normalize_attention_kernel(kwargs["attention_kernel"])
         if "cp_exchange" in kwargs:
             kwargs["cp_exchange"] = normalize_exchange(kwargs["cp_exchange"])
+        if "memory_format" in kwargs:
+            kwargs["memory_format"] = normalize_memory_format(kwargs["memory_format"])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:

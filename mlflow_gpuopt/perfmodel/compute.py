@@ -1,7 +1,8 @@
 """Compute time of one micro-step on one GPU: ``T_grad(m) = a + b·m`` (Pollux).
 
 The priors are a roofline over matmul FLOPs (dense peak for the precision), DRAM traffic
-(half hidden under the matmuls, ``MATMUL_HIDDEN_TRAFFIC_SHARE``) and latency-bound work (which
+(half hidden under the matmuls, ``MATMUL_HIDDEN_TRAFFIC_SHARE``), the layout transposes of
+NCHW convolutions on tensor cores (:func:`transpose_time_s`) and latency-bound work (which
 scales with SM count × clock, Habitat's wave scaling; ``LATENCY_FIXED_SHARE`` of it is
 batch-independent). ``a`` adds the weight and gradient traffic and the host's kernel launches
 (``kernels_per_micro_step`` × ``KERNEL_DISPATCH_S``, else ``MICRO_STEP_OVERHEAD_S``): CPU time,
@@ -125,6 +126,28 @@ _FP8_RECIPE_ALIASES = {"te": "te", "transformer_engine": "te", "transformer-engi
                        "delayed": "te", "current": "te", "fp8-cs": "te",
                        "tensorwise": "tensorwise", "torchao": "tensorwise",
                        "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise"}
+#: Memory formats of a convolutional network's activations (``Workload.memory_format``):
+#: ``contiguous`` (PyTorch's default, NCHW) or ``channels_last`` (NHWC,
+#: ``model.to(memory_format=torch.channels_last)``).
+MEMORY_FORMATS = ("contiguous", "channels_last")
+_MEMORY_FORMAT_ALIASES = {"contiguous": "contiguous", "contiguous_format": "contiguous",
+                          "nchw": "contiguous", "channels_first": "contiguous",
+                          "channels_last": "channels_last", "nhwc": "channels_last"}
+#: DRAM bytes the layout transposes move per byte of stored activations, for convolutions
+#: that run on tensor cores with NCHW tensors (docs/models.md#convolutions-and-memory-format).
+#: cuDNN's tensor-core convolutions work in NHWC and transpose NCHW operands around each call
+#: (NVIDIA, "Convolutional Layers User's Guide", Tensor Layouts In Memory: "NCHW layouts can
+#: still be operated on by Tensor Cores, but include some overhead due to automatic
+#: transpose operations"). A training step makes three calls per convolution, each on two
+#: activation-sized operands, each transposed by a read and a write: the forward (input
+#: ``x`` in, output ``y`` back), the data gradient (``dy`` in, ``dx`` back) and the weight
+#: gradient (``x`` and ``dy`` in): 3 × 2 × (|x| + |y|). What a convolutional network stores
+#: for its backward is, per convolution, its input (kept for the weight gradient; the
+#: previous ReLU's output) and its output (kept by the BatchNorm after it), so Σ(|x| + |y|)
+#: over the convolutions is about the stored activations: 6 bytes moved per stored byte. The
+#: weights' own transposes (params × element × 6 per micro-step) are left out: at the
+#: batches convolutional networks train at they are a few MB a sample against hundreds.
+TRANSPOSE_BYTES_PER_ACTIVATION_BYTE = 6.0
 
 
 def activation_bytes_per_sample(workload: Workload, precision: str) -> tuple[float, bool]:
@@ -251,6 +274,19 @@ def normalize_attention_kernel(name: str | None) -> str | None:
         raise ValueError(f"unknown attention_kernel {name!r}; expected fa2, fa3, te, cudnn "
                          "or sdpa")
     return _ATTENTION_KERNEL_ALIASES[key]
+
+
+def normalize_memory_format(name: str | None) -> str | None:
+    """``contiguous`` or ``channels_last`` from the usual spellings (``nchw``,
+    ``channels_first``, ``nhwc``, ``torch.channels_last``); None stays None (no
+    convolutions stated: no layout transposes)."""
+    if name is None or not str(name).strip():
+        return None
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in _MEMORY_FORMAT_ALIASES:
+        raise ValueError(f"unknown memory_format {name!r}; expected contiguous (NCHW) or "
+                         "channels_last (NHWC)")
+    return _MEMORY_FORMAT_ALIASES[key]
 
 
 @functools.lru_cache(maxsize=256)  # pure; asked several times for every plan of a search
@@ -411,15 +447,49 @@ def traffic_time_s(workload: Workload, hardware: Hardware, precision: str) -> fl
             / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware)))
 
 
+def conv_transposes(workload: Workload, hardware: Hardware, precision: str) -> bool:
+    """Whether the workload's convolutions transpose their activations on ``hardware`` at
+    ``precision``: its ``memory_format`` is ``contiguous`` (NCHW) and the convolutions run
+    on tensor cores (fp16/bf16 from Volta, TF32 from Ampere: :func:`.precision.
+    uses_tensor_cores`), which work in NHWC. FP32 on SIMT units works in NCHW as it is, and
+    ``channels_last`` (NHWC) needs no transpose; a workload that states no ``memory_format``
+    is not known to run convolutions."""
+    if workload.memory_format != "contiguous":
+        return False
+    return uses_tensor_cores(hardware.peak_flops_per_s, normalize_precision(precision))
+
+
+def transpose_bytes_per_sample(workload: Workload, hardware: Hardware,
+                               precision: str) -> float:
+    """DRAM bytes per sample of the NCHW <-> NHWC transposes around tensor-core
+    convolutions (:func:`conv_transposes`; 0 where there are none):
+    ``TRANSPOSE_BYTES_PER_ACTIVATION_BYTE`` × the stored activations at ``precision``
+    (measured, or estimated: :func:`activation_bytes_per_sample`)."""
+    if not conv_transposes(workload, hardware, precision):
+        return 0.0
+    return (TRANSPOSE_BYTES_PER_ACTIVATION_BYTE
+            * activation_bytes_per_sample(workload, precision)[0])
+
+
+def transpose_time_s(workload: Workload, hardware: Hardware, precision: str) -> float:
+    """Seconds per sample of the layout transposes (:func:`transpose_bytes_per_sample`) at
+    the attainable memory bandwidth: separate bandwidth-bound kernels, nothing hides them."""
+    return (transpose_bytes_per_sample(workload, hardware, precision)
+            / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware)))
+
+
 def per_sample_time_prior_s(workload: Workload, hardware: Hardware, precision: str) -> float:
     """``b``: seconds per sample per GPU from the roofline, uncalibrated:
-    ``max(T_matmul, h·T_traffic) + (1 − h)·T_traffic`` with ``h`` the share of traffic the
-    matmul kernels do themselves (hidden under their arithmetic when they are compute-bound).
+    ``max(T_matmul, h·T_traffic) + (1 − h)·T_traffic + T_transpose`` with ``h`` the share of
+    traffic the matmul kernels do themselves (hidden under their arithmetic when they are
+    compute-bound) and ``T_transpose`` the layout transposes of NCHW tensor-core
+    convolutions (:func:`transpose_time_s`, 0 for most workloads).
     """
     compute = matmul_time_s(workload, hardware, precision)
     memory = traffic_time_s(workload, hardware, precision)
     hidden = MATMUL_HIDDEN_TRAFFIC_SHARE
-    return max(compute, hidden * memory) + (1.0 - hidden) * memory
+    return (max(compute, hidden * memory) + (1.0 - hidden) * memory
+            + transpose_time_s(workload, hardware, precision))
 
 
 def latency_rate_flops_per_s(hardware: Hardware) -> float:
@@ -525,6 +595,9 @@ OPERATOR_CLASSES = {
     "attention": "attention's fused kernel (its own share of the 16-bit peak per generation)",
     "memory": "memory-bound work: normalisation, element-wise, weight and gradient traffic "
               "(memory bandwidth)",
+    "transposes": "NCHW <-> NHWC transposes around tensor-core convolutions of a contiguous "
+                  "(NCHW) network (memory bandwidth; none in channels_last or on FP32 SIMT "
+                  "units)",
     "latency": "latency-bound kernels (SM count × clock, the FP32 rate)",
     "dispatch": "host-side kernel dispatch (CPU time, the same on every GPU)",
 }
@@ -539,7 +612,8 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
     (``OPERATOR_CLASSES``), as :mod:`.step` puts it together: the roofline's per-sample time
     (:func:`per_sample_time_prior_s`): the matmul kernels' part (their arithmetic, or their
     own operands' traffic where that is longer) to the matmuls and attention, the rest of
-    the traffic and the weights' to memory; the calibration's latency-bound work and the
+    the traffic and the weights' to memory; the layout transposes of NCHW tensor-core
+    convolutions (:func:`transpose_time_s`); the calibration's latency-bound work and the
     host dispatch. The classes sum to the
     micro-step's compute (``T_grad``) at that calibration."""
     p = normalize_precision(precision)
@@ -562,6 +636,7 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
     out["matmuls"] = k * m * bound - out["attention"]
     out["memory"] = k * m * (1.0 - hidden) * traffic
     out["memory"] += k * fixed_scale * weight_traffic_time_s(workload.params, hardware, p)
+    out["transposes"] = k * m * transpose_time_s(workload, hardware, p)
     out["latency"] = latency_time_s(latency_flops[0], latency_flops[1], m, hardware)
     overhead = k * fixed_scale if overhead_scale is None else overhead_scale
     out["dispatch"] = overhead * micro_step_overhead_s(kernel_count(workload)[0])

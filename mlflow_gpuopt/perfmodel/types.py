@@ -96,6 +96,10 @@ class Workload:
     #: ring attention) or "allgather" (gathered at once, under the local chunk's attention
     #: only: torchtitan's ``context_parallel_rotate_method`` default); None: ring
     cp_exchange: str | None = None
+    #: Memory format of a convolutional network's activations: "contiguous" (NCHW, PyTorch's
+    #: default) or "channels_last" (NHWC); None: no convolutions stated. Contiguous
+    #: tensor-core convolutions pay NCHW <-> NHWC transposes (``compute.transpose_time_s``).
+    memory_format: str | None = None
 
 
 @dataclass(frozen=True)

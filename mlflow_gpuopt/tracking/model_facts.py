@@ -1,5 +1,6 @@
 """Facts about the model and optimizer the profile records: parameter counts, the largest
-layer, adapters, precision, optimizer state, whether it is ``torch.compile``d.
+layer, adapters, precision, optimizer state, the convolutions' memory format, whether it
+is ``torch.compile``d.
 
 Each reads the live objects once, after or during the profiled step (field meanings:
 docs/metrics.md#artifacts-and-profilejson).
@@ -41,6 +42,33 @@ def adapter_of(model: Any) -> str | None:
     if not lora:
         return None
     return "qlora" if four_bit else "lora"
+
+
+def memory_format_of(model: Any) -> str | None:
+    """``"channels_last"`` when the weights of the model's 2-D convolutions (``Conv2d``,
+    4-D) are stored channels-last (``model.to(memory_format=torch.channels_last)``; PyTorch
+    then runs those convolutions channels-last), ``"contiguous"`` when they are not; None
+    for a model without 2-D convolutions. The weights decide (a convolution's output takes
+    the channels-last format of its weight or its input), by majority of those whose strides
+    tell the formats apart: a 1×1 kernel's weight is both at once. A weight whose strides
+    cannot be read (a sharded or subclassed tensor) does not vote."""
+    import torch
+
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    if not convs:
+        return None
+    votes = []
+    for m in convs:
+        w = getattr(m, "weight", None)
+        try:
+            if w is None or w.dim() != 4:
+                continue
+            last = w.is_contiguous(memory_format=torch.channels_last)
+            if last != w.is_contiguous():
+                votes.append(last)
+        except Exception as exc:  # a DTensor / flat-parameter view: leave it out
+            logger.debug("gpuopt: memory format of %s not readable: %s", type(m).__name__, exc)
+    return "channels_last" if 2 * sum(votes) > len(votes) else "contiguous"
 
 
 def largest_leaf_params(model: Any) -> int | None:

@@ -39,6 +39,7 @@ from mlflow_gpuopt.tracking.model_facts import (
     detect_precision,
     has_compiled_module,
     largest_leaf_params,
+    memory_format_of,
     optimizer_state_bytes_per_param,
     storage_ptr,
 )
@@ -317,6 +318,7 @@ class WorkloadProfiler:
             gemm_shapes=self.gemm_shapes or None,
             recompute_flops_per_sample=recompute_ps,
             adapter=adapter_of(self.model),
+            memory_format=memory_format_of(self.model),
             padding_fraction=self.padding_fraction,
             compiled=True if compiled else None,
             eager_kernels_per_micro_step=eager_kernels if compiled else None,

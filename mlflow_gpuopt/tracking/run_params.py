@@ -96,6 +96,7 @@ def workload_params(profile: WorkloadProfile | None, config: TrackConfig,
         params[contract.PARAM_ATTENTION] = p.attention
         params[contract.PARAM_RECOMPUTE] = p.recompute
         params[contract.PARAM_FP8_RECIPE] = p.fp8_recipe
+        params[contract.PARAM_MEMORY_FORMAT] = p.memory_format
         for key, param in contract.ARCHITECTURE_PARAMS.items():
             params[param] = getattr(p, key)
     return {k: v for k, v in params.items() if v not in (None, "", 0)}

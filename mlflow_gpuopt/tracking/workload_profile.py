@@ -79,6 +79,10 @@ class WorkloadProfile:
     sequence_split: int | None = None
     rank_tokens_per_sample: int | None = None
     rank_flops_per_sample: float | None = None
+    #: memory format of the model's 2-D convolutions, from their weights' strides
+    #: (:func:`.model_facts.memory_format_of`): contiguous (NCHW) | channels_last (NHWC);
+    #: None: no Conv2d layers
+    memory_format: str | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
