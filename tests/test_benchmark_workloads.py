@@ -135,3 +135,27 @@ def test_bench_llm_observations_carry_the_measured_schedule(benches):
             micro_batch=row.micro_batch))
         assert (layout.tp, layout.pp, layout.vp, layout.cp) == (row.tp, row.pp, row.vp,
                                                                  row.cp), (row, obs.strategy)
+
+
+def test_llm_moe_observations_carry_the_measured_schedule(benches):
+    import csv
+    import io
+
+    from mlflow_gpuopt.perfmodel.layout import resolve_layout
+    from mlflow_gpuopt.perfmodel.types import ParallelConfig
+    from mlflow_gpuopt.workload_files import OBSERVATION_COLUMNS, parse_observations_csv
+
+    llm_moe = importlib.import_module("llm_moe")
+    rows = [r for r in llm_moe.load_moe_rows() if r.pp > 1 and r.skip_reason() is None]
+    assert any(r.vp > 1 for r in rows)
+    for row in rows:
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(OBSERVATION_COLUMNS)
+        writer.writerow(llm_moe.observation_line(row))
+        (obs,) = parse_observations_csv(text.getvalue(), resolve_gpu=lambda name: name)
+        layout = resolve_layout(ParallelConfig(
+            gpus_per_node=obs.gpu_count // int(obs.nodes), nodes=int(obs.nodes),
+            strategy=obs.strategy, micro_batch=row.micro_batch))
+        assert (layout.tp, layout.pp, layout.vp, layout.ep) == (row.tp, row.pp, row.vp,
+                                                                 row.ep), (row, obs.strategy)
