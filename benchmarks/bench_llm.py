@@ -756,6 +756,16 @@ def selected_tasks(argv: list[str]) -> frozenset[str] | None:
     return frozenset(wanted)
 
 
+def print_summary(lines: list[str], cp_lines: list[str]) -> None:
+    """The tasks' summary lines, then those of their context-parallel rows."""
+    print("\nSummary (tokens/s per GPU; " + GOALS + ")")
+    for line in lines:
+        print(line)
+    print("Context-parallel rows of the report set (within the tasks above):")
+    for line in cp_lines or ["  none"]:
+        print(line)
+
+
 def run_all(only: frozenset[str] | None = None) -> None:
     """Every task, the infeasible count and the mixture-of-experts rows; with ``only``
     (task numbers, ``--tasks``) those tasks alone."""
@@ -791,12 +801,7 @@ def run_all(only: frozenset[str] | None = None) -> None:
         if cp_res:
             cp_lines.append(summarise(name + ", cp > 1 rows", cp_res))
     if only is not None:
-        print("\nSummary (tokens/s per GPU; " + GOALS + ")")
-        for line in lines:
-            print(line)
-        print("Context-parallel rows of the report set (within the tasks above):")
-        for line in cp_lines or ["  none"]:
-            print(line)
+        print_summary(lines, cp_lines)
         return
     infeasible = []
     for r in report:
@@ -806,12 +811,7 @@ def run_all(only: frozenset[str] | None = None) -> None:
             continue
         if not fits:
             infeasible.append(r)
-    print("\nSummary (tokens/s per GPU; " + GOALS + ")")
-    for line in lines:
-        print(line)
-    print("Context-parallel rows of the report set (within the tasks above):")
-    for line in cp_lines or ["  none"]:
-        print(line)
+    print_summary(lines, cp_lines)
     print(f"  published configurations called infeasible: {len(infeasible)} of {len(report)} "
           "(goal 0; activations from perfmodel.activations: architecture, SDPA, recompute as "
           "the source states)")
