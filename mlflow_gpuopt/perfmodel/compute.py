@@ -467,7 +467,7 @@ def latency_rate_flops_per_s(hardware: Hardware) -> float:
 def latency_time_s(fixed_flops: float, per_sample_flops: float, micro_batch: float,
                    hardware: Hardware) -> float:
     """Seconds of latency-bound work in one micro-step, given in FP32-rate FLOP-equivalents
-    (measured time beyond the roofline × the measuring GPU's FP32 rate)."""
+    (measured time beyond the roofline × the measuring GPU's :func:`latency_rate_flops_per_s`)."""
     if fixed_flops <= 0 and per_sample_flops <= 0:
         return 0.0
     return (fixed_flops + per_sample_flops * micro_batch) / latency_rate_flops_per_s(hardware)
@@ -560,7 +560,7 @@ OPERATOR_CLASSES = {
     "attention": "attention's fused kernel (its own share of the 16-bit peak per generation)",
     "memory": "memory-bound work: normalisation, element-wise, weight and gradient traffic "
               "(memory bandwidth)",
-    "latency": "latency-bound kernels (SM count × clock, the FP32 rate)",
+    "latency": "latency-bound kernels (SM count × clock: the FP32 peak at 64 lanes per SM)",
     "dispatch": "host-side kernel dispatch (CPU time, the same on every GPU)",
 }
 
