@@ -78,7 +78,8 @@ Mixture-of-experts rows (``llm_moe.py``, ``data/moe_training_throughput.tsv``: M
 NeMo AutoModel and torchtitan's DeepEP page, each model's Hugging Face config.json as the
 workload) print after the dense ones, with their own summary; ``--moe`` runs them alone.
 
-Run: ``python benchmarks/bench_llm.py`` (seconds, CPU only); ``--moe``, ``--derive-fp8`` and
+Run: ``python benchmarks/bench_llm.py`` (minutes, CPU only); ``--tasks 2,5`` runs only
+those tasks (seconds; no infeasible count, no MoE rows); ``--moe``, ``--derive-fp8`` and
 ``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and
 ``uncertainty.SIGMA_PRIOR_TRANSFORMER``. ``--derive-gemm-efficiency`` inverts the whole model
 on the derivation rows for the GEMMs' own efficiency per GPU generation and precision (the
@@ -347,6 +348,17 @@ def strategy(row: Row) -> str:
     return "x".join(parts + [row.dp_strategy] + ([f"cp{row.cp}"] if row.cp > 1 else []))
 
 
+def observed_strategy(row: Row) -> str:
+    """The observations CSV's ``strategy`` of a measured row: :func:`strategy` with the
+    interleaved schedule's virtual stages (``vpN``), which the command takes as
+    ``--virtual-stages`` for the target but the CSV only in the layout string."""
+    if row.vp <= 1:
+        return strategy(row)
+    parts = strategy(row).split("x")
+    at = next(i for i, p in enumerate(parts) if p.startswith("pp")) + 1
+    return "x".join(parts[:at] + [f"vp{row.vp}"] + parts[at:])
+
+
 def grad_accum(row: Row) -> int:
     if row.grad_accum:
         return row.grad_accum
@@ -376,7 +388,8 @@ def cli_args(row: Row) -> list[str]:
 def observation_line(row: Row) -> list:
     """One observations-CSV row (docs/metrics.md#the-observations-csv) of a published row."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
-    return [catalog_gpu(row), row.gpus, nodes(row), row.micro_batch, samples, strategy(row),
+    return [catalog_gpu(row), row.gpus, nodes(row), row.micro_batch, samples,
+            observed_strategy(row),
             row.precision, grad_accum(row), row.recompute, GPUS[row.gpu][3] or ""]
 
 
@@ -724,11 +737,38 @@ def main() -> None:
         with derived_gemm_prior(load_rows()[0]):
             run_all()
         return
-    run_all()
+    run_all(selected_tasks(sys.argv[1:]))
 
 
-def run_all() -> None:
-    """Every task, the infeasible count and the mixture-of-experts rows."""
+def selected_tasks(argv: list[str]) -> frozenset[str] | None:
+    """``--tasks 2,5``: the task numbers to run (then without the infeasible count and the
+    mixture-of-experts rows); None (every task, the count and the MoE rows) without it.
+    Exits 2 with one line on a number that is not a task."""
+    if "--tasks" not in argv:
+        return None
+    at = argv.index("--tasks") + 1
+    wanted = {p.strip() for p in (argv[at] if at < len(argv) else "").split(",") if p.strip()}
+    known = {name.split()[0] for name in TASKS}
+    if not wanted or not wanted <= known:
+        print(f"--tasks takes task numbers separated by commas ({', '.join(sorted(known))})",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return frozenset(wanted)
+
+
+def print_summary(lines: list[str], cp_lines: list[str]) -> None:
+    """The tasks' summary lines, then those of their context-parallel rows."""
+    print("\nSummary (tokens/s per GPU; " + GOALS + ")")
+    for line in lines:
+        print(line)
+    print("Context-parallel rows of the report set (within the tasks above):")
+    for line in cp_lines or ["  none"]:
+        print(line)
+
+
+def run_all(only: frozenset[str] | None = None) -> None:
+    """Every task, the infeasible count and the mixture-of-experts rows; with ``only``
+    (task numbers, ``--tasks``) those tasks alone."""
     rows, skipped = load_rows()
     report = [r for r in rows if not r.derivation]
     print(f"LLM training throughput: {len(rows)} usable rows ({len(report)} report, "
@@ -737,6 +777,8 @@ def run_all() -> None:
     lines, cp_lines = [], []
     tmp = Path(tempfile.mkdtemp(prefix="bench_llm_"))
     for name, pairs in tasks(rows).items():
+        if only is not None and name.split()[0] not in only:
+            continue
         res, cp_res = [], []
         print(f"\n== Task {name}")
         for target, refs in pairs:
@@ -758,6 +800,9 @@ def run_all() -> None:
         lines.append(summarise(name, res))
         if cp_res:
             cp_lines.append(summarise(name + ", cp > 1 rows", cp_res))
+    if only is not None:
+        print_summary(lines, cp_lines)
+        return
     infeasible = []
     for r in report:
         try:
@@ -766,12 +811,7 @@ def run_all() -> None:
             continue
         if not fits:
             infeasible.append(r)
-    print("\nSummary (tokens/s per GPU; " + GOALS + ")")
-    for line in lines:
-        print(line)
-    print("Context-parallel rows of the report set (within the tasks above):")
-    for line in cp_lines or ["  none"]:
-        print(line)
+    print_summary(lines, cp_lines)
     print(f"  published configurations called infeasible: {len(infeasible)} of {len(report)} "
           "(goal 0; activations from perfmodel.activations: architecture, SDPA, recompute as "
           "the source states)")

@@ -136,7 +136,12 @@ def cli_args(row: MoeRow) -> list[str]:
 
 def observation_line(row: MoeRow) -> list:
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
-    return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, row.strategy,
+    # The CSV's layout string carries the interleaved schedule (--virtual-stages is the
+    # target's flag only).
+    strategy = row.strategy
+    if row.vp > 1 and row.pp > 1:
+        strategy = strategy.replace(f"pp{row.pp}", f"pp{row.pp}xvp{row.vp}", 1)
+    return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, strategy,
             row.precision, row.accum, row.recompute or "", ""]
 
 

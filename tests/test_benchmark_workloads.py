@@ -108,3 +108,54 @@ def test_a_profile_key_in_a_workload_is_caught():
     doc = {"params": 1, "flops_per_sample": 1.0, "precision": "bf16",
            "memory_traffic_bytes_per_sample": 1e9}
     assert set(doc) - user_keys() == {"memory_traffic_bytes_per_sample"}
+
+
+def test_bench_llm_observations_carry_the_measured_schedule(benches):
+    # A measured run's layout as the observations CSV gives it must be the published one:
+    # an interleaved run (vp > 1) read as plain 1F1B has a v-fold bubble the run did not.
+    import csv
+    import io
+
+    from mlflow_gpuopt.perfmodel.layout import resolve_layout
+    from mlflow_gpuopt.perfmodel.types import ParallelConfig
+    from mlflow_gpuopt.workload_files import OBSERVATION_COLUMNS, parse_observations_csv
+
+    bench_llm, _ = benches
+    rows = [r for r in bench_llm.load_rows()[0] if r.pp > 1]
+    assert any(r.vp > 1 for r in rows) and any(r.vp == 1 for r in rows)
+    for row in rows:
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(OBSERVATION_COLUMNS)
+        writer.writerow(bench_llm.observation_line(row))
+        (obs,) = parse_observations_csv(text.getvalue(), resolve_gpu=lambda name: name)
+        nodes = int(obs.nodes)
+        layout = resolve_layout(ParallelConfig(
+            gpus_per_node=obs.gpu_count // nodes, nodes=nodes, strategy=obs.strategy,
+            micro_batch=row.micro_batch))
+        assert (layout.tp, layout.pp, layout.vp, layout.cp) == (row.tp, row.pp, row.vp,
+                                                                 row.cp), (row, obs.strategy)
+
+
+def test_llm_moe_observations_carry_the_measured_schedule(benches):
+    import csv
+    import io
+
+    from mlflow_gpuopt.perfmodel.layout import resolve_layout
+    from mlflow_gpuopt.perfmodel.types import ParallelConfig
+    from mlflow_gpuopt.workload_files import OBSERVATION_COLUMNS, parse_observations_csv
+
+    llm_moe = importlib.import_module("llm_moe")
+    rows = [r for r in llm_moe.load_moe_rows() if r.pp > 1 and r.skip_reason() is None]
+    assert any(r.vp > 1 for r in rows)
+    for row in rows:
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(OBSERVATION_COLUMNS)
+        writer.writerow(llm_moe.observation_line(row))
+        (obs,) = parse_observations_csv(text.getvalue(), resolve_gpu=lambda name: name)
+        layout = resolve_layout(ParallelConfig(
+            gpus_per_node=obs.gpu_count // int(obs.nodes), nodes=int(obs.nodes),
+            strategy=obs.strategy, micro_batch=row.micro_batch))
+        assert (layout.tp, layout.pp, layout.vp, layout.ep) == (row.tp, row.pp, row.vp,
+                                                                 row.ep), (row, obs.strategy)

@@ -492,17 +492,52 @@ def per_sample_time_prior_s(workload: Workload, hardware: Hardware, precision: s
             + transpose_time_s(workload, hardware, precision))
 
 
+#: FP32 lanes per SM (NVIDIA) or compute unit (AMD) that the catalog's FP32 peak counts
+#: (``fp32 = SMs × lanes × 2 × boost clock``), by GPU name prefix (the first that matches
+#: wins), else ``FP32_LANES_DEFAULT``. The datasheet FP32 peak doubled per SM from GA100 to
+#: GA10x, Ada, Hopper and Blackwell while the SM's schedulers, load/store units and issue rate
+#: did not, so the FP32 peak alone counts those SMs twice as fast for latency-bound kernels.
+#: Each figure is the datasheet's own arithmetic: V100 80 SMs × 64 × 2 × 1.53 GHz = 15.7 TF,
+#: T4 40 × 64 × 2 × 1.59 = 8.1, A100 108 × 64 × 2 × 1.41 = 19.5 (GA100: 64 FP32 cores per SM,
+#: NVIDIA A100 whitepaper); A10 72 × 128 × 2 × 1.695 = 31.2 (GA102: 128, "2× FP32", NVIDIA
+#: Ampere GA102 whitepaper); L4 58 × 128 × 2 × 2.04 = 30.3 (Ada); H100 SXM5 132 × 128 × 2 ×
+#: 1.98 = 66.9 (GH100: 128 FP32 cores per SM, NVIDIA H100 whitepaper); B200 148 × 128 × 2 ×
+#: 1.98 = 75; MI250X 220 CUs × 64 × 2 × 1.7 = 47.9 (CDNA2 vector FP32); MI300X 304 × 128 × 2
+#: × 2.1 = 163.4 (CDNA3 counts dual-issued FP32: AMD CDNA3 whitepaper).
+FP32_LANES_PER_SM = (
+    ("V100", 64), ("T4", 64), ("A100", 64), ("A10G", 128), ("A10", 128), ("A40", 128),
+    ("RTX-A6000", 128), ("RTX-3090", 128), ("L40S", 128), ("L4", 128), ("RTX-4090", 128),
+    ("H100", 128), ("H200", 128), ("B200", 128), ("MI300X", 128), ("MI325X", 128),
+    ("MI250X", 64),
+)
+FP32_LANES_DEFAULT = 64
+
+
+@functools.lru_cache(maxsize=256)  # pure; asked for every plan of a search
+def fp32_lanes_per_sm(gpu: str) -> int:
+    """FP32 lanes per SM / CU the GPU's FP32 peak counts (``FP32_LANES_PER_SM``)."""
+    name = gpu.strip().upper()
+    for prefix, lanes in FP32_LANES_PER_SM:
+        if name.startswith(prefix.upper()):
+            return lanes
+    return FP32_LANES_DEFAULT
+
+
 def latency_rate_flops_per_s(hardware: Hardware) -> float:
-    """What latency-bound work scales with across GPU types: SM count × clock, for which the
-    plain FP32 peak (SMs × clock × FP32 lanes) stands in."""
+    """What latency-bound work scales with across GPU types: SM count × clock, as the FP32
+    peak counts it at 64 lanes per SM (``FP32 peak × 64 / fp32_lanes_per_sm``: a Volta /
+    GA100 SM's FP32 rate, so an H100's 67 TF count as 33.5 against an A100's 19.5, SMs ×
+    clock 1.72× and not the peaks' 3.4×). A power limit lowers it with the clock
+    (:func:`power_capped` scales the FP32 peak)."""
     peaks = hardware.peak_flops_per_s
-    return float(peaks.get("fp32") or peak_flops_per_s(peaks, "fp32"))
+    fp32 = float(peaks.get("fp32") or peak_flops_per_s(peaks, "fp32"))
+    return fp32 * FP32_LANES_DEFAULT / fp32_lanes_per_sm(hardware.gpu)
 
 
 def latency_time_s(fixed_flops: float, per_sample_flops: float, micro_batch: float,
                    hardware: Hardware) -> float:
     """Seconds of latency-bound work in one micro-step, given in FP32-rate FLOP-equivalents
-    (measured time beyond the roofline × the measuring GPU's FP32 rate)."""
+    (measured time beyond the roofline × the measuring GPU's :func:`latency_rate_flops_per_s`)."""
     if fixed_flops <= 0 and per_sample_flops <= 0:
         return 0.0
     return (fixed_flops + per_sample_flops * micro_batch) / latency_rate_flops_per_s(hardware)
@@ -598,7 +633,7 @@ OPERATOR_CLASSES = {
     "transposes": "NCHW <-> NHWC transposes around tensor-core convolutions of a contiguous "
                   "(NCHW) network (memory bandwidth; none in channels_last or on FP32 SIMT "
                   "units)",
-    "latency": "latency-bound kernels (SM count × clock, the FP32 rate)",
+    "latency": "latency-bound kernels (SM count × clock: the FP32 peak at 64 lanes per SM)",
     "dispatch": "host-side kernel dispatch (CPU time, the same on every GPU)",
 }
 

@@ -13,8 +13,9 @@ What the data can identify is fitted, the rest stays at its prior (Pollux's guar
 Then, per (GPU, precision), the fitted compute is split into what the roofline explains and
 latency-bound work beyond it (:func:`split_latency_bound`): a measurement slower than the
 roofline at library-level efficiency keeps the roofline at scale 1 and carries the rest as
-FP32-rate work, which transfers to another GPU type at its FP32 rate (SM count × clock), not
-its tensor peak. On the measured GPU the split reproduces the fit exactly.
+FP32-rate work, which transfers to another GPU type at its SM count × clock
+(``compute.latency_rate_flops_per_s``), not its tensor peak. On the measured GPU the split
+reproduces the fit exactly.
 
 Every parameter also has a weak prior residual, so a fit never runs away with one run's
 noise. Observations on a CPU tell nothing about GPU speed: they are set aside and the

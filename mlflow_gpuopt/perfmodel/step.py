@@ -27,9 +27,9 @@ p−1 boundaries each way in the open.
 
 Calibration factors (fitted in fitting.py) scale the priors: ``compute_scale`` all compute,
 ``fixed_scale`` the batch-independent part ``a`` alone, latency-bound work adds at the GPU's
-FP32 rate. ``a`` = host-side overhead + weight traffic; the overhead (kernel dispatch, CPU time)
-is the same on every GPU type, so a calibration carried to another GPU scales it by what was
-fitted where it was measured (``overhead_scale``), not by the target's factors.
+SM count × clock. ``a`` = host-side overhead + weight traffic; the overhead (kernel dispatch,
+CPU time) is the same on every GPU type, so a calibration carried to another GPU scales it by
+what was fitted where it was measured (``overhead_scale``), not by the target's factors.
 ``comm_scale`` scales communication and the straggler share together (one or two multi-GPU
 runs cannot tell them apart). Pure arithmetic, no allocation beyond the
 result: the recommender calls this thousands of times.
@@ -63,7 +63,8 @@ class Calibration:
     comm_scale: float = 1.0
     gamma: float = comm.GAMMA_PRIOR
     #: Latency-bound work beyond the roofline, in FP32-rate FLOP-equivalents: per micro-step
-    #: and per sample (see compute.py); scales with the GPU's FP32 rate, not its tensor peak.
+    #: and per sample (see compute.py); scales with the GPU's SM count × clock
+    #: (``compute.latency_rate_flops_per_s``), not its tensor peak.
     latency_fixed_flops: float = 0.0
     latency_per_sample_flops: float = 0.0
     #: Scale of the optimizer step; None = ``compute_scale``.

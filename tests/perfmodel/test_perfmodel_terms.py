@@ -45,6 +45,27 @@ def test_latency_bound_work_scales_with_the_fp32_rate():
     assert v / a == pytest.approx(20 / 15.7)
 
 
+def test_latency_bound_work_scales_with_sms_times_clock_not_the_doubled_fp32_lanes():
+    from dataclasses import replace
+
+    # H100 SXM5: 132 SMs x 128 FP32 lanes x 2 x 1.98 GHz = 66.9 TF; an A100-class SM has 64
+    # lanes, so SMs x clock is 67e12 / 2 = 33.5e12 at 64 lanes against the A100's 19.5e12
+    # (108 x 64 x 2 x 1.41 GHz): 1.72x, not the FP32 peaks' 67 / 19.5 = 3.44x
+    a100 = replace(A100, peak_flops_per_s={**A100.peak_flops_per_s, "fp32": 19.5e12})
+    h100 = replace(A100, gpu="H100-SXM5-80GB",
+                   peak_flops_per_s={**A100.peak_flops_per_s, "fp32": 67e12})
+    assert compute.fp32_lanes_per_sm("H100-SXM5-80GB") == 128
+    assert compute.fp32_lanes_per_sm("A100-80GB-SXM4") == 64
+    assert compute.latency_rate_flops_per_s(h100) == pytest.approx(33.5e12)
+    t_a = compute.latency_time_s(1e12, 0.0, 1, a100)
+    t_h = compute.latency_time_s(1e12, 0.0, 1, h100)
+    assert t_a / t_h == pytest.approx(33.5 / 19.5)
+    # a GPU the table does not name counts 64 lanes: its FP32 peak as it is
+    other = replace(A100, gpu="Mystery-GPU")
+    assert compute.latency_rate_flops_per_s(other) == pytest.approx(
+        A100.peak_flops_per_s["fp32"])
+
+
 def test_fixed_prior_is_counted_dispatch_plus_weight_traffic():
     # 1e8 params in fp16 mixed precision: read twice + gradients written = 6 bytes/param,
     # 6e8 B / (2000e9 B/s x 0.75) = 0.4 ms; host side 5,000 kernels x 10 us = 50 ms
