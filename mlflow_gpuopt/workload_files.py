@@ -25,6 +25,7 @@ from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_r
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel, normalize_fp8_recipe
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
+from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
@@ -48,7 +49,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "recompute_flops_per_sample", "capacity_factor"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
-             "cp_exchange"}
+             "cp_exchange", "moe_dispatcher", "moe_routing"}
 _BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -61,6 +62,8 @@ _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_s
                 "num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
                 "moe_intermediate_size": "expert_ffn_hidden_size",
                 "first_k_dense_replace": "first_dense_layers",
+                "moe_token_dispatcher_type": "moe_dispatcher",
+                "expert_parallel_comm_backend": "moe_dispatcher",
                 **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
 _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
@@ -228,6 +231,10 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
             kwargs["attention_kernel"] = normalize_attention_kernel(kwargs["attention_kernel"])
         if "cp_exchange" in kwargs:
             kwargs["cp_exchange"] = normalize_exchange(kwargs["cp_exchange"])
+        if "moe_dispatcher" in kwargs:
+            kwargs["moe_dispatcher"] = normalize_dispatcher(kwargs["moe_dispatcher"])
+        if "moe_routing" in kwargs:
+            kwargs["moe_routing"] = normalize_routing(kwargs["moe_routing"])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:

@@ -32,6 +32,9 @@ class PredictRequest:
     recompute: str | None = None
     activation_checkpointing: bool = False
     virtual_stages: int | None = None
+    #: mixture of experts: the token dispatcher and the routing (None: the workload's)
+    moe_dispatcher: str | None = None
+    moe_routing: str | None = None
     instance_type: str | None = None
     inter_node_gbps: float | None = None
     #: the GPUs' power limit (W) for the target and the runs on its GPU type (None: TDP)
@@ -84,6 +87,23 @@ def _network(catalog: Any, gpu: str, offer: Any, inter_node_gbps: float | None):
     return multi_node_network(catalog.offers, gpu)
 
 
+def _with_moe_options(workload: Any, dispatcher: str | None, routing: str | None) -> Any:
+    """``workload`` with ``--moe-dispatcher`` / ``--moe-routing`` where given (one clear line
+    for an unknown word)."""
+    from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
+
+    for flag, value, normalize, key in (
+            ("--moe-dispatcher", dispatcher, normalize_dispatcher, "moe_dispatcher"),
+            ("--moe-routing", routing, normalize_routing, "moe_routing")):
+        if value is None:
+            continue
+        try:
+            workload = replace(workload, **{key: normalize(value)})
+        except ValueError as exc:
+            raise InputError(f"{flag}: {exc}") from None
+    return workload
+
+
 def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     """The prediction for the request's configuration (the ``predict --json`` object)."""
     from mlflow_gpuopt.hardware import hardware_for_gpu
@@ -103,6 +123,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
                          observations_path=r.observations_path, seq_len=r.seq_len,
                          proxy_path=r.proxy_path, catalog=catalog)
     workload, observations = inputs.workload, inputs.observations
+    workload = _with_moe_options(workload, r.moe_dispatcher, r.moe_routing)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
