@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,14 @@ class MoeRow:
     @property
     def nodes(self) -> int:
         return max(1, self.gpus // 8)
+
+    @property
+    def local_batch(self) -> int | None:
+        """AutoModel's LBS (its notes: 'LBS 8, GA 4'): the samples one run of its pipeline
+        schedule takes, gradient accumulation running it GA times; None elsewhere (Megatron
+        runs one schedule per step)."""
+        m = re.search(r"\bLBS (\d+)", self.notes)
+        return int(m.group(1)) if m and self.source == "automodel_perf" else None
 
     @property
     def gate(self) -> str:
@@ -145,12 +154,20 @@ def cli_args(row: MoeRow) -> list[str]:
         args += ["--virtual-stages", str(row.vp)]
     if row.recompute:
         args += ["--recompute", row.recompute]
+    if row.pp > 1 and row.local_batch:
+        # each gradient-accumulation step runs the schedule over the local batch
+        args += ["--pp-microbatches", str(row.local_batch // row.micro_batch)]
     return args
 
 
 def observation_line(row: MoeRow) -> list:
+    """The measured run as a row of the observations CSV, its interleaved schedule as
+    ``vpN`` in the layout (the CSV has no column for it)."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
-    return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, row.strategy,
+    strategy = row.strategy
+    if row.vp > 1 and row.pp > 1:
+        strategy = strategy.replace(f"pp{row.pp}x", f"pp{row.pp}xvp{row.vp}x", 1)
+    return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, strategy,
             row.precision, row.accum, row.recompute or "", ""]
 
 

@@ -42,7 +42,7 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "largest_layer_params", "hidden_size", "num_heads", "num_kv_heads", "vocab_size",
              "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
              "expert_ffn_hidden_size", "moe_layer_freq", "first_dense_layers",
-             "qkv_width"}
+             "qkv_width", "pp_microbatches"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",

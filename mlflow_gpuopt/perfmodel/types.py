@@ -107,6 +107,11 @@ class Workload:
     #: logits) or "round_robin" (token t to experts t·k … t·k+k−1: torchtitan's
     #: ``moe_force_load_balance``, AutoModel's ``fake_balanced_gate``); None: random
     moe_routing: str | None = None
+    #: Micro-batches one run of the pipeline schedule takes: each gradient-accumulation step
+    #: of torchtitan / NeMo AutoModel runs the schedule again over ``local_batch_size ÷``
+    #: the pipeline micro-batch, filling and draining the pipeline each time; None: all of
+    #: the optimizer step's (Megatron: one schedule per step)
+    pp_microbatches: int | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ class PredictRequest:
     recompute: str | None = None
     activation_checkpointing: bool = False
     virtual_stages: int | None = None
+    #: micro-batches per run of the pipeline schedule (None: the workload's)
+    pp_microbatches: int | None = None
     #: mixture of experts: the token dispatcher and the routing (None: the workload's)
     moe_dispatcher: str | None = None
     moe_routing: str | None = None
@@ -124,6 +126,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
                          proxy_path=r.proxy_path, catalog=catalog)
     workload, observations = inputs.workload, inputs.observations
     workload = _with_moe_options(workload, r.moe_dispatcher, r.moe_routing)
+    if r.pp_microbatches is not None:
+        workload = replace(workload, pp_microbatches=int(r.pp_microbatches))
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a

@@ -148,3 +148,23 @@ def test_predict_takes_the_dispatcher_flag(tmp_path):
     assert "--moe-dispatcher: unknown moe_dispatcher 'nccl'" in bad.output
     assert "Traceback" not in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_predict_takes_the_schedule_runs_flag(tmp_path):
+    from mlflow_gpuopt.cli import gpuopt
+    from click.testing import CliRunner
+
+    doc = {"name": "w", "params": 7_000_000_000, "flops_per_sample": 6 * 7e9 * 4096,
+           "precision": "bf16", "tokens_per_sample": 4096, "num_layers": 32,
+           "hidden_size": 4096, "num_heads": 32, "vocab_size": 32000, "optimizer": "adamw"}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    args = ["predict", "--workload", str(path), "--gpu", "NVIDIA H100 80GB HBM3", "--gpus",
+            "8", "--strategy", "pp4xddp", "--micro-batch", "1", "--grad-accum", "8", "--json"]
+    runner = CliRunner()
+    whole = runner.invoke(gpuopt, args)
+    runs = runner.invoke(gpuopt, [*args, "--pp-microbatches", "2"])
+    assert whole.exit_code == 0 and runs.exit_code == 0, whole.output + runs.output
+    one = json.loads(whole.output)["time_breakdown"]["bubble_s"]
+    four = json.loads(runs.output)["time_breakdown"]["bubble_s"]
+    assert one > 0 and four == pytest.approx(4 * one)
