@@ -376,7 +376,10 @@ def cli_args(row: Row) -> list[str]:
 def observation_line(row: Row) -> list:
     """One observations-CSV row (docs/metrics.md#the-observations-csv) of a published row."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
-    return [catalog_gpu(row), row.gpus, nodes(row), row.micro_batch, samples, strategy(row),
+    layout = strategy(row)
+    if row.vp > 1 and row.pp > 1:  # the interleaved schedule as vpN (the CSV has no column)
+        layout = layout.replace(f"pp{row.pp}", f"pp{row.pp}xvp{row.vp}", 1)
+    return [catalog_gpu(row), row.gpus, nodes(row), row.micro_batch, samples, layout,
             row.precision, grad_accum(row), row.recompute, GPUS[row.gpu][3] or ""]
 
 
