@@ -214,9 +214,8 @@ def alltoall_s(workload: Workload, layout: Layout, hardware: Hardware, micro_bat
     else:
         if how == "allgather":
             # every rank's tokens to every other rank (the combine: a reduce-scatter of as
-            # much), whatever experts they chose
-            nbytes = (tokens * float(workload.hidden_size or 0) * act_bytes
-                      * (workload.capacity_factor or 1.0) * (layout.ep - 1))
+            # much), whatever experts they chose and however unevenly
+            nbytes = tokens * float(workload.hidden_size or 0) * act_bytes * (layout.ep - 1)
         else:
             nbytes = (alltoall_bytes_per_layer(workload, tokens, act_bytes)
                       * (layout.ep - 1) / layout.ep)

@@ -87,6 +87,13 @@ def test_allgather_sends_every_token_to_every_rank():
     gather = replace(QWEN, moe_dispatcher="allgather")
     per_call = 5e-6 + ROW * 7 / (450e9 * 0.75)
     assert moe.alltoall_s(gather, EP8, H100, 1, SEQ, 2) == pytest.approx(4 * L * per_call)
+    # a capacity factor pads the experts, not the gather: the same bytes
+    padded = replace(gather, capacity_factor=1.25)
+    assert moe.alltoall_s(padded, EP8, H100, 1, SEQ, 2) == pytest.approx(4 * L * per_call)
+    # the all-to-all's busiest rank takes 1.25 x its share
+    a2a = moe.alltoall_s(QWEN, EP8, H100, 1, SEQ, 2)
+    assert moe.alltoall_s(replace(QWEN, capacity_factor=1.25), EP8, H100, 1, SEQ,
+                          2) == pytest.approx(4 * L * (5e-6 + 1.25 * (a2a / (4 * L) - 5e-6)))
 
 
 def test_fused_dispatchers_copy_the_routed_tokens_half_as_often():
