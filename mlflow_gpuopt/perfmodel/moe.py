@@ -355,8 +355,9 @@ def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[s
                    f"{how} dispatcher"
                    + (f" ({normalize_routing(workload.moe_routing)} routing)"
                       if how == "flex" else "")
-                   + f", {ALLTOALLS_PER_LAYER} dispatches and combines per MoE layer per "
-                   "micro-step, "
+                   + f", {ALLTOALLS_PER_LAYER} "
+                   + ("all-to-alls" if how == "alltoall" else "dispatches and combines")
+                   + " per MoE layer per micro-step, "
                    f"{alltoall_step_s * 1e3:.3g} ms per step, not overlapped, "
                    + ("across nodes" if layout.ep_spans_nodes else "inside a node")
                    + (f", capacity factor {cf:g}" if cf else

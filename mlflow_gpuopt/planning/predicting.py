@@ -89,30 +89,13 @@ def _network(catalog: Any, gpu: str, offer: Any, inter_node_gbps: float | None):
     return multi_node_network(catalog.offers, gpu)
 
 
-def _with_moe_options(workload: Any, dispatcher: str | None, routing: str | None) -> Any:
-    """``workload`` with ``--moe-dispatcher`` / ``--moe-routing`` where given (one clear line
-    for an unknown word)."""
-    from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
-
-    for flag, value, normalize, key in (
-            ("--moe-dispatcher", dispatcher, normalize_dispatcher, "moe_dispatcher"),
-            ("--moe-routing", routing, normalize_routing, "moe_routing")):
-        if value is None:
-            continue
-        try:
-            workload = replace(workload, **{key: normalize(value)})
-        except ValueError as exc:
-            raise InputError(f"{flag}: {exc}") from None
-    return workload
-
-
 def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     """The prediction for the request's configuration (the ``predict --json`` object)."""
     from mlflow_gpuopt.hardware import hardware_for_gpu
     from mlflow_gpuopt.perfmodel import ParallelConfig, normalize_precision
     from mlflow_gpuopt.perfmodel.layout import context_degree, expert_degree, parse_layout
     from mlflow_gpuopt.planning.fitting import fit_runs
-    from mlflow_gpuopt.planning.inputs import read_inputs
+    from mlflow_gpuopt.planning.inputs import read_inputs, with_run_options
 
     r = request
     if catalog is None:
@@ -125,9 +108,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
                          observations_path=r.observations_path, seq_len=r.seq_len,
                          proxy_path=r.proxy_path, catalog=catalog)
     workload, observations = inputs.workload, inputs.observations
-    workload = _with_moe_options(workload, r.moe_dispatcher, r.moe_routing)
-    if r.pp_microbatches is not None:
-        workload = replace(workload, pp_microbatches=int(r.pp_microbatches))
+    workload = with_run_options(workload, moe_dispatcher=r.moe_dispatcher,
+                                moe_routing=r.moe_routing, pp_microbatches=r.pp_microbatches)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
