@@ -5,7 +5,9 @@ torchtitan's DeepEP README),
 predicted through ``mlflow gpuopt predict`` (``cli_path.run_predict``) as a user would: the
 model's Hugging Face ``config.json`` (``workloads/hf/``) as ``--workload`` with
 ``--seq-len``, and the published layout as ``--strategy`` (``tpN x ppN x epN x`` zero1 for
-Megatron's distributed optimizer, fsdp for AutoModel's FSDP2), ``--virtual-stages`` from VP.
+Megatron's distributed optimizer, fsdp for AutoModel's FSDP2), ``--virtual-stages`` from VP,
+``--moe-dispatcher`` the dispatcher the run used (the tsv's ``dispatcher``) and
+``--moe-routing`` its router's forced balance (``MoeRow.gate``).
 
 Rows not scored (counted and named): context parallel > 1 (``cpN`` is another developer's
 part); an expert-parallel degree that does not divide the data-parallel one (Megatron takes
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +66,7 @@ class MoeRow:
     seq: int
     precision: str  # bf16 | fp8
     routing: str
+    dispatcher: str  # alltoall | flex (the tsv's header says where each comes from)
     recompute: str | None  # none | selective | full; None where the source does not say
     tokens_per_s_per_gpu: float
     notes: str
@@ -80,6 +84,24 @@ class MoeRow:
     @property
     def nodes(self) -> int:
         return max(1, self.gpus // 8)
+
+    @property
+    def local_batch(self) -> int | None:
+        """AutoModel's LBS (its notes: 'LBS 8, GA 4'): the samples one run of its pipeline
+        schedule takes, gradient accumulation running it GA times; None elsewhere (Megatron
+        runs one schedule per step)."""
+        m = re.search(r"\bLBS (\d+)", self.notes)
+        return int(m.group(1)) if m and self.source == "automodel_perf" else None
+
+    @property
+    def gate(self) -> str:
+        """Where the run's router sent a token's experts (``--moe-routing``): the forced
+        balance of torchtitan and AutoModel is round-robin, Megatron's random logits are
+        random (the tsv's header cites both)."""
+        if self.routing == "balanced" and self.source in ("torchtitan_deepep",
+                                                          "automodel_perf"):
+            return "round_robin"
+        return "random"
 
     @property
     def strategy(self) -> str:
@@ -113,7 +135,7 @@ def load_moe_rows() -> list[MoeRow]:
             micro_batch=int(r["micro_batch"]), global_batch=int(r["global_batch"]),
             grad_accum=None if accum == "NA" else int(accum), seq=int(r["seq_len"]),
             precision="fp8" if r["precision"].lower().startswith(("fp8", "mxfp8"))
-            else "bf16", routing=r["routing"],
+            else "bf16", routing=r["routing"], dispatcher=r["dispatcher"],
             recompute=None if r["recompute"] == "NA" else r["recompute"],
             tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"]), notes=r["notes"]))
     return out
@@ -126,15 +148,21 @@ def cli_args(row: MoeRow) -> list[str]:
             "--gpu", GPUS[row.gpu][0], "--gpus", str(row.gpus), "--nodes", str(row.nodes),
             "--strategy", row.strategy, "--micro-batch", str(row.micro_batch),
             "--grad-accum", str(row.accum), "--precision", row.precision,
-            "--inter-node-gbps", str(GPUS[row.gpu][1])]
+            "--inter-node-gbps", str(GPUS[row.gpu][1]),
+            "--moe-dispatcher", row.dispatcher, "--moe-routing", row.gate]
     if row.vp > 1 and row.pp > 1:
         args += ["--virtual-stages", str(row.vp)]
     if row.recompute:
         args += ["--recompute", row.recompute]
+    if row.pp > 1 and row.local_batch:
+        # each gradient-accumulation step runs the schedule over the local batch
+        args += ["--pp-microbatches", str(row.local_batch // row.micro_batch)]
     return args
 
 
 def observation_line(row: MoeRow) -> list:
+    """The measured run as a row of the observations CSV, its interleaved schedule as
+    ``vpN`` in the layout (the CSV has no column for it)."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
     # The CSV's layout string carries the interleaved schedule (--virtual-stages is the
     # target's flag only).

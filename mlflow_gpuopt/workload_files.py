@@ -29,6 +29,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     normalize_memory_format,
 )
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
+from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
@@ -45,14 +46,14 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "largest_layer_params", "hidden_size", "num_heads", "num_kv_heads", "vocab_size",
              "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
              "expert_ffn_hidden_size", "moe_layer_freq", "first_dense_layers",
-             "qkv_width"}
+             "qkv_width", "pp_microbatches"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
                "recompute_flops_per_sample", "capacity_factor"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
-             "cp_exchange", "memory_format"}
+             "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing"}
 _BOOL_KEYS = {"tp_comm_overlap"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -65,6 +66,8 @@ _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_s
                 "num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
                 "moe_intermediate_size": "expert_ffn_hidden_size",
                 "first_k_dense_replace": "first_dense_layers",
+                "moe_token_dispatcher_type": "moe_dispatcher",
+                "expert_parallel_comm_backend": "moe_dispatcher",
                 **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
 _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
@@ -234,6 +237,10 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
             kwargs["cp_exchange"] = normalize_exchange(kwargs["cp_exchange"])
         if "memory_format" in kwargs:
             kwargs["memory_format"] = normalize_memory_format(kwargs["memory_format"])
+        if "moe_dispatcher" in kwargs:
+            kwargs["moe_dispatcher"] = normalize_dispatcher(kwargs["moe_dispatcher"])
+        if "moe_routing" in kwargs:
+            kwargs["moe_routing"] = normalize_routing(kwargs["moe_routing"])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:

@@ -72,6 +72,17 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
               help="Full activation recomputation (same as --recompute full).")
 @click.option("--virtual-stages", type=click.IntRange(min=1), default=None,
               help="Interleaved pipeline schedule: model chunks per pipeline stage.")
+@click.option("--pp-microbatches", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Pipeline: micro-batches one run of the schedule takes, where each "
+                   "gradient-accumulation step runs it again (torchtitan, NeMo AutoModel: "
+                   "local batch / pipeline micro-batch); default: the whole step's.")
+@click.option("--moe-dispatcher", default=None, metavar="NAME",
+              help="Mixture of experts: how expert parallelism moves the tokens: alltoall "
+                   "(default), allgather or flex (deepep, hybridep); overrides the "
+                   "workload's moe_dispatcher.")
+@click.option("--moe-routing", default=None, metavar="NAME",
+              help="Mixture of experts: random (default) or round_robin (forced-balance "
+                   "benchmark gates); overrides the workload's moe_routing.")
 @click.option("--instance-type", default=None,
               help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -83,8 +94,8 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, nodes, strategy,
             micro_batch, grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
-            instance_type, inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens,
-            steps, as_json, seq_len) -> None:
+            pp_microbatches, moe_dispatcher, moe_routing, instance_type, inter_node_gbps,
+            power_limit_w, samples, epochs, dataset_size, tokens, steps, as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.planning.predicting import PredictRequest
@@ -104,8 +115,10 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         nodes=nodes, strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum,
         precision=precision, recompute=recompute,
         activation_checkpointing=activation_checkpointing, virtual_stages=virtual_stages,
-        instance_type=instance_type, inter_node_gbps=inter_node_gbps,
-        power_limit_w=power_limit_w, target=training_target), load_catalog_or_fail())
+        pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
+        moe_routing=moe_routing, instance_type=instance_type,
+        inter_node_gbps=inter_node_gbps, power_limit_w=power_limit_w, target=training_target),
+        load_catalog_or_fail())
     if as_json:
         click.echo(_json.dumps(result))
     else:

@@ -13,9 +13,18 @@ permute, local sort, unsort and unpermute kernels), the expert GEMMs' lower effi
 ``M`` = the tokens one expert takes, the host-side launches of the router, the dispatcher
 and each local expert's GEMMs, and in a dropless layer the device-to-host sync of the
 per-expert token counts (docs/models.md#mixture-of-experts).
+
+What the dispatcher (``Workload.moe_dispatcher``) changes: ``alltoall`` sends every routed
+copy through NCCL's all-to-all; ``flex`` (DeepEP / HybridEP) sends a token once to each rank
+holding one of its experts, once per node over the network, at the rates DeepEP's README
+measured, and skips the permute before the dispatch and its inverse after the combine;
+``allgather`` gathers every rank's tokens and permutes only the local experts' share.
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 from mlflow_gpuopt.perfmodel import comm
 from mlflow_gpuopt.perfmodel.compute import (
@@ -67,6 +76,75 @@ FP8_CASTS_PER_EXPERT_STEP = 4
 #: next kernel is launched: 2 launches' worth (``compute.KERNEL_DISPATCH_S``).
 SYNC_STALL_S = 2 * KERNEL_DISPATCH_S
 
+#: Token dispatchers, in Megatron-Core's ``moe_token_dispatcher_type`` words.
+DISPATCHERS = ("alltoall", "allgather", "flex")
+_DISPATCHER_ALIASES = {"alltoall": "alltoall", "all_to_all": "alltoall",
+                       "all-to-all": "alltoall", "a2a": "alltoall", "standard": "alltoall",
+                       "allgather": "allgather", "all_gather": "allgather",
+                       "all-gather": "allgather", "flex": "flex", "deepep": "flex",
+                       "hybridep": "flex"}
+#: Where a token's experts lie (see ``Workload.moe_routing``).
+ROUTINGS = ("random", "round_robin")
+_ROUTING_ALIASES = {"random": "random", "learned": "random", "round_robin": "round_robin",
+                    "round-robin": "round_robin", "roundrobin": "round_robin"}
+#: Passes over the routed copies with the ``flex`` and ``allgather`` dispatchers: DeepEP's
+#: dispatch reads the hidden states where they lie and its combine writes them back
+#: (torchtitan ``distributed/deepep/deepep.py``: ``_permute_tokens`` after the dispatch and
+#: ``_unpermute_tokens`` before the combine are the only copies); the all-gather dispatcher
+#: permutes the local experts' tokens out of the gathered ones and un-permutes them before
+#: the reduce-scatter: 2 memory-bound kernels of 2 passes, forward and backward: 2 × 2 × 2.
+PERMUTE_PASSES_FUSED = 8
+#: Share of the link DeepEP's normal (training) kernels reach, from its README (V1, H800 with
+#: ~160 GB/s NVLink and a 400 Gbit/s CX7 NIC, ~50 GB/s, DeepSeek-V3's pretraining shape):
+#: 153 and 158 GB/s over NVLink (dispatch, combine at EP 8), 43 GB/s over RDMA at EP 16 (the
+#: figures of larger groups count forwarded traffic and exceed the NIC).
+FLEX_NVLINK_EFFICIENCY = 153.0 / 160.0
+FLEX_RDMA_EFFICIENCY = 43.0 / 50.0
+
+
+def normalize_dispatcher(name: str | None) -> str:
+    """``alltoall``, ``allgather`` or ``flex`` from Megatron's and torchtitan's words
+    (``deepep`` and ``hybridep`` are ``flex``; None: ``alltoall``)."""
+    if name is None:
+        return "alltoall"
+    key = name.strip().lower()
+    if key not in _DISPATCHER_ALIASES:
+        raise ValueError(f"unknown moe_dispatcher {name!r}; expected alltoall, allgather or "
+                         "flex (deepep, hybridep)")
+    return _DISPATCHER_ALIASES[key]
+
+
+def normalize_routing(name: str | None) -> str:
+    """``random`` or ``round_robin`` (None: ``random``)."""
+    if name is None:
+        return "random"
+    key = name.strip().lower()
+    if key not in _ROUTING_ALIASES:
+        raise ValueError(f"unknown moe_routing {name!r}; expected random or round_robin")
+    return _ROUTING_ALIASES[key]
+
+
+@functools.lru_cache(maxsize=256)
+def distinct_groups(num_experts: int, k: int, groups: int, routing: str = "random") -> float:
+    """Expected number of the ``groups`` equal blocks of consecutive experts (the ranks, or
+    the nodes, of an expert-parallel group) that one token's ``k`` experts fall in.
+
+    ``random``: k of the experts drawn without replacement, a block missed with probability
+    ``C(E − E/groups, k) / C(E, k)``. ``round_robin``: token t takes experts
+    ``(t·k + j) mod E``, averaged over one period of tokens."""
+    if groups <= 1 or num_experts < groups:
+        return 1.0
+    k = max(1, min(int(k), num_experts))
+    per = num_experts / groups
+    if routing == "round_robin":
+        period = num_experts // math.gcd(num_experts, k)
+        hit = sum(len({int(((t * k + j) % num_experts) // per) for j in range(k)})
+                  for t in range(period))
+        return hit / period
+    outside = num_experts - int(round(per))
+    miss = math.comb(outside, k) / math.comb(num_experts, k) if outside >= k else 0.0
+    return groups * (1.0 - miss)
+
 
 def is_moe(workload: Workload) -> bool:
     """True when the workload routes tokens over two or more experts."""
@@ -105,6 +183,11 @@ def check_experts(workload: Workload, layout: Layout) -> None:
     if not moe_layers(workload) or not workload.hidden_size:
         raise PerfModelError(f"expert parallel ep{layout.ep} needs num_layers and hidden_size "
                              "(the all-to-all's volume)")
+    try:
+        normalize_dispatcher(workload.moe_dispatcher)
+        normalize_routing(workload.moe_routing)
+    except ValueError as exc:
+        raise PerfModelError(str(exc)) from None
 
 
 def alltoall_bytes_per_layer(workload: Workload, tokens: float, act_bytes: float) -> float:
@@ -124,11 +207,44 @@ def alltoall_s(workload: Workload, layout: Layout, hardware: Hardware, micro_bat
     if layout.ep <= 1 or not is_moe(workload):
         return 0.0
     tokens = micro_batch * seq_len / layout.tp
-    nbytes = alltoall_bytes_per_layer(workload, tokens, act_bytes) * (layout.ep - 1) / layout.ep
     layers = max(1, moe_layers(workload) // layout.pp)
-    # bytes leaving the GPU: comm.alltoall_s takes what a rank sends to all its peers
-    per_call = comm.alltoall_s(nbytes, layout.ep, layout.ep_ranks_per_node, hardware)
+    how = normalize_dispatcher(workload.moe_dispatcher)
+    if how == "flex":
+        per_call = flex_dispatch_s(workload, layout, hardware, tokens, act_bytes)
+    else:
+        if how == "allgather":
+            # every rank's tokens to every other rank (the combine: a reduce-scatter of as
+            # much), whatever experts they chose and however unevenly
+            nbytes = tokens * float(workload.hidden_size or 0) * act_bytes * (layout.ep - 1)
+        else:
+            nbytes = (alltoall_bytes_per_layer(workload, tokens, act_bytes)
+                      * (layout.ep - 1) / layout.ep)
+        # bytes leaving the GPU: comm.alltoall_s takes what a rank sends to all its peers
+        per_call = comm.alltoall_s(nbytes, layout.ep, layout.ep_ranks_per_node, hardware)
     return ALLTOALLS_PER_LAYER * layers * per_call
+
+
+def flex_dispatch_s(workload: Workload, layout: Layout, hardware: Hardware, tokens: float,
+                    act_bytes: float) -> float:
+    """One dispatch (or combine) of DeepEP's normal kernels, ``tokens`` on the GPU: each token
+    goes once to every rank holding one of its experts (:func:`distinct_groups`), the others'
+    part over NVLink (directly, or forwarded there from the network) at
+    ``FLEX_NVLINK_EFFICIENCY``; across nodes once to each other node holding one, over the
+    GPU's NIC at ``FLEX_RDMA_EFFICIENCY``, at once; the slower sets the time."""
+    experts, k = int(workload.num_experts or 1), int(workload.experts_per_token or 1)
+    routing = normalize_routing(workload.moe_routing)
+    row = tokens * float(workload.hidden_size or 0) * act_bytes * (workload.capacity_factor
+                                                                   or 1.0)
+    ep, local = layout.ep, max(1, min(layout.ep, layout.ep_ranks_per_node))
+    ranks = distinct_groups(experts, k, ep, routing)
+    intra = (row * ranks * (ep - 1) / ep
+             / (hardware.intra_node_bytes_per_s * FLEX_NVLINK_EFFICIENCY))
+    if local >= ep:
+        return comm.INTRA_NODE_LATENCY_S + intra
+    nodes = max(2, ep // local)
+    remote = distinct_groups(experts, k, nodes, routing) * (nodes - 1) / nodes
+    inter = row * remote / (comm.nic_bytes_per_s_per_gpu(hardware) * FLEX_RDMA_EFFICIENCY)
+    return comm.INTER_NODE_LATENCY_S + max(intra, inter)
 
 
 def tokens_per_expert(workload: Workload, layout: Layout, micro_batch: float,
@@ -167,7 +283,9 @@ def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precis
     tokens = micro_batch * seq_len / layout.tp
     element = COMM_ELEMENT_BYTES[precision]  # hidden states permuted at 16 bit under FP8
     routed_bytes = tokens * k * capacity * hidden * element
-    parts["permute"] = (layers * PERMUTE_PASSES * routed_bytes
+    passes = (PERMUTE_PASSES if normalize_dispatcher(workload.moe_dispatcher) == "alltoall"
+              else PERMUTE_PASSES_FUSED)
+    parts["permute"] = (layers * passes * routed_bytes
                         / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware)))
     width = workload.expert_ffn_hidden_size
     if width:
@@ -232,8 +350,14 @@ def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[s
     out = []
     if is_moe(workload) and layout.ep > 1:
         cf = workload.capacity_factor
+        how = normalize_dispatcher(workload.moe_dispatcher)
         out.append(f"expert parallel ep{layout.ep}: experts sharded {layout.ep} ways; "
-                   f"{ALLTOALLS_PER_LAYER} all-to-alls per MoE layer per micro-step, "
+                   f"{how} dispatcher"
+                   + (f" ({normalize_routing(workload.moe_routing)} routing)"
+                      if how == "flex" else "")
+                   + f", {ALLTOALLS_PER_LAYER} "
+                   + ("all-to-alls" if how == "alltoall" else "dispatches and combines")
+                   + " per MoE layer per micro-step, "
                    f"{alltoall_step_s * 1e3:.3g} ms per step, not overlapped, "
                    + ("across nodes" if layout.ep_spans_nodes else "inside a node")
                    + (f", capacity factor {cf:g}" if cf else

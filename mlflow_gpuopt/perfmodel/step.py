@@ -16,8 +16,9 @@ divided by ``tp·pp·cp``, its tensor-parallel and pipeline messages carry ``seq
 the key/value exchange adds what attention does not hide (``context.py``); the data-parallel
 group that reduces the gradients is the replicas × ``cp``.
 
-The pipeline bubble is Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
-on GPU Clusters Using Megatron-LM", Sec. 2.2): (p−1)/m of the ideal time for 1F1B with m
+The pipeline bubble (once per run of the schedule, :func:`pipeline_flushes`) is Narayanan et
+al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+Sec. 2.2): (p−1)/m of the ideal time for 1F1B with m
 micro-batches, (p−1)/(v·m) with the interleaved schedule's v model chunks per device, whose
 point-to-point traffic ``T_p2p`` grows v-fold (each micro-batch crosses v times as many stage
 boundaries). Each GPU sends 1/tp of the ``b·s·h`` boundary (sequence parallelism,
@@ -125,6 +126,16 @@ def pp_exposed_p2p_s(t_p2p: float, t_micro: float, vp: int) -> float:
     return t_p2p
 
 
+def pipeline_flushes(workload: Workload, micro_steps: int) -> int:
+    """Runs of the pipeline schedule in one optimizer step of ``micro_steps`` micro-batches:
+    1 (Megatron's schedule takes them all), or ``⌈micro_steps / pp_microbatches⌉`` where each
+    gradient-accumulation step runs the schedule again (torchtitan, NeMo AutoModel)."""
+    m = workload.pp_microbatches
+    if not m or m <= 0:
+        return 1
+    return max(1, -(-int(micro_steps) // int(m)))
+
+
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
                micro_batch: float, grad_accum: int, shape: Shape, optimizer_state_bytes: float,
                calib: Calibration, recompute_factor: float = 1.0,
@@ -194,8 +205,9 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         # Steady state: each micro-step waits for its sends unless the schedule overlaps them.
         t_stage = t_micro + pp_exposed_p2p_s(t_p2p, t_micro, vp)
         # Fill and drain: p−1 chunk times (1/v of a micro-step each) and p−1 boundary
-        # crossings each way, which nothing hides (Narayanan et al. 2021, Sec. 2.2).
-        bubble = (pp - 1) * (t_micro + t_p2p) / vp
+        # crossings each way, which nothing hides (Narayanan et al. 2021, Sec. 2.2), once per
+        # run of the schedule (pipeline_flushes).
+        bubble = pipeline_flushes(workload, s) * (pp - 1) * (t_micro + t_p2p) / vp
         pipe = s * t_stage + bubble
         t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage

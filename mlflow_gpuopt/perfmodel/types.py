@@ -100,6 +100,22 @@ class Workload:
     #: default) or "channels_last" (NHWC); None: no convolutions stated. Contiguous
     #: tensor-core convolutions pay NCHW <-> NHWC transposes (``compute.transpose_time_s``).
     memory_format: str | None = None
+    #: How expert parallelism moves the tokens (docs/models.md#mixture-of-experts), in
+    #: Megatron-Core's ``moe_token_dispatcher_type`` words: "alltoall" (NCCL all-to-all of
+    #: every routed copy: Megatron's default, torchtitan's default expert parallel),
+    #: "allgather" (every rank gathers the group's tokens) or "flex" (DeepEP / HybridEP
+    #: kernels: one copy per destination rank and node); None: alltoall
+    moe_dispatcher: str | None = None
+    #: Where the router sends a token's experts: "random" (spread over the experts at
+    #: random: learned routing, Megatron's ``moe_router_force_load_balancing`` random
+    #: logits) or "round_robin" (token t to experts t·k … t·k+k−1: torchtitan's
+    #: ``moe_force_load_balance``, AutoModel's ``fake_balanced_gate``); None: random
+    moe_routing: str | None = None
+    #: Micro-batches one run of the pipeline schedule takes: each gradient-accumulation step
+    #: of torchtitan / NeMo AutoModel runs the schedule again over ``local_batch_size ÷``
+    #: the pipeline micro-batch, filling and draining the pipeline each time; None: all of
+    #: the optimizer step's (Megatron: one schedule per step)
+    pp_microbatches: int | None = None
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,28 @@ class PlanInputs:
                                    workload=dataclasses.replace(self.workload, recompute=mode))
 
 
+def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
+                     moe_routing: str | None = None,
+                     pp_microbatches: int | None = None) -> Workload:
+    """``workload`` with what ``--moe-dispatcher``, ``--moe-routing`` and
+    ``--pp-microbatches`` say of how the job runs, where given (one clear line for an
+    unknown word)."""
+    from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
+
+    for flag, value, normalize, key in (
+            ("--moe-dispatcher", moe_dispatcher, normalize_dispatcher, "moe_dispatcher"),
+            ("--moe-routing", moe_routing, normalize_routing, "moe_routing")):
+        if value is None:
+            continue
+        try:
+            workload = dataclasses.replace(workload, **{key: normalize(value)})
+        except ValueError as exc:
+            raise InputError(f"{flag}: {exc}") from None
+    if pp_microbatches is not None:
+        workload = dataclasses.replace(workload, pp_microbatches=int(pp_microbatches))
+    return workload
+
+
 def read_runs(run_ids: Sequence[str], catalog: Any, *, experiment: str | None = None,
               client: Any = None) -> PlanInputs:
     """The inputs from measured runs: ``run_ids``, or with ``experiment`` all measured runs

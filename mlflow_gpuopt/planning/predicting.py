@@ -32,6 +32,11 @@ class PredictRequest:
     recompute: str | None = None
     activation_checkpointing: bool = False
     virtual_stages: int | None = None
+    #: micro-batches per run of the pipeline schedule (None: the workload's)
+    pp_microbatches: int | None = None
+    #: mixture of experts: the token dispatcher and the routing (None: the workload's)
+    moe_dispatcher: str | None = None
+    moe_routing: str | None = None
     instance_type: str | None = None
     inter_node_gbps: float | None = None
     #: the GPUs' power limit (W) for the target and the runs on its GPU type (None: TDP)
@@ -90,7 +95,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     from mlflow_gpuopt.perfmodel import ParallelConfig, normalize_precision
     from mlflow_gpuopt.perfmodel.layout import context_degree, expert_degree, parse_layout
     from mlflow_gpuopt.planning.fitting import fit_runs
-    from mlflow_gpuopt.planning.inputs import read_inputs
+    from mlflow_gpuopt.planning.inputs import read_inputs, with_run_options
 
     r = request
     if catalog is None:
@@ -103,6 +108,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
                          observations_path=r.observations_path, seq_len=r.seq_len,
                          proxy_path=r.proxy_path, catalog=catalog)
     workload, observations = inputs.workload, inputs.observations
+    workload = with_run_options(workload, moe_dispatcher=r.moe_dispatcher,
+                                moe_routing=r.moe_routing, pp_microbatches=r.pp_microbatches)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a

@@ -48,6 +48,10 @@ class RecommendRequest:
     global_batch: int | None = None
     keep_micro_batch: bool = False
     recompute: str | None = None
+    #: how the job runs, over the workload's own (None: the workload's)
+    pp_microbatches: int | None = None
+    moe_dispatcher: str | None = None
+    moe_routing: str | None = None
     #: share of each GPU's usable memory a plan leaves free at its predicted peak
     memory_headroom: float = 0.10
     log: bool = True
@@ -83,7 +87,7 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
     """Read, fit, search, price advice, log and emit, as ``recommend`` does."""
     from mlflow_gpuopt.planning import emitting
     from mlflow_gpuopt.planning.fitting import fit_runs
-    from mlflow_gpuopt.planning.inputs import read_inputs
+    from mlflow_gpuopt.planning.inputs import read_inputs, with_run_options
     from mlflow_gpuopt.planning.searching import make_target, search, search_space
 
     if catalog is None:
@@ -99,6 +103,9 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
                          observations_path=request.observations_path,
                          seq_len=request.seq_len, proxy_path=request.proxy_path,
                          catalog=catalog).with_recompute(request.recompute)
+    inputs = replace(inputs, workload=with_run_options(
+        inputs.workload, moe_dispatcher=request.moe_dispatcher,
+        moe_routing=request.moe_routing, pp_microbatches=request.pp_microbatches))
     logged_row = emitting.check_logged_plan(request.emit, inputs.workload)
     target = make_target(inputs, request.target, deadline_hours=request.deadline_hours,
                          confidence=request.confidence, global_batch=request.global_batch,

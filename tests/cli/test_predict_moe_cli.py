@@ -74,3 +74,15 @@ def test_ep_on_a_dense_model_is_one_line(tmp_path):
     path.write_text(json.dumps(dense))
     r = _predict(str(path), "ep8xfsdp")
     assert r.exit_code == 2 and "mixture-of-experts workload" in r.output
+
+
+def test_the_dispatcher_flags_reach_predict_and_recommend(config):
+    flex = json.loads(_predict(config, "ep8xfsdp", "--json", "--moe-dispatcher", "deepep")
+                      .output)
+    words = " ".join(flex["assumptions"])
+    assert "flex dispatcher (random routing)" in words and "dispatches and combines" in words
+    r = CliRunner().invoke(gpuopt, ["recommend", "--workload", config, "--seq-len", "4096",
+                                    "--tokens", "1B", "--moe-routing", "zigzag"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == ("Error: --moe-routing: unknown moe_routing 'zigzag'; expected "
+                                "random or round_robin")

@@ -75,3 +75,23 @@ def test_sequence_parallel_splits_the_boundary_over_the_tensor_parallel_ranks():
     tp2 = tp2_slow.step_s - tp2_fast.step_s
     assert tp1 == pytest.approx(crossings * _crossing_s(1), rel=1e-4)
     assert tp1 == pytest.approx(2 * tp2, rel=1e-4)
+
+
+def test_each_run_of_the_schedule_fills_and_drains_the_pipeline():
+    # torchtitan / AutoModel: 8 micro-batches a schedule run, 32 a step: 4 runs, 4 bubbles
+    from mlflow_gpuopt.perfmodel.step import pipeline_flushes
+
+    assert pipeline_flushes(WORKLOAD, 32) == 1  # Megatron: one schedule per step
+    per_run = dataclasses.replace(WORKLOAD, pp_microbatches=8)
+    assert pipeline_flushes(per_run, 32) == 4
+    assert pipeline_flushes(per_run, 30) == 4  # the last run takes the 6 left
+    assert pipeline_flushes(per_run, 8) == 1
+    layout = resolve_layout(ParallelConfig(gpus_per_node=2, nodes=4, strategy="tp2xpp4"))
+    one = step_terms(WORKLOAD, SLOW, "bf16", layout, 1.0, 32, model_shape(WORKLOAD), 8.0,
+                     Calibration())
+    four = step_terms(per_run, SLOW, "bf16", layout, 1.0, 32, model_shape(WORKLOAD), 8.0,
+                      Calibration())
+    assert four.bubble_s == pytest.approx(4 * one.bubble_s)
+    # the steady state is the same: the step grows by the 3 extra bubbles
+    assert four.step_s - one.step_s == pytest.approx(3 * one.bubble_s)
+    assert four.compute_s == pytest.approx(one.compute_s)
