@@ -220,27 +220,22 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
     return Workload(**kwargs)
 
 
+def _word_normalisers() -> dict[str, Callable[[str], str]]:
+    """Word-valued workload keys -> the function that spells each one canonically (and raises
+    ``ValueError`` / ``PerfModelError`` for a word it does not know)."""
+    return {"attention": normalize_attention, "recompute": normalize_recompute,
+            "strategy": _strategy, "fp8_recipe": normalize_fp8_recipe,
+            "attention_kernel": normalize_attention_kernel, "cp_exchange": normalize_exchange,
+            "memory_format": normalize_memory_format, "moe_dispatcher": normalize_dispatcher,
+            "moe_routing": normalize_routing}
+
+
 def _check_words(kwargs: dict[str, Any], where: str) -> None:
     """Normalise the workload's word-valued keys in place; one clear line when one is wrong."""
     try:
-        if "attention" in kwargs:
-            kwargs["attention"] = normalize_attention(kwargs["attention"])
-        if "recompute" in kwargs:
-            kwargs["recompute"] = normalize_recompute(kwargs["recompute"])
-        if "strategy" in kwargs:
-            kwargs["strategy"] = _strategy(kwargs["strategy"])
-        if "fp8_recipe" in kwargs:
-            kwargs["fp8_recipe"] = normalize_fp8_recipe(kwargs["fp8_recipe"])
-        if "attention_kernel" in kwargs:
-            kwargs["attention_kernel"] = normalize_attention_kernel(kwargs["attention_kernel"])
-        if "cp_exchange" in kwargs:
-            kwargs["cp_exchange"] = normalize_exchange(kwargs["cp_exchange"])
-        if "memory_format" in kwargs:
-            kwargs["memory_format"] = normalize_memory_format(kwargs["memory_format"])
-        if "moe_dispatcher" in kwargs:
-            kwargs["moe_dispatcher"] = normalize_dispatcher(kwargs["moe_dispatcher"])
-        if "moe_routing" in kwargs:
-            kwargs["moe_routing"] = normalize_routing(kwargs["moe_routing"])
+        for key, normalise in _word_normalisers().items():
+            if key in kwargs:
+                kwargs[key] = normalise(kwargs[key])
     except (ValueError, PerfModelError) as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     if "mlp" in kwargs:

@@ -14,6 +14,12 @@ def logged(run_id: str) -> tuple[dict, dict]:
     return run.data.params, run.data.metrics
 
 
+def params_and_profile(run_id: str) -> tuple[dict, dict]:
+    """The run's (params, its gpuopt/profile.json)."""
+    params = mlflow.get_run(run_id).data.params
+    return params, mlflow.artifacts.load_dict(f"runs:/{run_id}/gpuopt/profile.json")
+
+
 def samples_per_step(metrics: dict) -> float:
     """Samples per optimizer step, from the steady-state summary."""
     return (metrics["gpuopt/summary/throughput_samples_per_s"]

@@ -24,6 +24,7 @@ from mlflow_gpuopt import contract
 from mlflow_gpuopt.cli import gpuopt as gpuopt_cli
 from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
 from mlflow_gpuopt.tracking.architecture import Architecture, architecture_of
+from support.tracking import params_and_profile
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,15 +62,10 @@ def train_tracked(model, steps: int = 4, call=None) -> str:
     return t.run_id
 
 
-def logged(run_id: str) -> tuple[dict, dict]:
-    params = mlflow.get_run(run_id).data.params
-    profile = mlflow.artifacts.load_dict(f"runs:/{run_id}/gpuopt/profile.json")
-    return params, profile
-
 
 def test_llama_run_logs_its_architecture_and_predict_uses_it(tracking_uri):
     rid = train_tracked(tiny_llama())
-    params, profile = logged(rid)
+    params, profile = params_and_profile(rid)
     expected = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
                 "ffn_hidden_size": 176, "mlp": "swiglu", "vocab_size": VOCAB}
     assert {k: profile[k] for k in expected} == expected
@@ -95,7 +91,7 @@ def test_predict_without_architecture_still_estimates_the_shape(tracking_uri):
     """The other side of the check above: the same Llama's run, its architecture keys
     removed from the profile and never logged as params, gets shape estimates."""
     rid = train_tracked(tiny_llama())
-    params, profile = logged(rid)
+    params, profile = params_and_profile(rid)
     client = mlflow.MlflowClient()
     bare = client.create_run(mlflow.get_run(rid).info.experiment_id).info.run_id
     for k, v in params.items():
@@ -115,7 +111,7 @@ def test_predict_without_architecture_still_estimates_the_shape(tracking_uri):
 
 def test_gpt2_logs_gelu_and_four_times_hidden(tracking_uri):
     rid = train_tracked(tiny_gpt2())
-    params, profile = logged(rid)
+    params, profile = params_and_profile(rid)
     assert params["gpuopt.mlp"] == "gelu" and profile["mlp"] == "gelu"
     assert params["gpuopt.ffn_hidden_size"] == str(4 * 32)
     assert params["gpuopt.num_layers"] == "3" and params["gpuopt.hidden_size"] == "32"
@@ -131,7 +127,7 @@ def test_plain_sequential_logs_no_architecture(tracking_uri):
     model = nn.Sequential(nn.Embedding(VOCAB, 32), nn.Linear(32, 64), nn.GELU(),
                           nn.Linear(64, VOCAB))
     rid = train_tracked(model, call=_lm_loss)
-    params, profile = logged(rid)
+    params, profile = params_and_profile(rid)
     assert "gpuopt.flops_per_sample" in params  # the profile was logged
     assert not [p for p in ARCH_PARAMS if p in params]
     assert all(profile[k] is None for k in contract.ARCHITECTURE_PARAMS)
@@ -159,7 +155,7 @@ def test_config_that_raises_still_trains_and_tracks(tracking_uri, caplog):
     with caplog.at_level(logging.WARNING):
         rid = train_tracked(model, call=_lm_loss)
     assert not torch.equal(before, model.head.weight)  # it trained
-    params, profile = logged(rid)
+    params, profile = params_and_profile(rid)
     assert params["gpuopt.micro_batch"] == str(MICRO) and "gpuopt.flops_per_sample" in params
     assert not [p for p in ARCH_PARAMS if p in params]
     assert not [r for r in caplog.records if r.getMessage().startswith("gpuopt:")]
@@ -169,7 +165,7 @@ def test_bad_architecture_param_is_left_out_with_the_run_intact(tracking_uri):
     """A run whose logged architecture is damaged (heads that do not divide, a negative
     width) still feeds the models: those fields are dropped and said, the rest kept."""
     rid = train_tracked(tiny_llama())
-    params, profile = logged(rid)
+    params, profile = params_and_profile(rid)
     client = mlflow.MlflowClient()
     bad = client.create_run(mlflow.get_run(rid).info.experiment_id).info.run_id
     for k, v in params.items():
@@ -323,7 +319,7 @@ def test_padded_batches_count_real_tokens_and_report_the_padding(tracking_uri):
             loss.backward()
             opt.step()
             real_per_step.append(int(lengths.sum()))
-    params, profile = logged(t.run_id)
+    params, profile = params_and_profile(t.run_id)
     metrics = mlflow.get_run(t.run_id).data.metrics
     tokens_per_step = (metrics["gpuopt/summary/throughput_tokens_per_s"]
                        / metrics["gpuopt/summary/throughput_steps_per_s"])
@@ -337,6 +333,6 @@ def test_padded_batches_count_real_tokens_and_report_the_padding(tracking_uri):
 
 
 def test_unpadded_token_ids_report_no_padding(tracking_uri):
-    params, profile = logged(train_tracked(tiny_llama()))
+    params, profile = params_and_profile(train_tracked(tiny_llama()))
     assert profile["padding_fraction"] is None
     assert "gpuopt.padding_fraction" not in params

@@ -19,6 +19,7 @@ from mlflow_gpuopt import contract
 from mlflow_gpuopt.cli import gpuopt as gpuopt_cli
 from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
 from mlflow_gpuopt.tracking.model_facts import memory_format_of
+from support.tracking import params_and_profile
 
 OPTS = {"interval_s": 0.1, "print_summary": False, "warmup_steps": 1}
 
@@ -46,10 +47,6 @@ def train_tracked(model, channels_last: bool, steps: int = 4) -> str:
     assert t.run_id
     return t.run_id
 
-
-def logged(run_id: str) -> tuple[dict, dict]:
-    params = mlflow.get_run(run_id).data.params
-    return params, mlflow.artifacts.load_dict(f"runs:/{run_id}/gpuopt/profile.json")
 
 
 def predict_tf32_a100(run_id: str) -> float:
@@ -87,7 +84,7 @@ def test_tracked_conv_net_logs_its_memory_format_and_predict_uses_it(tracking_ur
     nchw = train_tracked(conv_net(), channels_last=False)
     nhwc = train_tracked(conv_net().to(memory_format=torch.channels_last), channels_last=True)
     for rid, fmt in ((nchw, "contiguous"), (nhwc, "channels_last")):
-        params, profile = logged(rid)
+        params, profile = params_and_profile(rid)
         assert profile["memory_format"] == fmt
         assert params[contract.PARAM_MEMORY_FORMAT] == fmt
         assert load_run_inputs([rid]).workload.memory_format == fmt
@@ -107,7 +104,7 @@ def test_a_model_without_convolutions_logs_no_memory_format(tracking_uri):
             opt.zero_grad()
             loss.backward()
             opt.step()
-    params, profile = logged(t.run_id)
+    params, profile = params_and_profile(t.run_id)
     assert profile["memory_format"] is None
     assert contract.PARAM_MEMORY_FORMAT not in params
     assert load_run_inputs([t.run_id]).workload.memory_format is None
@@ -117,7 +114,7 @@ def test_a_model_without_convolutions_logs_no_memory_format(tracking_uri):
 def test_profile_param_fills_a_missing_profile_key(tracking_uri, fmt):
     """A run whose profile.json lacks the key (written before it existed) takes the param."""
     rid = train_tracked(conv_net(), channels_last=False, steps=3)
-    params, profile = logged(rid)
+    params, profile = params_and_profile(rid)
     client = mlflow.MlflowClient()
     other = client.create_run(mlflow.get_run(rid).info.experiment_id).info.run_id
     for k, v in params.items():
