@@ -32,8 +32,11 @@ torchtitan's "selective" is its per-op policy (``selective_ac_option = 'op'``, s
 other matmul output: recompute ``selective-op``); its "selective-layer" (checkpoint every
 n-th block) is not modelled and kept as Megatron's selective. FP8: Transformer Engine for
 NVIDIA's rows (recipe ``te``), torchao tensor-wise for torchtitan's "fp8-linear"/
-"fp8-tensorwise" and row-wise for "fp8-rowwise" (``compute.FP8_RECIPE_EFFICIENCY``, derived
-from torchao's README, not from these rows: ``--derive-fp8`` prints the solution). AdamW.
+"fp8-tensorwise" and row-wise for "fp8-rowwise": their scale-and-cast traffic per linear layer
+from the GEMM shapes (``compute.fp8_cast_time_s``, the ``fp8_casts`` operator class) and what is
+left of each recipe's cost as ``compute.FP8_RECIPE_EFFICIENCY``, derived with the casts in
+place from torchao's README, not from these rows (``--derive-fp8`` prints the solution and the
+casts' share of that setup's micro-step). AdamW.
 Layouts (``--strategy``): tp × pp × the data-parallel strategy as the source gives them;
 FSDP for torchtitan and Megatron-FSDP rows, ZeRO-1 (Megatron's distributed optimizer) for
 the rest; Megatron's interleaved ``vp`` from the notes (``--virtual-stages``). torchtitan's
@@ -484,15 +487,20 @@ def summarise(name: str, results: list[tuple[float, bool, float]]) -> str:
 TORCHAO_README_TPS = {"bf16": 6150.0, "tensorwise": 7689.5, "rowwise": 6768.0}
 
 
+#: torchao's README setup as a row (its configuration, no throughput: never scored).
+TORCHAO_README_ROW = Row(source="torchao_readme", model="Llama3-8B", params=8e9, layers=32,
+                         hidden=4096, seq=8192, gpu="H100-SXM-80GB", gpus=8, tp=1, pp=1, dp=8,
+                         micro_batch=1, global_batch=8, precision="bf16",
+                         recompute="selective-op", tokens_per_s_per_gpu=0.0, variant="FSDP",
+                         cp=1, variant_notes="fsdp=8")
+
+
 def derive_fp8_recipe_efficiency() -> dict[str, float]:
     """The ``compute.FP8_RECIPE_EFFICIENCY`` that makes the model's FP8 / bf16 speed-up on
     torchao's README setup equal the published one, per recipe (bisection on the factor)."""
     from mlflow_gpuopt.perfmodel import compute
 
-    row = Row(source="torchao_readme", model="Llama3-8B", params=8e9, layers=32, hidden=4096,
-              seq=8192, gpu="H100-SXM-80GB", gpus=8, tp=1, pp=1, dp=8, micro_batch=1,
-              global_batch=8, precision="bf16", recompute="selective-op",
-              tokens_per_s_per_gpu=0.0, variant="FSDP", cp=1, variant_notes="fsdp=8")
+    row = TORCHAO_README_ROW
     tmp = Path(tempfile.mkdtemp(prefix="bench_llm_fp8_"))
 
     def speedup(recipe: str, factor: float) -> float:
@@ -515,6 +523,25 @@ def derive_fp8_recipe_efficiency() -> dict[str, float]:
             lo, hi = (mid, hi) if speedup(recipe, mid) < target else (lo, mid)
         out[recipe] = 0.5 * (lo + hi)
     return out
+
+
+def fp8_cast_line(recipe: str) -> str:
+    """The FP8 casts of torchao's README setup (Llama 3 8B, one 8,192-token micro-batch per
+    H100, tp 1) against its linear layers' FP8 GEMM time at the shipped factor, in words."""
+    from mlflow_gpuopt.catalog import load_gpus
+    from mlflow_gpuopt.hardware import hardware_for_gpu
+    from mlflow_gpuopt.perfmodel import compute
+    from mlflow_gpuopt.workload_files import workload_from_dict
+
+    row = replace(TORCHAO_README_ROW, precision="fp8", fp8_recipe=recipe)
+    w = workload_from_dict(workload_doc(row))
+    hw = hardware_for_gpu(load_gpus()["H100-SXM5-80GB"], gpus_per_node=8)
+    casts = compute.fp8_cast_time_s(w, hw, "fp8", row.seq)
+    linear = compute._tensor_time_s(
+        w.flops_per_sample * (1.0 - compute.attention_flops_share(w)), hw, "fp8"
+    ) / compute.fp8_recipe_efficiency(recipe)
+    return (f"casts {1e3 * casts:.1f} ms per micro-step against {1e3 * linear:.1f} ms of FP8 "
+            "linear-layer GEMMs")
 
 
 def derive_prior_width(rows: list[Row]) -> None:
@@ -731,7 +758,8 @@ def main() -> None:
     if "--derive-fp8" in sys.argv[1:]:
         for recipe, factor in derive_fp8_recipe_efficiency().items():
             print(f"FP8_RECIPE_EFFICIENCY[{recipe!r}] = {factor:.3f} (torchao README speed-up "
-                  f"{TORCHAO_README_TPS[recipe] / TORCHAO_README_TPS['bf16']:.4f})")
+                  f"{TORCHAO_README_TPS[recipe] / TORCHAO_README_TPS['bf16']:.4f}; "
+                  f"{fp8_cast_line(recipe)})")
         return
     if "--derived-gemm" in sys.argv[1:]:
         with derived_gemm_prior(load_rows()[0]):

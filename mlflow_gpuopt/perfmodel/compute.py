@@ -82,21 +82,53 @@ KERNEL_DISPATCH_S = 10e-6
 #: Share of datasheet memory bandwidth reached by streaming kernels (NVIDIA; an AMD GPU takes
 #: its vendor figure, :func:`.vendor.attainable_memory_fraction`).
 MEMORY_EFFICIENCY = 0.75
-#: Speed of the FP8 linear layers per FP8 implementation and scaling recipe, relative to
-#: Transformer Engine's per-tensor scaling (``te``: delayed or current scaling, as NeMo and
-#: Megatron run it), on which ``GENERATION_MFU``'s Hopper FP8 figure was derived. torchao's
-#: float8 training (``tensorwise``: one dynamic scale per tensor, torchao's default;
-#: ``rowwise``: a scale per row, the weight-gradient matmul kept at higher precision in its
-#: default variant) computes its scales with separate amax and cast kernels around each
-#: linear layer (Transformer Engine fuses them into the neighbouring kernels), and row-wise
-#: ``_scaled_mm`` runs slower than per-tensor. Derived from torchao's own end-to-end table,
-#: independent of the rows bench_llm scores (pytorch/ao ``torchao/float8/README.md``, "e2e
-#: training benchmarks": Llama 3 8B on 8 × H100, torchtitan, FSDP2, per-op SAC, local batch 1,
-#: seq 8192: bf16 6,150, tensorwise 7,689.5 (+25.0%), rowwise 6,768 (+10.05%) tokens/s) by
-#: solving this module's FP8 time split (linear layers at FP8, attention at bf16, traffic
+#: Speed of the FP8 linear layers' GEMMs per FP8 implementation and scaling recipe, relative
+#: to Transformer Engine's per-tensor scaling (``te``: delayed or current scaling, as NeMo and
+#: Megatron run it), on which ``GENERATION_MFU``'s Hopper FP8 figure was derived: what is left
+#: of the recipe's cost once its scale-and-cast traffic is timed on its own
+#: (:func:`fp8_cast_time_s`, ``FP8_CAST_BYTES_PER_ELEMENT``). torchao's float8 training
+#: (``tensorwise``: one dynamic scale per tensor, torchao's default; ``rowwise``: a scale per
+#: row, all three GEMMs in FP8; ``rowwise_with_gw_hp``: the weight-gradient GEMM in bf16)
+#: runs ``torch._scaled_mm``, whose row-scaled variant is slower than the per-tensor one.
+#: Derived from torchao's own end-to-end table, independent of the rows bench_llm scores
+#: (pytorch/ao ``torchao/float8/README.md``, "Training benchmarks", NVIDIA H100: Llama 3 8B on
+#: 8 × H100, torchtitan, FSDP2, per-op SAC, batch 1, seq 8192: bf16 6,150, tensorwise
+#: 7,689.5 (+25.0%), rowwise 6,768 (+10.05%) tokens/s) by solving this module's FP8 time
+#: split (linear layers at FP8, attention at bf16, the casts at the memory bandwidth, traffic
 #: and the rest unchanged) for those speed-ups; ``benchmarks/bench_llm.py --derive-fp8``
-#: prints the solution.
-FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.773, "rowwise": 0.636}
+#: prints the solution. ``rowwise_with_gw_hp`` (no H100 row in that table) takes ``rowwise``'s
+#: factor: the same row-scaled kernel for its two FP8 GEMMs.
+FP8_RECIPE_EFFICIENCY = {"te": 1.0, "tensorwise": 0.866, "rowwise": 0.727}
+#: FP8 recipes (``Workload.fp8_recipe``) and the ``FP8_RECIPE_EFFICIENCY`` entry each takes.
+FP8_RECIPES = ("te", "tensorwise", "rowwise", "rowwise_with_gw_hp")
+_FP8_KERNEL_RECIPE = {"rowwise_with_gw_hp": "rowwise"}
+#: DRAM bytes per element that scaling and casting one operand of a linear layer to FP8 moves
+#: in its forward and backward, per recipe, as (input ``X`` (M × K), weight ``W`` (K × N),
+#: output gradient ``dY`` (M × N)): torchao's own roofline of its float8 training kernels
+#: (pytorch/ao ``torchao/testing/training/roofline_utils.py``,
+#: ``get_tensor_memory_traffic_ovhd_s``, without fusion into the neighbouring op, the default
+#: its README's speed-up tables are reproduced with), bf16 read (2 bytes), fp8 written (1):
+#: - ``tensorwise``: ``X`` and ``dY`` an amax pass (read 2), then one cast reading bf16 and
+#:   writing fp8 row- and column-major for the two GEMMs each enters (2 + 1 + 1): 6; ``W`` the
+#:   amax pass and a cast each for the forward and the backward (2 + 3 + 3): 8;
+#: - ``rowwise``: ``X`` and ``dY`` one kernel writing the row-scaled fp8 and a bf16 transpose
+#:   (2 + 1 + 2), one casting the transpose column-scaled (2 + 1): 8; ``W`` the forward cast
+#:   (2 + 1), a bf16 transpose (2 + 2) and its cast (2 + 1): 10;
+#: - ``rowwise_with_gw_hp``: ``X`` and ``dY`` one row-scaled cast (2 + 1): 3 (the weight-
+#:   gradient GEMM takes them in bf16); ``W`` a row-scaled cast for the forward and a tensor-
+#:   scaled one for the backward (3 + 3): 6;
+#: - ``te``: 0. Transformer Engine fuses the casts into the neighbouring kernels (LayerNorm and
+#:   the activation emit FP8, the cast of a gradient comes with its transpose; its docs,
+#:   "Operation fuser API": fusion matters most in low precision, "because it involves extra
+#:   cast operations"); what is left of them is inside ``GENERATION_MFU``'s Hopper FP8
+#:   figure, a whole-step figure derived on Transformer Engine runs.
+#: Per layer the linears are Q/K/V as one (K = h, N = (1 + 2·k/a)·h / tp), the attention output
+#: (h / tp, h), the MLP's up (and gate) projection (h, f / tp, twice gated) and its down
+#: projection (f / tp, h) (:func:`fp8_linear_shapes`); the output projection stays in bf16
+#: (torchtitan's float8 converter leaves ``output`` out).
+FP8_CAST_BYTES_PER_ELEMENT = {"te": (0.0, 0.0, 0.0), "tensorwise": (6.0, 8.0, 6.0),
+                              "rowwise": (8.0, 10.0, 8.0),
+                              "rowwise_with_gw_hp": (3.0, 6.0, 3.0)}
 #: Share of the dense 16-bit tensor-core peak attention's fused kernel reaches, forward +
 #: backward, per GPU generation and kernel (:func:`attention_efficiency`). Attention's two
 #: batched matmuls (``QKᵀ``, ``AV``, :func:`attention_flops_share`) run inside one fused kernel
@@ -125,7 +157,8 @@ _ATTENTION_KERNEL_ALIASES = {"fa2": "fa2", "flash2": "fa2", "flash-attention-2":
 _FP8_RECIPE_ALIASES = {"te": "te", "transformer_engine": "te", "transformer-engine": "te",
                        "delayed": "te", "current": "te", "fp8-cs": "te",
                        "tensorwise": "tensorwise", "torchao": "tensorwise",
-                       "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise"}
+                       "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise_with_gw_hp",
+                       "rowwise-with-gw-hp": "rowwise_with_gw_hp"}
 #: Memory formats of a convolutional network's activations (``Workload.memory_format``):
 #: ``contiguous`` (PyTorch's default, NCHW) or ``channels_last`` (NHWC,
 #: ``model.to(memory_format=torch.channels_last)``).
@@ -254,14 +287,78 @@ MICRO_STEP_OVERHEAD_S = 1.0e-3
 
 
 def normalize_fp8_recipe(name: str | None) -> str:
-    """``te``, ``tensorwise`` or ``rowwise`` from the usual spellings; None means ``te``
-    (Transformer Engine, the figure ``GENERATION_MFU`` was derived on)."""
+    """``te``, ``tensorwise``, ``rowwise`` or ``rowwise_with_gw_hp`` (``FP8_RECIPES``) from the
+    usual spellings; None means ``te`` (Transformer Engine, the figure ``GENERATION_MFU`` was
+    derived on)."""
     if name is None or not str(name).strip():
         return "te"
     key = str(name).strip().lower()
     if key not in _FP8_RECIPE_ALIASES:
-        raise ValueError(f"unknown fp8_recipe {name!r}; expected te, tensorwise or rowwise")
+        raise ValueError(f"unknown fp8_recipe {name!r}; expected te, tensorwise, rowwise or "
+                         "rowwise_with_gw_hp")
     return _FP8_RECIPE_ALIASES[key]
+
+
+def fp8_recipe_efficiency(recipe: str | None) -> float:
+    """``FP8_RECIPE_EFFICIENCY`` of a recipe (``rowwise_with_gw_hp`` takes ``rowwise``'s)."""
+    r = normalize_fp8_recipe(recipe)
+    return FP8_RECIPE_EFFICIENCY[_FP8_KERNEL_RECIPE.get(r, r)]
+
+
+def fp8_linear_shapes(workload: Workload, tp: int = 1) -> tuple[tuple[float, float], ...]:
+    """(K, N) of each linear layer's GEMM in one transformer layer on one GPU of a
+    ``tp``-way tensor-parallel group (the forward ``X (M × K) @ W (K × N)``): Q/K/V as one
+    column-parallel GEMM ``(h, (1 + 2·k/a)·h / tp)`` (or the architecture's ``qkv_width``), the
+    attention output row-parallel ``(h / tp, h)``, the MLP's up projection ``(h, f / tp)``
+    (twice for a gated MLP: up and gate) and its down projection ``(f / tp, h)``. Empty where
+    the workload does not give the architecture (layers, hidden size, sequence length)."""
+    from mlflow_gpuopt.perfmodel.activations import transformer_dims
+
+    dims = transformer_dims(workload)
+    if dims is None:
+        return ()
+    t = float(max(1, int(tp)))
+    h, f = dims.hidden_size, dims.ffn_hidden_size
+    qkv = dims.qkv_width or (1.0 + 2.0 * dims.kv_share) * h
+    up = ((h, f / t),) * (2 if dims.gated_mlp else 1)
+    return ((h, qkv / t), (h / t, h)) + up + ((f / t, h),)
+
+
+def fp8_cast_bytes(tokens: float, k: float, n: float, recipe: str | None) -> float:
+    """DRAM bytes that casting one linear layer's operands to FP8 moves in its forward and
+    backward: ``bX·M·K + bW·K·N + bdY·M·N`` with ``M`` = ``tokens`` and the recipe's bytes per
+    element (``FP8_CAST_BYTES_PER_ELEMENT``)."""
+    bx, bw, bdy = FP8_CAST_BYTES_PER_ELEMENT[normalize_fp8_recipe(recipe)]
+    return bx * tokens * k + bw * k * n + bdy * tokens * n
+
+
+def fp8_cast_traffic_bytes(workload: Workload, precision: str,
+                           tp: int = 1) -> tuple[float, float]:
+    """(bytes per token, bytes per micro-step) of the FP8 casts over all the model's layers on
+    one GPU of a ``tp``-way group (:func:`fp8_cast_bytes` over :func:`fp8_linear_shapes`):
+    the input and gradient casts grow with the tokens of the micro-batch, the weights' casts
+    run once per micro-step. (0, 0) below FP8, with Transformer Engine (``te``) or without the
+    architecture."""
+    if normalize_precision(precision) != "fp8":
+        return 0.0, 0.0
+    bx, bw, bdy = FP8_CAST_BYTES_PER_ELEMENT[normalize_fp8_recipe(workload.fp8_recipe)]
+    shapes = fp8_linear_shapes(workload, tp)
+    layers = float(workload.num_layers or 0)
+    return (layers * sum(bx * k + bdy * n for k, n in shapes),
+            layers * sum(bw * k * n for k, n in shapes))
+
+
+def fp8_cast_time_s(workload: Workload, hardware: Hardware, precision: str, tokens: float,
+                    tp: int = 1, layer_share: float = 1.0) -> float:
+    """Seconds of one micro-step's FP8 scale-and-cast kernels on one GPU: ``tokens`` of the
+    micro-batch on that GPU, ``layer_share`` of the layers (1 / pp), ``tp``-way tensor
+    parallelism; :func:`fp8_cast_traffic_bytes` at the attainable memory bandwidth, separate
+    bandwidth-bound kernels that nothing hides (the ``fp8_casts`` operator class)."""
+    per_token, per_step = fp8_cast_traffic_bytes(workload, precision, tp)
+    if per_token <= 0 and per_step <= 0:
+        return 0.0
+    return (layer_share * (per_token * tokens + per_step)
+            / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware)))
 
 
 def normalize_attention_kernel(name: str | None) -> str | None:
@@ -417,7 +514,8 @@ def matmul_time_s(workload: Workload, hardware: Hardware, precision: str,
     matmuls in bf16 (FlashAttention), so the attention share (:func:`attention_flops_share`)
     is timed at bf16: the attainable speed-up over bf16 is below the 2× of the peaks. The
     linear layers run at the speed of the workload's scaling recipe
-    (``FP8_RECIPE_EFFICIENCY``).
+    (:func:`fp8_recipe_efficiency`; ``rowwise_with_gw_hp``'s weight-gradient third at bf16);
+    their scale-and-cast kernels are timed apart (:func:`fp8_cast_time_s`).
 
     Attention's share runs at its fused kernel's efficiency on the GPU's generation
     (:func:`attention_efficiency`: FlashAttention-2 reaches 60% of an A100's peak but 35% of an
@@ -432,7 +530,11 @@ def matmul_time_s(workload: Workload, hardware: Hardware, precision: str,
     attn_p = "bf16" if fp8 else p
     linear = _tensor_time_s(flops * (1.0 - a), hardware, linear_p)
     if fp8:
-        linear /= FP8_RECIPE_EFFICIENCY[normalize_fp8_recipe(workload.fp8_recipe)]
+        recipe = normalize_fp8_recipe(workload.fp8_recipe)
+        linear /= fp8_recipe_efficiency(recipe)
+        if recipe == "rowwise_with_gw_hp":
+            # The weight-gradient GEMM (a third of the linear FLOPs) runs in bf16.
+            linear = (2.0 * linear + _tensor_time_s(flops * (1.0 - a), hardware, "bf16")) / 3.0
     if attn_eff is None:
         attention = _tensor_time_s(flops * a, hardware, attn_p)
     else:
@@ -630,6 +732,9 @@ OPERATOR_CLASSES = {
     "attention": "attention's fused kernel (its own share of the 16-bit peak per generation)",
     "memory": "memory-bound work: normalisation, element-wise, weight and gradient traffic "
               "(memory bandwidth)",
+    "fp8_casts": "FP8 scaling and casting of the linear layers' inputs, weights and output "
+                 "gradients (torchao's separate amax and cast kernels; memory bandwidth, "
+                 "growing against the GEMMs as tensor parallelism shrinks their shapes)",
     "transposes": "NCHW <-> NHWC transposes around tensor-core convolutions of a contiguous "
                   "(NCHW) network (memory bandwidth; none in channels_last or on FP32 SIMT "
                   "units)",
@@ -648,7 +753,8 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
     (:func:`per_sample_time_prior_s`): the matmul kernels' part (their arithmetic, or their
     own operands' traffic where that is longer) to the matmuls and attention, the rest of
     the traffic and the weights' to memory; the layout transposes of NCHW tensor-core
-    convolutions (:func:`transpose_time_s`); the calibration's latency-bound work and the
+    convolutions (:func:`transpose_time_s`); the FP8 casts (:func:`fp8_cast_time_s`); the
+    calibration's latency-bound work and the
     host dispatch. The classes sum to the
     micro-step's compute (``T_grad``) at that calibration."""
     p = normalize_precision(precision)
@@ -672,6 +778,8 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
     out["memory"] = k * m * (1.0 - hidden) * traffic
     out["memory"] += k * fixed_scale * weight_traffic_time_s(workload.params, hardware, p)
     out["transposes"] = k * m * transpose_time_s(workload, hardware, p)
+    out["fp8_casts"] = k * fp8_cast_time_s(workload, hardware, p,
+                                           m * float(workload.tokens_per_sample or 0))
     out["latency"] = latency_time_s(latency_flops[0], latency_flops[1], m, hardware)
     overhead = k * fixed_scale if overhead_scale is None else overhead_scale
     out["dispatch"] = overhead * micro_step_overhead_s(kernel_count(workload)[0])

@@ -1,6 +1,6 @@
 """One optimizer step put together: compute, communication, overlap, accumulation, bubble.
 
-    T_grad  = a + b·m                                     per micro-step, per GPU (compute.py)
+    T_grad  = a + b·m (+ FP8 casts)                       per micro-step, per GPU (compute.py)
     T_step  = s·T_grad + exposed(T_allreduce) + T_opt + T_straggle   DDP / ZeRO-1/2: 25 MB
                                                    buckets under the last backward (comm.py)
     T_step  = s·(T_grad + exposed(T_gather, T_rs)) + T_opt + T_straggle   ZeRO-3 / FSDP: per
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from mlflow_gpuopt.perfmodel import comm, context, moe
 from mlflow_gpuopt.perfmodel.compute import (
+    fp8_cast_time_s,
     kernel_count,
     latency_time_s,
     micro_step_overhead_s,
@@ -159,7 +160,10 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     a = (kr * weight_traffic_time_s(params_shard, hardware, precision)
          + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
     b = k * per_sample_time_prior_s(workload, hardware, precision) / (shards * cp)
-    t_grad = a + b * micro_batch + moe.layer_time_s(  # MoE layers beyond their dense part
+    # FP8 scale-and-cast kernels of this GPU's linear layers: their shapes shrink with tp.
+    t_cast = k * fp8_cast_time_s(workload, hardware, precision, micro_batch * seq_local, tp,
+                                 1.0 / pp)
+    t_grad = a + b * micro_batch + t_cast + moe.layer_time_s(  # MoE layers beyond their dense part
         workload, layout, hardware, precision, micro_batch, seq_local, k,
         kr if calib.overhead_scale is None else calib.overhead_scale)
     if calib.latency_fixed_flops or calib.latency_per_sample_flops:

@@ -62,8 +62,9 @@ class Workload:
     #: The layout it was measured with, as ``--strategy`` spells it (``tp2xfsdp``...)
     strategy: str | None = None
     #: Which FP8 implementation and scaling recipe the job runs: "te" (Transformer Engine,
-    #: per-tensor delayed/current scaling), "tensorwise" or "rowwise" (torchao float8's
-    #: recipes); None: te. See ``compute.FP8_RECIPE_EFFICIENCY``.
+    #: per-tensor delayed/current scaling), "tensorwise", "rowwise" or "rowwise_with_gw_hp"
+    #: (torchao float8's recipes); None: te. See ``compute.FP8_RECIPE_EFFICIENCY`` and
+    #: ``compute.FP8_CAST_BYTES_PER_ELEMENT``.
     fp8_recipe: str | None = None
     #: Whether the job overlaps its tensor-parallel collectives with the GEMMs around them
     #: (Megatron / NeMo ``tp_comm_overlap`` with Transformer Engine userbuffers, torchtitan's
