@@ -21,7 +21,9 @@ a naive baseline, and in the summary the median interval width, high / low):
   3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone; 3a the
       transformers described by their architecture (BERT), 3b the others (FLOPs and a shape).
 
-Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only). With ``--lomo`` it
+Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only); ``--explain-width``
+prints, per task, the pieces each interval combines (``predict --json``'s ``width_terms``)
+grouped by which were assumed, with each group's RMS log error and coverage. With ``--lomo`` it
 also checks task 3's interval width leave-one-model-out and reports task 2
 leave-one-model-out: the global constants of the compute model (tensor/SIMT efficiency,
 traffic hidden under matmuls, fixed share of latency-bound work) are picked from a small
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli_path import OBSERVATION_COLUMNS, run_predict
+from scores import explain_widths
 
 from mlflow_gpuopt.catalog import load_gpus
 from mlflow_gpuopt.hardware import hardware_for_gpu
@@ -160,6 +163,10 @@ class Result:
     covered: bool
     baseline_error: float
     width: float = math.nan  # high / low of the 90% interval
+    label: str = ""
+    log_error: float = math.nan  # log(published / predicted)
+    width_terms: tuple = ()  # predict --json's width_terms
+    log_sigma: float = math.nan
 
 
 _TMP: list[Path] = []
@@ -207,9 +214,13 @@ def predict_rows(wl, given: list[Row], targets: list[Row], hw, baseline) -> list
     out = []
     for t in targets:
         p = cli_predict(path, units, given, t)
+        src = ", ".join(f"{r.gpus}x{r.gpu} {r.precision}" for r in given) or "workload alone"
         out.append(Result(t.model, abs(p["throughput_samples_per_s"] / t.throughput - 1),
                           p["low"] <= t.throughput <= p["high"],
-                          abs(baseline(given, t) / t.throughput - 1), p["high"] / p["low"]))
+                          abs(baseline(given, t) / t.throughput - 1), p["high"] / p["low"],
+                          f"{t.model} {t.gpus}x{t.gpu} {t.precision} from [{src}]",
+                          math.log(t.throughput / p["throughput_samples_per_s"]),
+                          tuple(p["width_terms"]), p["log_sigma"]))
     return out
 
 
@@ -313,6 +324,10 @@ def report(title: str, results: list[Result], baseline_name: str) -> dict:
                "coverage_pct": 100 * sum(r.covered for r in results) / max(1, len(results)),
                "width": statistics.median(widths) if widths else math.nan}
     print(f"   baseline: {baseline_name}")
+    if "--explain-width" in sys.argv[1:]:
+        for line in explain_widths(title.split(":")[0], [
+                (r.label, r.log_error, list(r.width_terms), r.log_sigma) for r in results]):
+            print(line)
     return summary
 
 
@@ -383,9 +398,14 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
     log(published / predicted) over the amp <-> amp transfers of task 2, and for each workload
     class the RMS of the other classes' rows as the width, with how many of the held-out
     class's rows fall inside ±1.645 of it."""
-    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_OTHER_GPU_SAME_PRECISION, Z90
+    from mlflow_gpuopt.perfmodel.uncertainty import (
+        SIGMA_OTHER_GPU_SAME_PRECISION,
+        TERM_OTHER_GPU,
+        Z90,
+    )
 
     logs = defaultdict(list)
+    rest = []  # per row, the variance of every other piece its interval combines
     singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
     for src in singles:
         for t in singles:
@@ -395,7 +415,13 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
             path, units, _ = wl[src.model]
             p = cli_predict(path, units, [src], t)
             logs[t.model].append(math.log(t.throughput / p["throughput_samples_per_s"]))
+            rest.append(sum(w["log_sigma"] ** 2 for w in p["width_terms"]
+                            if w["term"] != TERM_OTHER_GPU))
     every = [x for v in logs.values() for x in v]
+    net = statistics.fmean(x * x for x in every) - statistics.fmean(rest)
+    print(f"  net of the other pieces each interval adds (fit, micro-batch, carried defaults: "
+          f"root-mean-square {math.sqrt(statistics.fmean(rest)):.3f}): "
+          f"{math.sqrt(max(net, 0.0)):.3f}, the transfer's own piece")
     per_class = [math.sqrt(statistics.fmean(x * x for x in v)) for v in logs.values()]
     rms = math.sqrt(statistics.fmean(x * x for x in every))
     print(f"  RMS log(published / predicted), amp <-> amp: {rms:.3f} "
