@@ -72,8 +72,9 @@ SIGMA_OTHER_GPU = 0.25
 #:   of NVIDIA's DeepLearningExamples tables (V100 ↔ A100, 50 rows of 11 workload classes)
 #:   log(published / predicted) has a root-mean-square of 0.139, and those other pieces one
 #:   of 0.129: what is left is sqrt(0.139² − 0.129²) = 0.052, rounded up to 0.06
-#:   (``bench_accuracy.py --lomo`` prints both). The gross 0.139 is the whole spread with
-#:   the carried defaults inside it; adding them to it counted them twice.
+#:   (``bench_accuracy.py --lomo`` prints both). Derived leave-one-model-out (0-0.067) it
+#:   covers 92% of the rows. The gross 0.139 is the whole spread with the carried defaults
+#:   inside it; adding them to it counted them twice.
 #: - the precision changes on the way (fp32 on V100's FP32 units to TF32 on A100's tensor
 #:   cores; bf16 to FP8): another operator path whose efficiency the calibration did not
 #:   see, ``SIGMA_OTHER_PRECISION`` (the same-GPU, other-precision width).
