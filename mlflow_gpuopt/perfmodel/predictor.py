@@ -577,6 +577,9 @@ class Predictor:
             *((res.param_index[("k", k)], SIGMA_PRIOR_COMPUTE,
                unc.combine(*(v for _, v in self._prior_terms(k)))) for k in pool),
             (res.param_index[("kappa",)], SIGMA_PRIOR_COMM, unc.SIGMA_COMM_FIT_FLOOR)])
+        for k in pool:  # carried on top of the fit (a proxy's size ratio): not narrowed
+            i = res.param_index[("k", k)]
+            cov[i][i] += res.carried_variance.get(k, 0.0)
         var = sum(g[a] * g[b] * cov[idx[a]][idx[b]]
                   for a in range(len(g)) for b in range(len(g)))
         return math.sqrt(max(var, 0.0))
