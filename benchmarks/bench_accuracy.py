@@ -23,8 +23,13 @@ a naive baseline, and in the summary the median interval width, high / low):
   3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone; 3a the
       transformers described by their architecture (BERT), 3b the others (FLOPs and a shape).
 
-Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only). With ``--lomo`` it
-also checks task 3's interval width leave-one-model-out and reports task 2
+Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only); ``--explain-width``
+prints, per task, the pieces each interval combines (``predict --json``'s ``width_terms``)
+grouped by which were assumed, with each group's RMS log error and coverage;
+``--profile-figures`` runs every task with the profile's figures the files' notes give
+(activations, kernels per micro-step: what a CPU-tracked run's profile adds to the card).
+With ``--lomo`` it also derives the same-precision cross-GPU piece (net of the other pieces
+its intervals add) and checks it and task 3's width leave-one-model-out, and reports task 2
 leave-one-model-out: the global constants of the compute model (tensor/SIMT efficiency,
 traffic hidden under matmuls, fixed share of latency-bound work) are picked from a small
 grid on the other models and each model is scored with the pick made without it (~20 s).
@@ -35,6 +40,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -43,6 +49,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cli_path import OBSERVATION_COLUMNS, run_predict
+from scores import explain_widths
 
 from mlflow_gpuopt.catalog import load_gpus
 from mlflow_gpuopt.hardware import hardware_for_gpu
@@ -135,12 +142,34 @@ def workload_docs() -> dict[str, dict]:
     return out
 
 
-def workloads() -> dict[str, tuple]:
+#: The profile's figures a file's ``bench.notes`` give and a model card does not
+#: (``--profile-figures`` puts them in the workload, as a CPU-tracked run's profile would).
+PROFILE_KEYS = ("activation_bytes_per_sample", "kernels_per_micro_step")
+
+
+def profile_figures(doc: dict) -> dict:
+    """``PROFILE_KEYS`` from a workload file's notes ("figures a model card does not give
+    (KEY VALUE, ...)"), by key."""
+    match = re.search(r"figures a model card does not give \(([^)]*)\)", doc["bench"]["notes"])
+    out = {}
+    for part in (match.group(1).split(",") if match else []):
+        key, _, value = part.strip().partition(" ")
+        if key in PROFILE_KEYS:
+            out[key] = float(value)
+    return out
+
+
+def workloads(with_profile: bool = False) -> dict[str, tuple]:
     """(the workload file's path, units per batch item, the :class:`Workload` it holds), by
-    name."""
+    name; ``with_profile`` adds the notes' profile figures (:func:`profile_figures`), each
+    file then rewritten to a temporary folder for the command to read."""
     out = {}
     for path in sorted((HERE / "workloads").glob("*.json")):
         doc = json.loads(path.read_text())
+        if with_profile:
+            doc.update(profile_figures(doc))
+            path = _tmp() / path.name
+            path.write_text(json.dumps(doc))
         out[doc["name"]] = (path, doc["bench"]["units_per_batch_item"],
                             workload_from_dict(doc, str(path)))
     return out
@@ -186,6 +215,10 @@ class Result:
     covered: bool
     baseline_error: float
     width: float = math.nan  # high / low of the 90% interval
+    label: str = ""
+    log_error: float = math.nan  # log(published / predicted)
+    width_terms: tuple = ()  # predict --json's width_terms
+    log_sigma: float = math.nan
 
 
 _TMP: list[Path] = []
@@ -239,9 +272,13 @@ def predict_rows(wl, given: list[Row], targets: list[Row], hw, baseline) -> list
     out = []
     for t in targets:
         p = cli_predict(path, units, given, t)
+        src = ", ".join(f"{r.gpus}x{r.gpu} {r.precision}" for r in given) or "workload alone"
         out.append(Result(t.model, abs(p["throughput_samples_per_s"] / t.throughput - 1),
                           p["low"] <= t.throughput <= p["high"],
-                          abs(baseline(given, t) / t.throughput - 1), p["high"] / p["low"]))
+                          abs(baseline(given, t) / t.throughput - 1), p["high"] / p["low"],
+                          f"{t.model} {t.gpus}x{t.gpu} {t.precision} from [{src}]",
+                          math.log(t.throughput / p["throughput_samples_per_s"]),
+                          tuple(p["width_terms"]), p["log_sigma"]))
     return out
 
 
@@ -345,6 +382,10 @@ def report(title: str, results: list[Result], baseline_name: str) -> dict:
                "coverage_pct": 100 * sum(r.covered for r in results) / max(1, len(results)),
                "width": statistics.median(widths) if widths else math.nan}
     print(f"   baseline: {baseline_name}")
+    if "--explain-width" in sys.argv[1:]:
+        for line in explain_widths(title.split(":")[0], [
+                (r.label, r.log_error, list(r.width_terms), r.log_sigma) for r in results]):
+            print(line)
     return summary
 
 
@@ -412,13 +453,19 @@ def lomo_prior_width(rows, wl, hw) -> None:
 
 
 def lomo_other_gpu_width(rows, wl, hw) -> None:
-    """``uncertainty.SIGMA_OTHER_GPU_SAME_PRECISION`` checked leave-one-model-out: the RMS of
-    log(published / predicted) over the amp <-> amp transfers of task 2, and for each workload
-    class the RMS of the other classes' rows as the width, with how many of the held-out
-    class's rows fall inside ±1.645 of it."""
-    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_OTHER_GPU_SAME_PRECISION, Z90
+    """``uncertainty.SIGMA_OTHER_GPU_SAME_PRECISION`` derived and checked leave-one-model-out
+    over the amp <-> amp transfers of task 2: the RMS of log(published / predicted), net of
+    the other pieces the same intervals add (fit, micro-batch, carried defaults: the mean of
+    their variances taken out of the mean squared error); then for each workload class that
+    net piece from the other classes' rows, with each held-out row's own other pieces, and
+    how many of the held-out class's rows fall inside ±1.645 of it."""
+    from mlflow_gpuopt.perfmodel.uncertainty import (
+        SIGMA_OTHER_GPU_SAME_PRECISION,
+        TERM_OTHER_GPU,
+        Z90,
+    )
 
-    logs = defaultdict(list)
+    logs = defaultdict(list)  # per class: (log error, variance of the row's other pieces)
     singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
     for src in singles:
         for t in singles:
@@ -427,25 +474,32 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
                 continue
             path, units, _ = wl[src.model]
             p = cli_predict(path, units, [src], t)
-            logs[t.model].append(math.log(t.throughput / p["throughput_samples_per_s"]))
+            logs[t.model].append((math.log(t.throughput / p["throughput_samples_per_s"]),
+                                  sum(w["log_sigma"] ** 2 for w in p["width_terms"]
+                                      if w["term"] != TERM_OTHER_GPU)))
+
+    def net(pairs) -> float:
+        return math.sqrt(max(0.0, statistics.fmean(e * e - r for e, r in pairs)))
+
     every = [x for v in logs.values() for x in v]
-    per_class = [math.sqrt(statistics.fmean(x * x for x in v)) for v in logs.values()]
-    rms = math.sqrt(statistics.fmean(x * x for x in every))
-    print(f"  RMS log(published / predicted), amp <-> amp: {rms:.3f} "
-          f"over {len(every)} rows, {math.sqrt(statistics.fmean(c * c for c in per_class)):.3f} "
-          f"per class; shipped width {SIGMA_OTHER_GPU_SAME_PRECISION}")
+    rms = math.sqrt(statistics.fmean(e * e for e, _ in every))
+    rest = math.sqrt(statistics.fmean(r for _, r in every))
+    print(f"  RMS log(published / predicted), amp <-> amp: {rms:.3f} over {len(every)} rows; "
+          f"the other pieces of the same intervals (fit, micro-batch, carried defaults) "
+          f"{rest:.3f}; net, the transfer's own piece: {net(every):.3f}; shipped "
+          f"{SIGMA_OTHER_GPU_SAME_PRECISION}")
     covered = 0
     for held in sorted(logs):
-        others = [x for m, v in logs.items() if m != held for x in v]
-        width = math.sqrt(statistics.fmean(x * x for x in others))
-        inside = sum(abs(x) <= Z90 * width for x in logs[held])
+        width = net([x for m, v in logs.items() if m != held for x in v])
+        inside = sum(abs(e) <= Z90 * math.sqrt(width * width + r) for e, r in logs[held])
         covered += inside
-        print(f"  without {held:28s} width {width:.3f}, covers {inside}/{len(logs[held])}")
+        print(f"  without {held:28s} net piece {width:.3f}, covers "
+              f"{inside}/{len(logs[held])}")
     print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
 
 
 def main() -> int:
-    rows, wl, hw = load_rows(), workloads(), hardware()
+    rows, wl, hw = load_rows(), workloads("--profile-figures" in sys.argv[1:]), hardware()
     summaries = {
         "1a scaling, given 1 GPU -> 4/8/16": report(
             "Task 1a: scaling within a GPU type, given 1 GPU, predict 4/8/16",

@@ -88,9 +88,11 @@ those tasks (seconds; no infeasible count, no MoE rows); ``--moe``, ``--derive-f
 on the derivation rows for the GEMMs' own efficiency per GPU generation and precision (the
 rate at which the predicted step reproduces each published whole-step MFU), scores task 5 with
 it and leaves one source out at a time; ``--derived-gemm`` runs every task with that prior
-(docs/accuracy.md, "Large-language-model training", says what it changes). ``--shape-gemm``
-(also on ``bench_accuracy.py`` and ``bench_proxy.py``) runs any of these with the
-shape-dependent GEMM prior of ``gemm_shape.py``, a prototype not in the model.
+(docs/accuracy.md, "Large-language-model training", says what it changes).
+``--explain-width`` prints, per task, the pieces each interval combines (``predict --json``'s
+``width_terms``) grouped by which were assumed, with each group's RMS log error and coverage.
+``--shape-gemm`` (also on ``bench_accuracy.py`` and ``bench_proxy.py``) runs any of these with
+the shape-dependent GEMM prior of ``gemm_shape.py``, a prototype not in the model.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap
-from scores import summary_line
+from scores import explain_widths, summary_line
 
 from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
 
@@ -399,6 +401,13 @@ def observation_line(row: Row) -> list:
 def predict(target: Row, refs: list[Row], tmp: Path):
     """(predicted tokens/s/GPU, low, high, fits) for ``target`` from ``refs``, through
     ``mlflow gpuopt predict`` with the workload file and observations CSV a user writes."""
+    out = predict_json(target, refs, tmp)
+    k = target.seq / target.gpus
+    return (out["throughput_samples_per_s"] * k, out["low"] * k, out["high"] * k, out["fits"])
+
+
+def predict_json(target: Row, refs: list[Row], tmp: Path) -> dict:
+    """``mlflow gpuopt predict --json``'s answer for ``target`` from ``refs``."""
     wl = tmp / "workload.json"
     wl.write_text(json.dumps(workload_doc(target)))
     args = ["--workload", str(wl)]
@@ -409,9 +418,7 @@ def predict(target: Row, refs: list[Row], tmp: Path):
             writer.writerow(OBSERVATION_COLUMNS)
             writer.writerows(observation_line(r) for r in refs)
         args += ["--observations", str(obs)]
-    out = run_predict(args + cli_args(target))
-    k = target.seq / target.gpus
-    return (out["throughput_samples_per_s"] * k, out["low"] * k, out["high"] * k, out["fits"])
+    return run_predict(args + cli_args(target))
 
 
 def same_shape(a: Row, b: Row) -> bool:
@@ -807,14 +814,17 @@ def run_all(only: frozenset[str] | None = None) -> None:
     for name, pairs in tasks(rows).items():
         if only is not None and name.split()[0] not in only:
             continue
-        res, cp_res = [], []
+        res, cp_res, explained = [], [], []
         print(f"\n== Task {name}")
         for target, refs in pairs:
             try:
-                got, low, high, _ = predict(target, refs, tmp)
+                out = predict_json(target, refs, tmp)
             except PredictError as exc:
                 print(f"  {target.model} {target.gpus}x{target.gpu}: not predicted ({exc})")
                 continue
+            k = target.seq / target.gpus
+            got, low, high = (out["throughput_samples_per_s"] * k, out["low"] * k,
+                              out["high"] * k)
             err = 100.0 * abs(got - target.tokens_per_s_per_gpu) / target.tokens_per_s_per_gpu
             res.append((err, low <= target.tokens_per_s_per_gpu <= high, high / low))
             if target.cp > 1:
@@ -825,6 +835,13 @@ def run_all(only: frozenset[str] | None = None) -> None:
                   "published "
                   f"{target.tokens_per_s_per_gpu:8.0f}  predicted {got:8.0f} "
                   f"({low:.0f}-{high:.0f}) err {err:5.1f}%  from [{ref or 'workload alone'}]")
+            explained.append((f"{target.model} {target.gpus}x{target.gpu} {target.precision} "
+                              f"from [{ref or 'workload alone'}]",
+                              math.log(target.tokens_per_s_per_gpu / got), out["width_terms"],
+                              out["log_sigma"]))
+        if "--explain-width" in sys.argv[1:] and explained:
+            for line in explain_widths(name, explained):
+                print(line)
         lines.append(summarise(name, res))
         if cp_res:
             cp_lines.append(summarise(name + ", cp > 1 rows", cp_res))

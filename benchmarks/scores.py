@@ -23,3 +23,35 @@ def summary_line(name: str, results: list[tuple[float, bool, float]],
     width = statistics.median(w for _, _, w in results)
     return (f"  {name:40s} n={len(results):3d} median {statistics.median(errs):6.1f}%  "
             f"p90 {p90(errs):6.1f}%  coverage {cover:5.1f}%  width {width:5.2f}x")
+
+
+def explain_widths(name: str, rows: list[tuple[str, float, list[dict], float]],
+                   examples: int = 2) -> list[str]:
+    """``--explain-width``: how a task's intervals are composed. ``rows`` holds, per
+    prediction, (a label, log(published / predicted), ``predict --json``'s ``width_terms``,
+    its ``log_sigma``). Rows are grouped by the set of pieces they combine; per group: how
+    many, the coverage of the 90 % interval, the median of each piece, the RMS of the log
+    errors beside the median σ (an interval that covers by far more than its errors need
+    has RMS ≪ σ), then ``examples`` rows in full."""
+    from collections import defaultdict
+
+    z90 = 1.6448536269514722
+    groups: dict[tuple[str, ...], list] = defaultdict(list)
+    for row in rows:
+        groups[tuple(t["term"] for t in row[2])].append(row)
+    out = [f"  -- widths of {name} ({len(rows)} predictions)"]
+    for names, members in sorted(groups.items(), key=lambda g: -len(g[1])):
+        sigmas = [s for _, _, _, s in members]
+        errs = [e for _, e, _, _ in members]
+        cover = 100.0 * sum(abs(e) <= z90 * s for _, e, _, s in members) / len(members)
+        rms = math.sqrt(statistics.fmean(e * e for e in errs))
+        pieces = ", ".join(
+            f"{n} {statistics.median(t[i]['log_sigma'] for _, _, t, _ in members):.3f}"
+            for i, n in enumerate(names)) or "none"
+        out.append(f"  n={len(members):3d} σ median {statistics.median(sigmas):.3f} "
+                   f"(width {math.exp(2 * z90 * statistics.median(sigmas)):.2f}x), "
+                   f"RMS log error {rms:.3f}, coverage {cover:5.1f}%: {pieces}")
+        for label, e, terms, s in members[:examples]:
+            out.append(f"      {label}: log error {e:+.3f}, σ {s:.3f} = "
+                       + " ⊕ ".join(f"{t['log_sigma']:.3f}" for t in terms))
+    return out

@@ -108,6 +108,11 @@ class FitResult:
     #: ``("k", key)`` and ``("kappa",)`` in ``param_cov``; empty when κ was not fitted.
     param_index: dict[tuple, int] = field(default_factory=dict, hash=False, compare=False)
     param_cov: tuple[tuple[float, ...], ...] = field(default=(), hash=False, compare=False)
+    #: Variance of log compute scale per key carried on top of the fit's own (a proxy's size
+    #: ratio, ``transfer.size_sigma``): added to ``param_cov``'s diagonal after its priors are
+    #: narrowed (``uncertainty.narrowed_prior_cov``), not narrowed with them.
+    carried_variance: dict[Key, float] = field(default_factory=dict, hash=False,
+                                                compare=False)
 
 
 def is_cpu(name: str) -> bool:

@@ -20,7 +20,14 @@ from mlflow_gpuopt.perfmodel.compute import (
 )
 from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
-from mlflow_gpuopt.perfmodel.fitting import FitResult, Key, fit_calibration, is_cpu
+from mlflow_gpuopt.perfmodel.fitting import (
+    SIGMA_PRIOR_COMM,
+    SIGMA_PRIOR_COMPUTE,
+    FitResult,
+    Key,
+    fit_calibration,
+    is_cpu,
+)
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
 from mlflow_gpuopt.perfmodel.memory import (
     activation_notes,
@@ -48,6 +55,8 @@ from mlflow_gpuopt.perfmodel.types import (
 )
 
 _DP_FAMILY = {"single": "ddp", "ddp": "ddp"}
+#: Named widths (what was assumed, sd of log throughput): ``Prediction.width_terms``.
+WidthTerms = tuple[tuple[str, float], ...]
 
 
 def validate_workload(workload: Workload) -> None:
@@ -102,13 +111,13 @@ class Predictor:
         self._notes = tuple(notes) + self._observed.notes
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
         self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}
-        self._calib_cache: dict[Key, tuple[Calibration, float, float, bool]] = {}
+        self._calib_cache: dict[Key, tuple[Calibration, float, WidthTerms, bool]] = {}
         # Described by its transformer architecture: GENERATION_MFU's spread applies to
         # transfers (uncertainty.TRANSFORMER_MFU_SPREAD).
         self._transformer = bool(transformer_dims(workload) is not None and workload.num_heads
                                  and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
-        self._carried_cache: dict[tuple, list[float]] = {}
+        self._carried_cache: dict[tuple, list[tuple[Default, float]]] = {}
         self._efficiency_notes: dict[Key, str] = {}
 
     def with_kernels_per_micro_step(self, kernels: float) -> Predictor:
@@ -124,16 +133,16 @@ class Predictor:
         """What the model had to guess for this workload, in words."""
         return self._notes
 
-    def _calibration(self, key: Key) -> tuple[Calibration, float, float, bool]:
-        """(calibration, sd of log compute from the fit, width of carrying it to this GPU or
-        precision, extrapolated) for a GPU and precision (cached:
+    def _calibration(self, key: Key) -> tuple[Calibration, float, WidthTerms, bool]:
+        """(calibration, sd of log compute from the fit, the named widths of carrying it to
+        this GPU or precision, extrapolated) for a GPU and precision (cached:
         the recommender asks for the same few keys thousands of times)."""
         cached = self._calib_cache.get(key)
         if cached is None:
             cached = self._calib_cache[key] = self._build_calibration(key)
         return cached
 
-    def _build_calibration(self, key: Key) -> tuple[Calibration, float, float, bool]:
+    def _build_calibration(self, key: Key) -> tuple[Calibration, float, WidthTerms, bool]:
         res = self.result
         pool = self._pool(key)
         logk, sd_k, extra, logr, extrapolated = self._compute_scale(key, pool)
@@ -187,23 +196,24 @@ class Predictor:
         return cached
 
     def _compute_scale(self, key: Key, pool: list[Key]
-                       ) -> tuple[float, float, float, float, bool]:
-        """(log k, sd of the fit, width of the transfer, log r, extrapolated) for a GPU and
-        precision, from ``_pool(key)``."""
+                       ) -> tuple[float, float, WidthTerms, float, bool]:
+        """(log k, sd of the fit, the named widths of the transfer, log r, extrapolated) for
+        a GPU and precision, from ``_pool(key)``. Without any GPU measurement the prior's
+        widths are the transfer's (:meth:`_prior_terms`) and the fit has none."""
         res = self.result
         if key in res.log_compute_scale:
-            return (res.log_compute_scale[key], res.log_compute_sd[key], 0.0,
+            return (res.log_compute_scale[key], res.log_compute_sd[key], (),
                     res.log_fixed_scale.get(key, 0.0), False)
         if not res.log_compute_scale:
-            return 0.0, self._prior_sigma(key), 0.0, 0.0, True
+            return 0.0, 0.0, self._prior_terms(key), 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
-        extra = unc.other_gpu_sigma(not same_gpu, any(k[1] != key[1] for k in pool))
+        extra = unc.other_gpu_terms(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:
             spreads = [unc.transformer_transfer_sigma((architecture(k[0]), k[1]),
                                                       (architecture(key[0]), key[1]))
                        for k in pool]
             if spreads and all(v is not None for v in spreads):
-                extra = max(spreads)
+                extra = ((unc.TERM_TRANSFORMER_TRANSFER, max(spreads)),)
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
         return logk, sd, extra, 0.0, not same_gpu
@@ -227,21 +237,21 @@ class Predictor:
         return Default("efficiency", "matmul efficiency", eff, "of dense peak",
                        f"{source}, no GPU measurement", spread)
 
-    def _prior_sigma(self, key: Key) -> float:
-        """Width of a prediction with no GPU measurement. A transformer described by its
-        architecture: ``SIGMA_PRIOR_TRANSFORMER``, plus the pieces for a generation or a
+    def _prior_terms(self, key: Key) -> WidthTerms:
+        """Named widths of a prediction with no GPU measurement. A transformer described by
+        its architecture: ``SIGMA_PRIOR_TRANSFORMER``, plus the pieces for a generation or a
         precision ``GENERATION_MFU`` has no figure for (NVIDIA GPUs;
-        :func:`.uncertainty.prior_transformer_sigma`). Anything else: ``SIGMA_PRIOR_ONLY``,
+        :func:`.uncertainty.prior_transformer_terms`). Anything else: ``SIGMA_PRIOR_ONLY``,
         the spread measured over such workloads."""
         arch, precision = transformer_mfu_group(
             (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1]))
         if not self._transformer or vendor.is_amd(key[0]) or arch == "unknown":
-            return unc.SIGMA_PRIOR_ONLY
+            return ((unc.TERM_PRIOR, unc.SIGMA_PRIOR_ONLY),)
         if (arch, precision) in GENERATION_MFU:
-            return unc.SIGMA_PRIOR_TRANSFORMER
+            return unc.prior_transformer_terms(True, True)
         generation = any(a == arch for a, _ in GENERATION_MFU)
         known = precision in ("bf16", "fp8")
-        return unc.prior_transformer_sigma(generation, known)
+        return unc.prior_transformer_terms(generation, known)
 
     def _resolve(self, config: ParallelConfig, hardware: Hardware
                  ) -> tuple[Layout, str, int]:
@@ -272,35 +282,49 @@ class Predictor:
         joint = self._joint_fit_sigma(key, hardware, layout, precision, m, config.grad_accum,
                                       calib, rfactor, recompute == "full", throughput)
         if joint is None:
-            fit_terms = (sd_k, unc.comm_fit_spread(res.log_comm_sd, exposed_share, layout.dp,
-                                                   res.max_observed_dp))
+            fit_terms = ((unc.TERM_FIT, sd_k),
+                         (unc.TERM_COMM_FIT,
+                          unc.comm_fit_spread(res.log_comm_sd, exposed_share, layout.dp,
+                                              res.max_observed_dp)))
         else:
             # The observations pin down the step they measured, not compute and
             # communication each; the spread along this prediction's own sensitivity, plus
             # the floor for more replicas than measured.
             beyond = layout.dp > res.max_observed_dp
-            fit_terms = (max(unc.SIGMA_FLOOR, res.residual_rms, joint),
-                         unc.SIGMA_COMM_FIT_FLOOR * min(1.0, exposed_share) if beyond
-                         else 0.0)
-        sigma = unc.combine(
-            *fit_terms, transfer,
-            unc.scale_beyond(layout.dp, res.max_observed_dp) if res.max_observed_dp else 0.0,
-            unc.batch_away(m, self._reference_batches(key), key in res.log_fixed_scale),
-            unc.SIGMA_UNOBSERVED_STRATEGY
-            if res.max_observed_dp
-            and _DP_FAMILY.get(strategy, strategy) not in self._observed_families
-            and layout.gpus_total() > 1 else 0.0,
-            unc.SIGMA_UNOBSERVED_MULTINODE if config.nodes > 1 and not res.observed_multinode
-            else 0.0,
-        )
+            fit_terms = ((unc.TERM_FIT, max(unc.SIGMA_FLOOR, res.residual_rms, joint)),
+                         (unc.TERM_COMM_FIT,
+                          unc.SIGMA_COMM_FIT_FLOOR * min(1.0, exposed_share) if beyond
+                          else 0.0))
+        # The scaling pieces apply to a calibration carried beyond what it measured. Not to
+        # a prediction without any GPU measurement (nothing carried: its prior's width is
+        # the spread of whole published runs, their layouts and node counts included), nor
+        # to a transformer's calibration carried at TRANSFORMER_MFU_SPREAD (the spread of
+        # whole runs of other sizes, layouts, GPU counts and micro-batches within each
+        # generation and precision, so the changes of layout and scale are inside it).
+        scaling = bool(res.log_compute_scale) and not any(
+            name == unc.TERM_TRANSFORMER_TRANSFER for name, _ in transfer)
+        widths = [
+            *fit_terms, *transfer,
+            (unc.TERM_BEYOND, unc.scale_beyond(layout.dp, res.max_observed_dp)
+             if scaling and res.max_observed_dp else 0.0),
+            (unc.TERM_BATCH, unc.batch_away(m, self._reference_batches(key),
+                                            key in res.log_fixed_scale) if scaling else 0.0),
+            (unc.TERM_STRATEGY, unc.SIGMA_UNOBSERVED_STRATEGY
+             if scaling and res.max_observed_dp
+             and _DP_FAMILY.get(strategy, strategy) not in self._observed_families
+             and layout.gpus_total() > 1 else 0.0),
+            (unc.TERM_MULTINODE, unc.SIGMA_UNOBSERVED_MULTINODE
+             if scaling and config.nodes > 1 and not res.observed_multinode else 0.0),
+        ]
         if key not in res.log_compute_scale and res.log_compute_scale:
             # FLOPs-only fallbacks (architecture unknown) widen a prediction carried from
             # another GPU or precision: each default's spread times how far it moves this
             # prediction. (A prior-only one has SIGMA_PRIOR_ONLY, the spread measured over
             # such workloads, fallbacks included.)
-            widen = self._carried_fallback_spread(key, hardware, m)
-            if widen:
-                sigma = unc.combine(sigma, *widen)
+            widths += [(f"{unc.TERM_DEFAULT_PREFIX}{d.quantity}", v) for d, v in
+                      self._carried_fallback_spread(key, hardware, m)]
+        width_terms = tuple((name, v) for name, v in widths if v > 0)
+        sigma = unc.combine(*(v for _, v in width_terms))
         low, high = unc.interval(throughput, sigma)
 
         # The median peak is linear in the micro-batch: two evaluations give the max m.
@@ -343,7 +367,7 @@ class Predictor:
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"),
             p_fits=chance, memory_usable_bytes=usable, alltoall_s=terms.alltoall_s,
-            cp_exchange_s=terms.cp_exchange_s)
+            cp_exchange_s=terms.cp_exchange_s, width_terms=width_terms)
 
     def transfer_classes(self, config: ParallelConfig, hardware: Hardware) -> list[dict]:
         """For a prediction carried from a measured GPU type or precision: per operator class
@@ -411,11 +435,17 @@ class Predictor:
             else "against the linear layers' efficiency alone"
         return (f"{words}: {math.expm1(moved):+.0%} on the matmul speed {where}",)
 
-    def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int) -> list[float]:
+    def _carried_fallback_spread(self, key: Key, hardware: Hardware, m: int
+                                 ) -> list[tuple[Default, float]]:
         """Per FLOPs-only fallback default, how far its own spread moves a calibration carried
         from the measured GPUs (``_pool(key)``) to ``key``: the change of log throughput of one
         GPU's micro-step at ``m`` on the target minus that on the source (the fit absorbs
-        what both share), at the priors."""
+        what both share), at the priors; (default, that width) per fallback.
+
+        The default is moved by its spread both ways and the width is the root-mean-square
+        of the two moves: the roofline is a maximum, so one side (more traffic, a target
+        turned memory-bound) moves the step far more than the other, and the interval is
+        centred on the point."""
         fallbacks = [d for d in self._defaults if d.fallback and d.kind in SPEED_KINDS]
         sources = [k for k in self._pool(key) if k[0] in self._hardware]
         if not fallbacks or not sources:
@@ -428,20 +458,26 @@ class Predictor:
                                                micro_batch=m))
         prior = Calibration()
 
-        def effect(d: Default, hw: Hardware, precision: str) -> float:
-            opt = self._opt_bytes / math.exp(d.log_spread) if d.kind == "optimizer" \
-                else self._opt_bytes
+        def effect(d: Default, hw: Hardware, precision: str, sign: int) -> float:
+            factor = math.exp(sign * d.log_spread)
+            opt = self._opt_bytes / factor if d.kind == "optimizer" else self._opt_bytes
+            moved_workload = self._perturbed[d.kind] if sign > 0 else \
+                perturbed(self.workload, d, factor)
             base = step_terms(self.workload, hw, precision, single, m, 1, self._shape,
                               self._opt_bytes, prior).step_s
-            moved = step_terms(self._perturbed[d.kind], hw, precision, single, m, 1,
+            moved = step_terms(moved_workload, hw, precision, single, m, 1,
                                self._shape, opt, prior).step_s
             return math.log(base / moved)
 
         out = []
         for d in fallbacks:
-            here = effect(d, hardware, key[1])
-            there = sum(effect(d, self._hardware[k[0]], k[1]) for k in sources) / len(sources)
-            out.append(abs(here - there))
+            moves = []
+            for sign in (1, -1):
+                here = effect(d, hardware, key[1], sign)
+                there = sum(effect(d, self._hardware[k[0]], k[1], sign)
+                            for k in sources) / len(sources)
+                moves.append(here - there)
+            out.append((d, math.sqrt(sum(v * v for v in moves) / 2)))
         cache[(key, m)] = out
         return out
 
@@ -501,7 +537,15 @@ class Predictor:
                          full_recompute: bool, throughput: float) -> float | None:
         """Spread of log throughput from the fitted compute and communication scales taken
         together (delta method: ``gᵀ Σ g`` with ``g`` this prediction's sensitivity to each
-        log scale, by finite differences), or None where κ was not fitted."""
+        log scale, by finite differences), or None where κ was not fitted.
+
+        ``Σ`` is the fit's covariance with the priors of κ and of the compute scales narrowed
+        from the fit's weak regularisers (``fitting.SIGMA_PRIOR_COMM``,
+        ``SIGMA_PRIOR_COMPUTE``: ×/÷4.5) to their own spreads (the communication model's
+        ``uncertainty.SIGMA_COMM_FIT_FLOOR``, the prior's width without a GPU run:
+        :func:`.uncertainty.narrowed_prior_cov`): where the runs do not separate compute
+        from communication (one multi-GPU run), what they leave is as uncertain as the
+        models it falls back on, not as the regulariser."""
         res = self.result
         if not res.param_cov:
             return None
@@ -529,7 +573,14 @@ class Predictor:
         g_c = (log_rate(replace(calib, comm_scale=calib.comm_scale * f)) - base) / eps
         idx = [res.param_index[("k", k)] for k in pool] + [res.param_index[("kappa",)]]
         g = [g_k] * len(pool) + [g_c]
-        var = sum(g[a] * g[b] * res.param_cov[idx[a]][idx[b]]
+        cov = unc.narrowed_prior_cov(res.param_cov, [
+            *((res.param_index[("k", k)], SIGMA_PRIOR_COMPUTE,
+               unc.combine(*(v for _, v in self._prior_terms(k)))) for k in pool),
+            (res.param_index[("kappa",)], SIGMA_PRIOR_COMM, unc.SIGMA_COMM_FIT_FLOOR)])
+        for k in pool:  # carried on top of the fit (a proxy's size ratio): not narrowed
+            i = res.param_index[("k", k)]
+            cov[i][i] += res.carried_variance.get(k, 0.0)
+        var = sum(g[a] * g[b] * cov[idx[a]][idx[b]]
                   for a in range(len(g)) for b in range(len(g)))
         return math.sqrt(max(var, 0.0))
 

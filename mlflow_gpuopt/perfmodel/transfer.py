@@ -120,14 +120,10 @@ def transfer(proxy: Predictor, target: Workload, *, source: str = "") -> Predict
     sigmas = {key: size_sigma(src.params, target.params, key[0], key[1], transformer)
               for key in res.log_compute_scale}
     sd = {key: unc.combine(v, sigmas[key]) for key, v in res.log_compute_sd.items()}
-    cov = [list(row) for row in res.param_cov]
-    for (kind, *rest), i in res.param_index.items():
-        if kind == "k" and cov:
-            cov[i][i] += sigmas[rest[0]] ** 2
     latency = {key: (fixed * kernel_ratio, per_sample * flops_ratio)
                for key, (fixed, per_sample) in res.latency_flops.items()}
     carried = replace(res, log_compute_sd=sd, latency_flops=latency,
-                      param_cov=tuple(tuple(row) for row in cov))
+                      carried_variance={key: s * s for key, s in sigmas.items()})
 
     info = ProxyTransfer(
         proxy_name=src.name, proxy_params=int(src.params), target_name=target.name,

@@ -260,3 +260,7 @@ class Prediction:
     #: per step: the context-parallel key/value exchange left on the critical path (within
     #: ``exposed_comm_s``; a ring hides what attention covers; 0 without context parallelism)
     cp_exchange_s: float = 0.0
+    #: The widths ``log_sigma`` combines in quadrature: (what the prediction had to assume,
+    #: its standard deviation of log throughput), non-zero ones only
+    #: (docs/models.md#uncertainty-uncertaintypy).
+    width_terms: tuple[tuple[str, float], ...] = ()

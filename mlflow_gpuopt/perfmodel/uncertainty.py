@@ -39,12 +39,13 @@ SIGMA_PRIOR_ONLY = 0.75
 #: ``shared/data/llm_training_throughput.tsv`` (the rows ``GENERATION_MFU`` came from, never
 #: scored by ``benchmarks/bench_llm.py``), each predicted from its workload file alone through
 #: ``mlflow gpuopt predict`` (their tensor-parallel communication overlapped, as the sources
-#: run it, attention at its kernel's figure): Megatron-LM 2024 H100 0.29 (9 rows), NeMo 24.07
-#: FP8 0.31 (10), torchtitan A100 Llama 2 0.19 (5); 0.281 over the 24, rounded up to 0.29
-#: (``bench_llm.py
-#: --derive-prior-width`` prints it). Other workloads and generations keep
+#: run it, attention at its kernel's figure): Megatron-LM 2024 H100 0.288 (9 rows), NeMo 24.07
+#: FP8 0.176 (12), torchtitan A100 Llama 2 0.187 (5); 0.223 over the 26, rounded up to 0.23
+#: (``bench_llm.py --derive-prior-width`` prints it). It is a whole published run's spread
+#: (its layout, node count and network included), so a prediction without a GPU measurement
+#: adds none of the scaling pieces below. Other workloads and generations keep
 #: ``SIGMA_PRIOR_ONLY``.
-SIGMA_PRIOR_TRANSFORMER = 0.29
+SIGMA_PRIOR_TRANSFORMER = 0.23
 #: The pieces a described transformer's prior adds where its GPU generation or precision has
 #: no published MFU (``compute.GENERATION_MFU``), each only where assumed
 #: (:func:`prior_transformer_sigma`):
@@ -56,24 +57,28 @@ SIGMA_PRIOR_TRANSFORMER = 0.29
 #:   another operator path's efficiency: ``SIGMA_OTHER_PRECISION``, the same-GPU
 #:   other-precision width.
 SIGMA_GENERATION_UNMEASURED = 0.157
-#: Calibrated on another GPU type (roofline transfer, Habitat-style) where nothing says
-#: more: the two pieces below in quadrature (0.24), rounded to 0.25. A proxy transfer of a
-#: workload not described as a transformer uses it (``transfer.DEFAULT_SPREAD``).
+#: The whole spread of a calibration carried to another GPU type, every piece in: the
+#: root-mean-square of log(published / predicted) over DeepLearningExamples' V100 <-> A100
+#: transfers, 0.14 amp <-> amp (50 rows) and 0.27 fp32 <-> tf32 (36 rows), taken as 0.25. A
+#: proxy transfer of a workload not described as a transformer uses it per model
+#: (``transfer.DEFAULT_SPREAD``); a cross-GPU prediction itself combines the pieces below.
 SIGMA_OTHER_GPU = 0.25
 #: The pieces of a cross-GPU transfer (:func:`other_gpu_sigma`), each added only where the
 #: prediction had to assume it:
 #: - another GPU type at the calibration's own precision (same operator path: 16-bit tensor
 #:   cores on both, or the FP32 units on both): the spread of the per-operator-class roofline
-#:   transfer itself. Root-mean-square of log(published / predicted) over the amp ↔ amp
-#:   transfers of NVIDIA's DeepLearningExamples tables (V100 ↔ A100, 50 rows of 11 workload
-#:   classes): 0.139 (0.127 weighting the classes equally); picked leave-one-model-out (each
-#:   class's rows against the RMS of the other classes', 0.106-0.151) it covers 82% of the
-#:   rows (``bench_accuracy.py --lomo``).
+#:   transfer itself, net of the pieces the same interval adds for what else it assumed (the
+#:   fit, a micro-batch away, the carried FLOPs-only defaults). Over the amp ↔ amp transfers
+#:   of NVIDIA's DeepLearningExamples tables (V100 ↔ A100, 50 rows of 11 workload classes)
+#:   log(published / predicted) has a root-mean-square of 0.139, and those other pieces one
+#:   of 0.129: what is left is sqrt(0.139² − 0.129²) = 0.052, rounded up to 0.06
+#:   (``bench_accuracy.py --lomo`` prints both). Derived leave-one-model-out (0-0.067) it
+#:   covers 92% of the rows. The gross 0.139 is the whole spread with the carried defaults
+#:   inside it; adding them to it counted them twice.
 #: - the precision changes on the way (fp32 on V100's FP32 units to TF32 on A100's tensor
 #:   cores; bf16 to FP8): another operator path whose efficiency the calibration did not
-#:   see, ``SIGMA_OTHER_PRECISION`` (the same-GPU, other-precision width). Together they are
-#:   0.24; the fp32 ↔ tf32 transfers of the same tables spread by 0.27 (36 rows).
-SIGMA_OTHER_GPU_SAME_PRECISION = 0.14
+#:   see, ``SIGMA_OTHER_PRECISION`` (the same-GPU, other-precision width).
+SIGMA_OTHER_GPU_SAME_PRECISION = 0.06
 #: Spread (standard deviation of log MFU) of large transformer pre-training within one GPU
 #: generation and precision: how far one model's efficiency strays from the generation's
 #: median (``compute.GENERATION_MFU``), in the same derivation set of
@@ -105,14 +110,20 @@ TRANSFORMER_MFU_SPREAD = {("ampere", "bf16"): 0.077, ("hopper", "bf16"): 0.063,
 #:   dispatch from 10² (an MLP) to 10⁵ (a recurrent decoder, Tacotron 2's 77,633): log 1.5;
 #: - shape estimated from the parameter count (GPT aspect ratio hidden ≈ 64-128 × layers):
 #:   log 0.3.
-#: A FLOPs-only fallback's spread, times how far it moves the prediction, is added to the
-#: interval where the GPU and precision were not measured themselves.
+#: A FLOPs-only fallback's spread, times how far it moves the prediction (the root-mean-square
+#: of moving it up and down by that spread), is added to the interval where the GPU and
+#: precision were not measured themselves. The traffic one agrees with the benchmark files'
+#: own figures: 6 × the activations their notes give against FLOPs / 30, over the eight
+#: FLOPs-only workloads of ``benchmarks/workloads``, log ratios +0.48 (ResNet-50) to −2.34
+#: (Tacotron 2), root-mean-square 1.34.
 SIGMA_TRAFFIC_ARCHITECTURE = 0.4
 SIGMA_TRAFFIC_FROM_FLOPS = 1.2
 SIGMA_KERNELS_ARCHITECTURE = 0.5
 SIGMA_KERNELS_FLAT = 1.5
 SIGMA_SHAPE_ESTIMATE = 0.3
-#: Calibrated on the same GPU at another precision (tensor-core efficiency differs).
+#: Calibrated on the same GPU at another precision (tensor-core efficiency differs): set, not
+#: derived (no table here measures one workload at two precisions on one GPU apart from the
+#: rows it would be scored on).
 SIGMA_OTHER_PRECISION = 0.2
 #: More data-parallel replicas than any observation had: per doubling beyond the largest.
 SIGMA_PER_DOUBLING_BEYOND = 0.035
@@ -124,6 +135,24 @@ SIGMA_PER_BATCH_DOUBLING = 0.05
 #: a fit to 2 GPUs cannot tell bandwidth from per-hop latency or how NCCL's bus bandwidth
 #: changes with ring size (nccl-tests busbw moves by about ±40% between 2 and 8 ranks).
 SIGMA_COMM_FIT_FLOOR = 0.4
+
+
+#: Names of the widths a prediction combines (``Prediction.width_terms``, ``predict --json``'s
+#: ``width_terms``): what the prediction had to assume, each with its own spread.
+TERM_FIT = "fit"
+TERM_COMM_FIT = "communication scale carried"
+TERM_PRIOR = "no GPU measurement"
+TERM_PRIOR_TRANSFORMER = "no GPU measurement, transformer by its architecture"
+TERM_GENERATION = "generation without a published MFU"
+TERM_PRECISION_PRIOR = "precision without a published MFU"
+TERM_OTHER_GPU = "another GPU type"
+TERM_OTHER_PRECISION = "another precision"
+TERM_TRANSFORMER_TRANSFER = "transformer MFU, another generation or precision"
+TERM_BEYOND = "more replicas than measured"
+TERM_BATCH = "micro-batch away from the measured ones"
+TERM_STRATEGY = "strategy never observed"
+TERM_MULTINODE = "multi-node never observed"
+TERM_DEFAULT_PREFIX = "carried default: "
 
 
 def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str]
@@ -141,22 +170,34 @@ def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str]
     return combine(a, b)
 
 
-def prior_transformer_sigma(generation_measured: bool, precision_measured: bool) -> float:
-    """Width of a described transformer's prediction without a GPU measurement:
+def prior_transformer_terms(generation_measured: bool, precision_measured: bool
+                            ) -> tuple[tuple[str, float], ...]:
+    """Named widths of a described transformer's prediction without a GPU measurement:
     ``SIGMA_PRIOR_TRANSFORMER`` (the whole prior's spread where ``compute.GENERATION_MFU`` has
     the generation and precision), with ``SIGMA_GENERATION_UNMEASURED`` and
-    ``SIGMA_OTHER_PRECISION`` added for what it lacks."""
-    return combine(SIGMA_PRIOR_TRANSFORMER,
-                   0.0 if generation_measured else SIGMA_GENERATION_UNMEASURED,
-                   0.0 if precision_measured else SIGMA_OTHER_PRECISION)
+    ``SIGMA_OTHER_PRECISION`` for what it lacks, each only where lacking."""
+    return ((TERM_PRIOR_TRANSFORMER, SIGMA_PRIOR_TRANSFORMER),
+            *(() if generation_measured else ((TERM_GENERATION, SIGMA_GENERATION_UNMEASURED),)),
+            *(() if precision_measured else ((TERM_PRECISION_PRIOR, SIGMA_OTHER_PRECISION),)))
+
+
+def prior_transformer_sigma(generation_measured: bool, precision_measured: bool) -> float:
+    """The combined width of :func:`prior_transformer_terms`."""
+    return combine(*(v for _, v in prior_transformer_terms(generation_measured,
+                                                           precision_measured)))
+
+
+def other_gpu_terms(other_gpu: bool, other_precision: bool) -> tuple[tuple[str, float], ...]:
+    """Named widths of carrying a calibration to another GPU type and/or precision, from the
+    pieces the transfer had to assume (``SIGMA_OTHER_GPU_SAME_PRECISION``,
+    ``SIGMA_OTHER_PRECISION``); empty when it had to assume neither."""
+    return (*(((TERM_OTHER_GPU, SIGMA_OTHER_GPU_SAME_PRECISION),) if other_gpu else ()),
+            *(((TERM_OTHER_PRECISION, SIGMA_OTHER_PRECISION),) if other_precision else ()))
 
 
 def other_gpu_sigma(other_gpu: bool, other_precision: bool) -> float:
-    """Width of carrying a calibration to another GPU type and/or precision, from the pieces
-    the transfer had to assume (``SIGMA_OTHER_GPU_SAME_PRECISION``,
-    ``SIGMA_OTHER_PRECISION``); 0 when it had to assume neither."""
-    return combine(SIGMA_OTHER_GPU_SAME_PRECISION if other_gpu else 0.0,
-                   SIGMA_OTHER_PRECISION if other_precision else 0.0)
+    """The combined width of :func:`other_gpu_terms`; 0 when it had to assume neither."""
+    return combine(*(v for _, v in other_gpu_terms(other_gpu, other_precision)))
 
 
 def combine(*sigmas: float) -> float:
@@ -182,6 +223,30 @@ def comm_fit_spread(log_comm_sd: float, exposed_share: float, replicas: int,
     sd = max(log_comm_sd, SIGMA_COMM_FIT_FLOOR) if replicas > max_observed_replicas \
         else log_comm_sd
     return sd * min(1.0, exposed_share)
+
+
+def narrowed_prior_cov(cov: tuple[tuple[float, ...], ...],
+                       priors: list[tuple[int, float, float]]) -> list[list[float]]:
+    """The fit's covariance of its log scales as it would be with each scale's prior at its
+    own published spread instead of the fit's weak regulariser. ``priors`` holds (index in
+    ``cov``, the fit's prior width, the scale's own spread): for κ ``fitting.SIGMA_PRIOR_COMM``
+    (×/÷4.5) and the communication model's ``SIGMA_COMM_FIT_FLOOR``; for a compute scale
+    ``fitting.SIGMA_PRIOR_COMPUTE`` and the prior's width without a GPU run. Each is a
+    rank-one update of the precision along that scale (Sherman-Morrison): what the runs
+    pinned (the step they measured) stays pinned, and only what they left to the prior
+    narrows to what the prior is known to. A spread not narrower than the fit's prior
+    changes nothing."""
+    out = [list(row) for row in cov]
+    n = len(out)
+    for i, fit_prior, own in priors:
+        a = 1.0 / own ** 2 - 1.0 / fit_prior ** 2 if own > 0 else 0.0
+        if a <= 0:
+            continue
+        col = [out[r][i] for r in range(n)]
+        denom = 1.0 + a * out[i][i]
+        out = [[out[r][c] - a * col[r] * col[c] / denom for c in range(n)]
+               for r in range(n)]
+    return out
 
 
 def batch_away(micro_batch: float, observed: frozenset[float], split_identified: bool) -> float:

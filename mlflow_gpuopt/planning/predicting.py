@@ -198,6 +198,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         "memory_capacity_bytes": p.memory_capacity_bytes, "max_micro_batch": p.max_micro_batch,
         "tokens_per_s": p.tokens_per_s, "samples_per_step": p.samples_per_step,
         "log_sigma": p.log_sigma, "extrapolated": p.extrapolated, "basis": p.basis,
+        "width_terms": [{"term": name, "log_sigma": v} for name, v in p.width_terms],
         "memory": {"weights_bytes": m.weights_bytes, "gradients_bytes": m.gradients_bytes,
                    "optimizer_bytes": m.optimizer_bytes, "activations_bytes": m.activations_bytes,
                    "workspace_bytes": m.workspace_bytes,

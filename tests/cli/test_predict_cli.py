@@ -45,6 +45,24 @@ def test_json_from_files_reproduces_the_observation(files):
     assert out["max_micro_batch"] >= 256
 
 
+def test_json_names_the_pieces_of_its_interval(files):
+    # measured on A100 and carried to H100: the interval is the quadrature sum of the
+    # pieces the JSON names (the fit, another GPU type, ...), 90 % at z = 1.645
+    w, o = files
+    r = _run(["--workload", w, "--observations", o, "--gpu", "H100-SXM5-80GB", "--gpus", "8",
+              "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    terms = {t["term"]: t["log_sigma"] for t in out["width_terms"]}
+    assert "another GPU type" in terms and "fit" in terms
+    assert all(v > 0 for v in terms.values())
+    sigma = sum(v * v for v in terms.values()) ** 0.5
+    assert out["log_sigma"] == pytest.approx(sigma)
+    mid = out["throughput_samples_per_s"]
+    assert out["high"] / mid == pytest.approx(2.718281828459045 ** (1.6448536269514722 * sigma))
+    assert mid / out["low"] == pytest.approx(out["high"] / mid)
+
+
 def test_human_output_and_nvml_name(files):
     w, o = files
     r = _run(["--workload", w, "--observations", o, "--gpu", "NVIDIA H100 80GB HBM3",

@@ -11,6 +11,9 @@ from support.perfmodel import A100, V100
 
 from mlflow_gpuopt.perfmodel import Observation, ParallelConfig, Workload, fit
 from mlflow_gpuopt.perfmodel import compute
+from mlflow_gpuopt.perfmodel.layout import resolve_layout
+from mlflow_gpuopt.perfmodel.shape import model_shape
+from mlflow_gpuopt.perfmodel.step import Calibration, step_terms
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 
 HW = {"A100-80GB-SXM4": A100, "V100-SXM2-16GB": V100}
@@ -54,10 +57,40 @@ def test_fallbacks_widen_a_carried_interval_and_the_architecture_does_not():
     # (Volta has no MFU spread, so the generic other-GPU width) plus the fit's spread
     assert described < bare
     pred = fit(BARE, obs, HW)
-    extra = pred._carried_fallback_spread(("A100-80GB-SXM4", "fp16"), A100, 8)
+    extra = [v for _, v in pred._carried_fallback_spread(("A100-80GB-SXM4", "fp16"), A100, 8)]
     assert extra and all(x > 0 for x in extra)
     assert bare == pytest.approx(math.sqrt(described**2 + sum(x * x for x in extra)), rel=0.05)
     assert [d.kind for d in pred.defaults if d.fallback][:2] == ["traffic", "kernels"]
+    # the interval names them: one piece per fallback default
+    named = dict(pred.predict(cfg, A100).width_terms)
+    assert named["carried default: DRAM traffic per sample"] == pytest.approx(extra[0])
+
+
+def test_a_carried_fallback_is_moved_both_ways():
+    # The traffic default's piece is the root-mean-square of how much more the traffic moved
+    # up and down by its spread changes one micro-step on the target than on the measured
+    # GPU (the fit absorbs what both share), at the prior calibration: computed here from
+    # the step model with the traffic given at default × e^(±spread).
+    obs = [Observation(gpu="V100-SXM2-16GB", gpu_count=1, throughput_samples_per_s=20.0,
+                       micro_batch=8)]
+    cfg = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=8, precision="fp16")
+    traffic = compute.memory_traffic_bytes_per_sample(BARE, "fp16")
+    layout = resolve_layout(cfg)
+    shape = model_shape(BARE)
+
+    def step(w, hw):
+        return step_terms(w, hw, "fp16", layout, 8, 1, shape, 8.0, Calibration()).step_s
+
+    def move(factor):
+        w = dataclasses.replace(BARE, memory_traffic_bytes_per_sample=traffic * factor)
+        return (math.log(step(BARE, A100) / step(w, A100))
+                - math.log(step(BARE, V100) / step(w, V100)))
+
+    up, down = (move(math.exp(s * unc.SIGMA_TRAFFIC_FROM_FLOPS)) for s in (1, -1))
+    assert abs(up) != pytest.approx(abs(down), rel=0.2)  # the roofline is not symmetric
+    named = dict(fit(BARE, obs, HW).predict(cfg, A100).width_terms)
+    assert named["carried default: DRAM traffic per sample"] == pytest.approx(
+        math.sqrt((up * up + down * down) / 2), rel=1e-6)
 
 
 def test_prior_width_is_narrower_for_a_transformer_on_a_generation_with_a_published_mfu():
@@ -70,3 +103,18 @@ def test_prior_width_is_narrower_for_a_transformer_on_a_generation_with_a_publis
     assert volta == pytest.approx(unc.combine(unc.SIGMA_PRIOR_TRANSFORMER,
                                               unc.SIGMA_GENERATION_UNMEASURED))
     assert volta < unc.SIGMA_PRIOR_ONLY
+    # the pieces are named, each only where assumed
+    terms = dict(fit(DESCRIBED, [], HW).predict(cfg, V100).width_terms)
+    assert terms == {unc.TERM_PRIOR_TRANSFORMER: unc.SIGMA_PRIOR_TRANSFORMER,
+                     unc.TERM_GENERATION: unc.SIGMA_GENERATION_UNMEASURED}
+
+
+def test_a_prior_on_several_nodes_adds_no_scaling_piece():
+    # the prior's width is the spread of whole published runs, multi-node ones included: a
+    # prediction without a GPU run on 4 nodes has the same width as on one GPU
+    one = fit(DESCRIBED, [], HW).predict(
+        ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=8), A100)
+    many = fit(DESCRIBED, [], HW).predict(
+        ParallelConfig(gpus_per_node=8, nodes=4, strategy="ddp", micro_batch=8), A100)
+    assert many.width_terms == one.width_terms
+    assert many.log_sigma == pytest.approx(unc.SIGMA_PRIOR_TRANSFORMER)

@@ -89,9 +89,14 @@ def test_other_gpu_is_extrapolated_with_a_wider_interval():
     other = pred.predict(ParallelConfig(gpus_per_node=1, strategy="single"), A100)
     assert other.extrapolated and not same.extrapolated
     assert (same.basis, other.basis) == ("measured", "transferred")
-    # at the same precision the transfer adds at least the cross-GPU piece (0.14) in quadrature
-    assert other.log_sigma >= (same.log_sigma ** 2 + 0.14 ** 2) ** 0.5 - 1e-9
-    assert other.log_sigma > same.log_sigma + 0.1
+    # at the same precision the transfer adds the cross-GPU piece (0.06) in quadrature, and
+    # the interval is the quadrature sum of the pieces it names
+    assert dict(same.width_terms) == {"fit": same.log_sigma}
+    terms = dict(other.width_terms)
+    assert terms["another GPU type"] == pytest.approx(0.06)
+    assert "another precision" not in terms
+    assert other.log_sigma == pytest.approx(math.sqrt(sum(v * v for v in terms.values())))
+    assert other.log_sigma >= math.hypot(same.log_sigma, 0.06) - 1e-9
     # A100 is faster than V100 for the same workload, by less than the peak ratio
     assert 1.2 < other.throughput_samples_per_s / 1200.0 < 312 / 125 * 1.05
 

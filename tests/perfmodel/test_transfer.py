@@ -142,3 +142,22 @@ def test_communication_scale_carries():
     moved = transfer(proxy, BIG)
     assert moved.result.comm_scale == proxy.result.comm_scale != 1.0
     assert moved.result.gamma == proxy.result.gamma
+
+
+def test_the_size_width_is_carried_whole_where_communication_was_fitted():
+    # A proxy measured on 8 GPUs (one multi-GPU run: κ fitted, the joint spread applies):
+    # the size ratio's width adds to the fit's in quadrature there too. The fit's priors
+    # are narrowed to their own spreads (uncertainty.narrowed_prior_cov); the size piece
+    # is not part of the fit and is not narrowed with them.
+    eight = ParallelConfig(gpus_per_node=8, strategy="fsdp", micro_batch=4)
+    thr = _prior(SMALL, eight).throughput_samples_per_s * 1.3
+    obs = [Observation(gpu=H100.gpu, gpu_count=8, throughput_samples_per_s=thr, micro_batch=4,
+                       strategy="fsdp")]
+    own = fit(SMALL, obs, HW)
+    assert own.result.param_cov  # κ was fitted
+    moved = fit_proxy(SMALL, obs, HW, HUGE)
+    extra = size_sigma(SMALL.params, HUGE.params, H100.gpu, "bf16")
+    fit_piece = dict(moved.predict(eight, H100).width_terms)["fit"]
+    own_piece = dict(own.predict(eight, H100).width_terms)["fit"]
+    assert fit_piece >= extra
+    assert fit_piece == pytest.approx(math.hypot(own_piece, extra), rel=0.25)
