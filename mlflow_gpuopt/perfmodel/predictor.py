@@ -204,8 +204,9 @@ class Predictor:
         if key in res.log_compute_scale:
             return (res.log_compute_scale[key], res.log_compute_sd[key], (),
                     res.log_fixed_scale.get(key, 0.0), False)
+        moe_terms = ((unc.TERM_MOE, unc.SIGMA_MOE_LAYERS),) if moe.is_moe(self.workload) else ()
         if not res.log_compute_scale:
-            return 0.0, 0.0, self._prior_terms(key), 0.0, True
+            return 0.0, 0.0, self._prior_terms(key) + moe_terms, 0.0, True
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
         extra = unc.other_gpu_terms(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:
@@ -216,7 +217,7 @@ class Predictor:
                 extra = ((unc.TERM_TRANSFORMER_TRANSFER, max(spreads)),)
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
-        return logk, sd, extra, 0.0, not same_gpu
+        return logk, sd, tuple(extra) + moe_terms, 0.0, not same_gpu
 
     def _efficiency_note(self, key: Key, hardware: Hardware) -> str:
         """The efficiency default of a prediction without a GPU measurement, in words."""

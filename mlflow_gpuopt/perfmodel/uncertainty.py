@@ -125,6 +125,13 @@ SIGMA_SHAPE_ESTIMATE = 0.3
 #: derived (no table here measures one workload at two precisions on one GPU apart from the
 #: rows it would be scored on).
 SIGMA_OTHER_PRECISION = 0.2
+#: A mixture-of-experts workload predicted without a run of it on the target's GPU type and
+#: precision: its MoE layers' terms (dispatcher rates from DeepEP's README, the grouped expert
+#: GEMMs' small-``M`` efficiency, routing balance; docs/models.md#mixture-of-experts) come from
+#: kernel sources, not from whole runs like ``GENERATION_MFU``'s dense figures, so the prior's
+#: and the transfers' spreads do not cover them. Set, not derived (every published MoE run
+#: here is a scored row): the width of another operator path, ``SIGMA_OTHER_PRECISION``.
+SIGMA_MOE_LAYERS = SIGMA_OTHER_PRECISION
 #: More data-parallel replicas than any observation had: per doubling beyond the largest.
 SIGMA_PER_DOUBLING_BEYOND = 0.035
 #: A strategy, a node count > 1 or a micro-batch never observed.
@@ -153,6 +160,7 @@ TERM_BATCH = "micro-batch away from the measured ones"
 TERM_STRATEGY = "strategy never observed"
 TERM_MULTINODE = "multi-node never observed"
 TERM_DEFAULT_PREFIX = "carried default: "
+TERM_MOE = "mixture-of-experts layers, unmeasured on this GPU type and precision"
 
 
 def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str]

@@ -73,3 +73,22 @@ def test_narrowed_prior_cov_is_the_posterior_under_the_narrower_prior():
     # a spread no narrower than the fit's prior changes nothing
     assert np.allclose(unc.narrowed_prior_cov(tuple(map(tuple, fit_cov)), [(1, 1.5, 2.0)]),
                        fit_cov)
+
+
+def test_moe_layers_widen_what_no_run_of_them_measured():
+    """A mixture of experts with no run on the target's GPU type and precision adds the MoE
+    layers' piece, once; measured on that GPU type it is not added."""
+    moe_llama = dataclasses.replace(LLAMA, num_experts=8, experts_per_token=2,
+                                    expert_ffn_hidden_size=11008)
+    cfg = ParallelConfig(gpus_per_node=8, strategy="ep8xfsdp", micro_batch=1, precision="bf16")
+    alone = fit(moe_llama, [], HW).predict(cfg, H100)
+    dense = fit(LLAMA, [], HW).predict(dataclasses.replace(cfg, strategy="fsdp"), H100)
+    terms = dict(alone.width_terms)
+    assert terms[unc.TERM_MOE] == unc.SIGMA_MOE_LAYERS
+    assert unc.TERM_MOE not in dict(dense.width_terms)
+    assert alone.log_sigma == pytest.approx(math.hypot(dense.log_sigma, unc.SIGMA_MOE_LAYERS))
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=8, throughput_samples_per_s=8 * 0.5,
+                       micro_batch=1, strategy="ep8xfsdp", precision="bf16")]
+    carried = fit(moe_llama, obs, HW)
+    assert unc.TERM_MOE in dict(carried.predict(cfg, H100).width_terms)
+    assert unc.TERM_MOE not in dict(carried.predict(cfg, A100).width_terms)
