@@ -177,14 +177,41 @@ def sharded_params(layout: Layout) -> bool:
     return layout.dp_strategy in SHARDED_PARAMS
 
 
+#: torchao float8 recipes whose tensor-parallel all-gathers carry FP8 (1 byte per element):
+#: torchtitan applies ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` /
+#: ``PrepareFloat8ModuleInput`` (torchao ``float8/float8_tensor_parallel.py``) only for
+#: tensor-wise scaling ("float8 all-gather with TP is only supported for tensorwise float8
+#: scaling recipes. For rowwise recipes, we use regular TP and all-gather happens in high
+#: precision", torchtitan ``parallelize.py``).
+FP8_TP_GATHER_RECIPES = frozenset({"tensorwise"})
+
+
+def tp_gather_element_bytes(precision: str, fp8_recipe: str, act_bytes: float) -> float:
+    """Bytes per element of the sequence-parallel all-gathers (the forward's inputs of the
+    column-parallel layers, the backward's output gradients of the row-parallel ones):
+    1 under torchao tensor-wise FP8, which casts them before gathering; ``act_bytes``
+    otherwise. ``fp8_recipe`` normalised (``compute.normalize_fp8_recipe``). The
+    reduce-scatters (the row-parallel outputs, the column-parallel input gradients) sum
+    partial results in high precision and stay at ``act_bytes``; Transformer Engine (``te``)
+    is kept at ``act_bytes``."""
+    if precision == "fp8" and fp8_recipe in FP8_TP_GATHER_RECIPES:
+        return 1.0
+    return act_bytes
+
+
 def tp_allreduce_s(num_layers: int, micro_batch: float, seq_len: float, hidden: float,
-                   act_bytes: int, tp: int, hardware: Hardware) -> float:
+                   act_bytes: float, tp: int, hardware: Hardware,
+                   gather_bytes: float | None = None) -> float:
     """Megatron tensor parallel: 2 all-reduces of ``b·s·h`` activations per layer in forward
     and 2 in backward, over ``tp`` GPUs inside one node (exposed: they sit on the critical
-    path between matmuls)."""
+    path between matmuls). Under sequence parallelism each is an all-gather and a
+    reduce-scatter of equal volume; ``gather_bytes`` (default ``act_bytes``) is the
+    all-gathers' element size (:func:`tp_gather_element_bytes`), so each all-reduce moves
+    ``b·s·h·(gather_bytes + act_bytes)/2`` bytes' worth."""
     if tp <= 1:
         return 0.0
-    nbytes = micro_batch * seq_len * hidden * act_bytes
+    gather = act_bytes if gather_bytes is None else gather_bytes
+    nbytes = micro_batch * seq_len * hidden * 0.5 * (gather + act_bytes)
     bw = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware, tp)
     return 4.0 * num_layers * ring_allreduce_s(nbytes, tp, bw, INTRA_NODE_LATENCY_S)
 

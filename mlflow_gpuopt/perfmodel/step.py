@@ -46,6 +46,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     kernel_count,
     latency_time_s,
     micro_step_overhead_s,
+    normalize_fp8_recipe,
     optimizer_time_prior_s,
     per_sample_time_prior_s,
     weight_traffic_time_s,
@@ -180,9 +181,12 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
 
     act_bytes = COMM_ELEMENT_BYTES[precision]
     kappa = calib.comm_scale
+    # torchao tensor-wise FP8 gathers the sequence-parallel activations in FP8.
+    gather_bytes = comm.tp_gather_element_bytes(
+        precision, normalize_fp8_recipe(workload.fp8_recipe), act_bytes)
     t_tp = kappa * comm.tp_allreduce_s(max(1, shape.num_layers // pp), micro_batch,
                                        seq_local, shape.hidden_size, act_bytes, tp,
-                                       hardware)
+                                       hardware, gather_bytes)
     if full_recompute:
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
