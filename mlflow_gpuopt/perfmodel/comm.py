@@ -159,16 +159,31 @@ def grad_comm_bytes_per_param(precision_mixed: bool, dp_strategy: str) -> int:
     return 4
 
 
+def fp8_gather_scale(params: float, unsharded_fp8_params: float) -> float:
+    """Bytes of a ZeRO-3/FSDP parameter all-gather relative to bf16 when the
+    ``unsharded_fp8_params`` of ``params`` (the FP8 linear layers' weights) are gathered in
+    FP8, 1 byte instead of 2 (torchao ``enable_fsdp_float8_all_gather``: each rank casts its
+    shard before the gather); the rest (embeddings, the output projection torchtitan leaves
+    out of float8, norms) stays bf16. The gradients' reduce-scatters are not scaled."""
+    if params <= 0:
+        return 1.0
+    share = min(1.0, max(0.0, unsharded_fp8_params / params))
+    return 1.0 - 0.5 * share
+
+
 def dp_sync_s(params_per_replica: float, bytes_per_param: int, layout: Layout,
-              hardware: Hardware) -> float:
+              hardware: Hardware, gather_scale: float = 1.0) -> float:
     """One data-parallel synchronisation of the gradients of one model shard.
 
-    DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``); the
-    all-reduce as NCCL runs it (:func:`dp_allreduce_s`).
+    DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``): a
+    reduce-scatter (0.5) and two all-gathers (1.0, times ``gather_scale``,
+    :func:`fp8_gather_scale`); the all-reduce as NCCL runs it (:func:`dp_allreduce_s`).
     """
     if layout.dp <= 1:
         return 0.0
     volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
+    if layout.dp_strategy in SHARDED_PARAMS:
+        volume = 0.5 + (volume - 0.5) * gather_scale
     return volume * dp_allreduce_s(params_per_replica * bytes_per_param, layout, hardware)
 
 
@@ -347,7 +362,8 @@ def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
 
 def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: Layout,
                    hardware: Hardware, forward_s: float, backward_s: float,
-                   comm_scale: float = 1.0) -> float:
+                   comm_scale: float = 1.0, gather_scale: float = 1.0,
+                   unit_gather_scale: float = 1.0) -> float:
     """Exposed seconds of one ZeRO-3/FSDP micro-step's parameter gathers and gradient
     reduce-scatters, per wrapped unit as FSDP runs them (each unit's all-gather prefetched
     under the previous unit's compute; each reduce-scatter issued when the unit's backward is
@@ -357,14 +373,19 @@ def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: La
     the forward; the first unit's cannot hide. Backward: the all-gathers again and the
     reduce-scatters (another half) over the backward; the last unit's reduce-scatter cannot
     hide. ``units``: the wrapped units (decoder blocks), the largest ``unit_bytes``; each
-    pass by :func:`bucketed_exposed_s`."""
+    pass by :func:`bucketed_exposed_s`. ``gather_scale`` / ``unit_gather_scale``: the
+    all-gathers' bytes relative to ``shard_bytes`` / ``unit_bytes`` where FP8 weights are
+    gathered in FP8 (:func:`fp8_gather_scale`); the reduce-scatters keep theirs."""
     if layout.dp <= 1 or shard_bytes <= 0:
         return 0.0
     n = max(1, int(units))
     half = 0.5 * comm_scale
-    gather = half * (dp_allreduce_s(shard_bytes, layout, hardware)
-                     + (n - 1) * dp_allreduce_s(1.0, layout, hardware))
-    unit = half * dp_allreduce_s(min(shard_bytes, unit_bytes), layout, hardware)
-    forward = bucketed_exposed_s(gather, forward_s, n, unit)
-    backward = bucketed_exposed_s(2.0 * gather, backward_s, n, unit)
+    latencies = (n - 1) * dp_allreduce_s(1.0, layout, hardware)
+    gather = half * (dp_allreduce_s(shard_bytes * gather_scale, layout, hardware) + latencies)
+    scatter = half * (dp_allreduce_s(shard_bytes, layout, hardware) + latencies)
+    last = min(shard_bytes, unit_bytes)
+    unit_gather = half * dp_allreduce_s(last * unit_gather_scale, layout, hardware)
+    unit_scatter = half * dp_allreduce_s(last, layout, hardware)
+    forward = bucketed_exposed_s(gather, forward_s, n, unit_gather)
+    backward = bucketed_exposed_s(gather + scatter, backward_s, n, unit_scatter)
     return forward + backward
