@@ -207,8 +207,9 @@ def tp_gather_element_bytes(precision: str, fp8_recipe: str, act_bytes: float) -
     1 under torchao tensor-wise FP8, which casts them before gathering; ``act_bytes``
     otherwise. ``fp8_recipe`` normalised (``compute.normalize_fp8_recipe``). The
     reduce-scatters (the row-parallel outputs, the column-parallel input gradients) sum
-    partial results in high precision and stay at ``act_bytes``; Transformer Engine (``te``)
-    is kept at ``act_bytes``."""
+    partial results in high precision and stay at ``act_bytes``. Transformer Engine (``te``)
+    is kept at ``act_bytes``: ``GENERATION_MFU``'s Hopper FP8 figure was derived on its rows
+    with 16-bit collectives (docs/models.md#communication-commpy)."""
     if precision == "fp8" and fp8_recipe in FP8_TP_GATHER_RECIPES:
         return 1.0
     return act_bytes
