@@ -224,6 +224,14 @@ class Row:
         return "allgather" if self.family == "torchtitan" else "ring"
 
     @property
+    def fp8_all_gather(self) -> bool | None:
+        """Whether FSDP gathers the FP8 weights in FP8: false for torchtitan's tensor-wise
+        rows (the 2025-06 async-TP commands set no ``--float8.enable_fsdp_float8_all_gather``
+        and ``llama3_70b.toml``'s ``[float8]`` has it false, torchtitan's default); not stated
+        otherwise."""
+        return False if self.fp8_recipe == "tensorwise" else None
+
+    @property
     def family(self) -> str:
         """Software family: a user's runs on two GPU types use the same stack."""
         return "torchtitan" if self.source.startswith("torchtitan") else "nvidia"
@@ -334,7 +342,8 @@ def workload_doc(row: Row) -> dict:
            "num_kv_heads": kv_heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "mlp": mlp,
            "attention": "sdpa", "dropout": dropout, "recompute": row.recompute,
            "fp8_recipe": row.fp8_recipe, "tp_comm_overlap": row.tp_comm_overlap,
-           "attention_kernel": row.attention_kernel, "cp_exchange": row.cp_exchange}
+           "attention_kernel": row.attention_kernel, "cp_exchange": row.cp_exchange,
+           "fp8_all_gather": row.fp8_all_gather}
     return {k: v for k, v in doc.items() if v is not None}
 
 

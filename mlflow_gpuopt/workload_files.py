@@ -54,7 +54,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
              "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing"}
-_BOOL_KEYS = {"tp_comm_overlap"}
+_BOOL_KEYS = {"tp_comm_overlap", "fp8_all_gather"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
 #: ``config`` by these names (:mod:`mlflow_gpuopt.tracking.architecture`).
@@ -243,6 +243,10 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
         if kwargs["mlp"] not in _MLPS:
             raise WorkloadFileError(f"{where}: unknown mlp {kwargs['mlp']!r}; expected gelu or "
                                     "swiglu")
+    if kwargs.get("fp8_all_gather") and kwargs.get("fp8_recipe") != "tensorwise":
+        raise WorkloadFileError(f"{where}: 'fp8_all_gather' is torchao float8's FSDP all-gather "
+                                "in FP8, which takes tensor-wise scaling only: it needs "
+                                "'fp8_recipe' tensorwise")
     if kwargs.get("dropout") is not None and kwargs["dropout"] >= 1:
         raise WorkloadFileError(f"{where}: 'dropout' is a probability below 1, got "
                                 f"{kwargs['dropout']!r}")

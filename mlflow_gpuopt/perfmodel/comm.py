@@ -159,16 +159,31 @@ def grad_comm_bytes_per_param(precision_mixed: bool, dp_strategy: str) -> int:
     return 4
 
 
+def fp8_gather_scale(params: float, unsharded_fp8_params: float) -> float:
+    """Bytes of a ZeRO-3/FSDP parameter all-gather relative to bf16 when the
+    ``unsharded_fp8_params`` of ``params`` (the FP8 linear layers' weights) are gathered in
+    FP8, 1 byte instead of 2 (torchao ``enable_fsdp_float8_all_gather``: each rank casts its
+    shard before the gather); the rest (embeddings, the output projection torchtitan leaves
+    out of float8, norms) stays bf16. The gradients' reduce-scatters are not scaled."""
+    if params <= 0:
+        return 1.0
+    share = min(1.0, max(0.0, unsharded_fp8_params / params))
+    return 1.0 - 0.5 * share
+
+
 def dp_sync_s(params_per_replica: float, bytes_per_param: int, layout: Layout,
-              hardware: Hardware) -> float:
+              hardware: Hardware, gather_scale: float = 1.0) -> float:
     """One data-parallel synchronisation of the gradients of one model shard.
 
-    DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``); the
-    all-reduce as NCCL runs it (:func:`dp_allreduce_s`).
+    DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``): a
+    reduce-scatter (0.5) and two all-gathers (1.0, times ``gather_scale``,
+    :func:`fp8_gather_scale`); the all-reduce as NCCL runs it (:func:`dp_allreduce_s`).
     """
     if layout.dp <= 1:
         return 0.0
     volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
+    if layout.dp_strategy in SHARDED_PARAMS:
+        volume = 0.5 + (volume - 0.5) * gather_scale
     return volume * dp_allreduce_s(params_per_replica * bytes_per_param, layout, hardware)
 
 
@@ -177,14 +192,42 @@ def sharded_params(layout: Layout) -> bool:
     return layout.dp_strategy in SHARDED_PARAMS
 
 
+#: torchao float8 recipes whose tensor-parallel all-gathers carry FP8 (1 byte per element):
+#: torchtitan applies ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` /
+#: ``PrepareFloat8ModuleInput`` (torchao ``float8/float8_tensor_parallel.py``) only for
+#: tensor-wise scaling ("float8 all-gather with TP is only supported for tensorwise float8
+#: scaling recipes. For rowwise recipes, we use regular TP and all-gather happens in high
+#: precision", torchtitan ``parallelize.py``).
+FP8_TP_GATHER_RECIPES = frozenset({"tensorwise"})
+
+
+def tp_gather_element_bytes(precision: str, fp8_recipe: str, act_bytes: float) -> float:
+    """Bytes per element of the sequence-parallel all-gathers (the forward's inputs of the
+    column-parallel layers, the backward's output gradients of the row-parallel ones):
+    1 under torchao tensor-wise FP8, which casts them before gathering; ``act_bytes``
+    otherwise. ``fp8_recipe`` normalised (``compute.normalize_fp8_recipe``). The
+    reduce-scatters (the row-parallel outputs, the column-parallel input gradients) sum
+    partial results in high precision and stay at ``act_bytes``. Transformer Engine (``te``)
+    is kept at ``act_bytes``: ``GENERATION_MFU``'s Hopper FP8 figure was derived on its rows
+    with 16-bit collectives (docs/models.md#communication-commpy)."""
+    if precision == "fp8" and fp8_recipe in FP8_TP_GATHER_RECIPES:
+        return 1.0
+    return act_bytes
+
+
 def tp_allreduce_s(num_layers: int, micro_batch: float, seq_len: float, hidden: float,
-                   act_bytes: int, tp: int, hardware: Hardware) -> float:
+                   act_bytes: float, tp: int, hardware: Hardware,
+                   gather_bytes: float | None = None) -> float:
     """Megatron tensor parallel: 2 all-reduces of ``b·s·h`` activations per layer in forward
     and 2 in backward, over ``tp`` GPUs inside one node (exposed: they sit on the critical
-    path between matmuls)."""
+    path between matmuls). Under sequence parallelism each is an all-gather and a
+    reduce-scatter of equal volume; ``gather_bytes`` (default ``act_bytes``) is the
+    all-gathers' element size (:func:`tp_gather_element_bytes`), so each all-reduce moves
+    ``b·s·h·(gather_bytes + act_bytes)/2`` bytes' worth."""
     if tp <= 1:
         return 0.0
-    nbytes = micro_batch * seq_len * hidden * act_bytes
+    gather = act_bytes if gather_bytes is None else gather_bytes
+    nbytes = micro_batch * seq_len * hidden * 0.5 * (gather + act_bytes)
     bw = hardware.intra_node_bytes_per_s * intra_bus_efficiency(hardware, tp)
     return 4.0 * num_layers * ring_allreduce_s(nbytes, tp, bw, INTRA_NODE_LATENCY_S)
 
@@ -320,7 +363,8 @@ def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
 
 def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: Layout,
                    hardware: Hardware, forward_s: float, backward_s: float,
-                   comm_scale: float = 1.0) -> float:
+                   comm_scale: float = 1.0, gather_scale: float = 1.0,
+                   unit_gather_scale: float = 1.0) -> float:
     """Exposed seconds of one ZeRO-3/FSDP micro-step's parameter gathers and gradient
     reduce-scatters, per wrapped unit as FSDP runs them (each unit's all-gather prefetched
     under the previous unit's compute; each reduce-scatter issued when the unit's backward is
@@ -330,14 +374,19 @@ def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: La
     the forward; the first unit's cannot hide. Backward: the all-gathers again and the
     reduce-scatters (another half) over the backward; the last unit's reduce-scatter cannot
     hide. ``units``: the wrapped units (decoder blocks), the largest ``unit_bytes``; each
-    pass by :func:`bucketed_exposed_s`."""
+    pass by :func:`bucketed_exposed_s`. ``gather_scale`` / ``unit_gather_scale``: the
+    all-gathers' bytes relative to ``shard_bytes`` / ``unit_bytes`` where FP8 weights are
+    gathered in FP8 (:func:`fp8_gather_scale`); the reduce-scatters keep theirs."""
     if layout.dp <= 1 or shard_bytes <= 0:
         return 0.0
     n = max(1, int(units))
     half = 0.5 * comm_scale
-    gather = half * (dp_allreduce_s(shard_bytes, layout, hardware)
-                     + (n - 1) * dp_allreduce_s(1.0, layout, hardware))
-    unit = half * dp_allreduce_s(min(shard_bytes, unit_bytes), layout, hardware)
-    forward = bucketed_exposed_s(gather, forward_s, n, unit)
-    backward = bucketed_exposed_s(2.0 * gather, backward_s, n, unit)
+    latencies = (n - 1) * dp_allreduce_s(1.0, layout, hardware)
+    gather = half * (dp_allreduce_s(shard_bytes * gather_scale, layout, hardware) + latencies)
+    scatter = half * (dp_allreduce_s(shard_bytes, layout, hardware) + latencies)
+    last = min(shard_bytes, unit_bytes)
+    unit_gather = half * dp_allreduce_s(last * unit_gather_scale, layout, hardware)
+    unit_scatter = half * dp_allreduce_s(last, layout, hardware)
+    forward = bucketed_exposed_s(gather, forward_s, n, unit_gather)
+    backward = bucketed_exposed_s(gather + scatter, backward_s, n, unit_scatter)
     return forward + backward

@@ -46,6 +46,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     kernel_count,
     latency_time_s,
     micro_step_overhead_s,
+    normalize_fp8_recipe,
     optimizer_time_prior_s,
     per_sample_time_prior_s,
     weight_traffic_time_s,
@@ -137,6 +138,22 @@ def pipeline_flushes(workload: Workload, micro_steps: int) -> int:
     return max(1, -(-int(micro_steps) // int(m)))
 
 
+def fsdp_gather_scales(workload: Workload, precision: str) -> tuple[float, float]:
+    """The ZeRO-3/FSDP all-gathers' bytes relative to bf16, (whole model, one decoder block),
+    where the workload gathers its FP8 weights in FP8 (``fp8_all_gather``; torchao allows it
+    with tensor-wise scaling only): every decoder-block weight is an FP8 linear layer's; the
+    input embedding and the output projection (``2 · vocab · hidden``; torchtitan's float8
+    ``filter_fqns = ["output"]``) stay bf16 (:func:`.comm.fp8_gather_scale`). Mixture-of-
+    experts weights are not torchao ``Float8Linear`` layers: no change there."""
+    if (precision != "fp8" or not workload.fp8_all_gather
+            or normalize_fp8_recipe(workload.fp8_recipe) != "tensorwise"
+            or (workload.num_experts or 0) > 1):
+        return 1.0, 1.0
+    params = float(workload.params)
+    outside = 2.0 * float(workload.vocab_size or 0) * float(workload.hidden_size or 0)
+    return comm.fp8_gather_scale(params, params - outside), comm.fp8_gather_scale(1.0, 1.0)
+
+
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
                micro_batch: float, grad_accum: int, shape: Shape, optimizer_state_bytes: float,
                calib: Calibration, recompute_factor: float = 1.0,
@@ -180,9 +197,12 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
 
     act_bytes = COMM_ELEMENT_BYTES[precision]
     kappa = calib.comm_scale
+    # torchao tensor-wise FP8 gathers the sequence-parallel activations in FP8.
+    gather_bytes = comm.tp_gather_element_bytes(
+        precision, normalize_fp8_recipe(workload.fp8_recipe), act_bytes)
     t_tp = kappa * comm.tp_allreduce_s(max(1, shape.num_layers // pp), micro_batch,
                                        seq_local, shape.hidden_size, act_bytes, tp,
-                                       hardware)
+                                       hardware, gather_bytes)
     if full_recompute:
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
@@ -213,7 +233,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         # run of the schedule (pipeline_flushes).
         bubble = pipeline_flushes(workload, s) * (pp - 1) * (t_micro + t_p2p) / vp
         pipe = s * t_stage + bubble
-        t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware)
+        t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware,
+                                      fsdp_gather_scales(workload, precision)[0])
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
         step = pipe + exposed_dp + t_opt + t_straggle
     elif comm.sharded_params(layout):
@@ -224,7 +245,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
             params_shard * grad_bytes,
             moe.largest_unit_params(workload, layout, shape.largest_layer_params) / tp
             * grad_bytes,
-            max(1, shape.num_layers // pp), layout, hardware, fwd, t_micro - fwd, kappa)
+            max(1, shape.num_layers // pp), layout, hardware, fwd, t_micro - fwd, kappa,
+            *fsdp_gather_scales(workload, precision))
         step = s * (t_micro + exposed_dp) + t_opt + t_straggle
     else:
         # DDP's 25 MB buckets all-reduced as the last micro-step's backward fills them; the

@@ -70,6 +70,11 @@ class Workload:
     #: (Megatron / NeMo ``tp_comm_overlap`` with Transformer Engine userbuffers, torchtitan's
     #: async TP); None / False: they sit on the critical path. See ``comm.tp_exposed_s``.
     tp_comm_overlap: bool | None = None
+    #: Whether ZeRO-3/FSDP all-gathers the FP8 linear layers' weights in FP8 (torchao's
+    #: ``enable_fsdp_float8_all_gather``, torchtitan ``float8.enable_fsdp_float8_all_gather``,
+    #: tensor-wise scaling only); None / False: in bf16, torchtitan's default. See
+    #: ``comm.fp8_gather_scale``.
+    fp8_all_gather: bool | None = None
     #: How the loss treats the vocabulary-wide logits: "fp32" (``F.cross_entropy`` on fp32
     #: logits), "fused" (one fp32 softmax, gradient in place) or "chunked" (never whole);
     #: None: not known (the fused figure, with the others' spread). See ``.activations``.
