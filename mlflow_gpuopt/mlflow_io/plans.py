@@ -168,6 +168,8 @@ def link_job(plan: PlanPrediction, job_run_id: str, client: Any = None) -> str:
     import random
     import time
 
+    from mlflow.exceptions import MlflowException
+
     client = _client(client)
     target = plan.plan_run_id or plan.recommendation_run_id
     client.set_tag(target, f"{contract.TAG_JOB_RUN_PREFIX}{job_run_id}", "1")
@@ -177,7 +179,13 @@ def link_job(plan: PlanPrediction, job_run_id: str, client: Any = None) -> str:
         ids = _job_ids(tags)
         if job_run_id in listed and len(ids) == len([i for i in listed if i]):
             return target
-        client.set_tag(target, contract.TAG_JOB_RUN_IDS, ",".join(ids)[:5000])
+        try:
+            client.set_tag(target, contract.TAG_JOB_RUN_IDS, ",".join(ids)[:5000])
+        except MlflowException as exc:
+            # Two first writes at once: the SQL store inserts the tag twice and one insert
+            # fails its unique key (sqlite IntegrityError). The other job's list is there
+            # now; read it again and add to it.
+            logger.debug("gpuopt: plan link write raced (%s); reading it again", exc)
         time.sleep(random.uniform(0.02, 0.1) * (attempt + 1))  # another job's write may race
     return target
 

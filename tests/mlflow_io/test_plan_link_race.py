@@ -69,3 +69,42 @@ def test_concurrent_jobs_of_one_plan_all_stay_linked(tmp_path):
     assert sorted(tags[contract.TAG_JOB_RUN_IDS].split(",")) == sorted(jobs)
     assert sorted(k for k in tags if k.startswith(contract.TAG_JOB_RUN_PREFIX)) == \
         sorted(contract.TAG_JOB_RUN_PREFIX + j for j in jobs)
+
+
+def test_a_first_list_write_that_loses_the_insert_race_reads_again(tmp_path):
+    """Two first writes of the list tag at once: the SQL store inserts it twice and the loser's
+    insert fails its unique key (the IntegrityError MLflow raises as MlflowException, seen
+    under load in the test above). Here the other job's write lands first, for real, and this
+    job's write then fails as MLflow's would; the link reads the list again and keeps both."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_gpuopt import contract
+    from mlflow_gpuopt.launch.plan_check import PlanPrediction
+    from mlflow_gpuopt.mlflow_io.plans import link_job
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("plan-link-insert-race")
+    target = client.create_run(exp).info.run_id
+    mine, other = (client.create_run(exp).info.run_id for _ in range(2))
+    real_set_tag, raced = client.set_tag, []
+
+    def set_tag(run_id, key, value, **kwargs):
+        if key == contract.TAG_JOB_RUN_IDS and not raced:
+            raced.append(value)
+            real_set_tag(run_id, f"{contract.TAG_JOB_RUN_PREFIX}{other}", "1")
+            real_set_tag(run_id, contract.TAG_JOB_RUN_IDS, other)
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: "
+                                  "tags.key, tags.run_uuid")
+        return real_set_tag(run_id, key, value, **kwargs)
+
+    client.set_tag = set_tag
+    plan = PlanPrediction(plan_id=target + ":1", recommendation_run_id=target, rank=1,
+                          throughput_samples_per_s=1.0, throughput_low_samples_per_s=None,
+                          throughput_high_samples_per_s=None, step_time_s=None,
+                          memory_per_gpu_bytes=None, hours=None, hours_low=None,
+                          hours_high=None, cost_usd=None)
+    assert link_job(plan, mine, client) == target
+    assert raced == [mine]  # the write that lost the race was this job's own list
+    tags = client.get_run(target).data.tags
+    assert sorted(tags[contract.TAG_JOB_RUN_IDS].split(",")) == sorted([mine, other])
