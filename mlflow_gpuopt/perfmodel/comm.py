@@ -271,6 +271,45 @@ def tp_exposed_s(t_tp: float, t_compute: float, tp: int, overlap: bool | None) -
     return t_tp - hidden + TP_OVERLAP_SM_SHARE * hidden
 
 
+def pipelined_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:
+    """Seconds one overlapped collective of ``comm_s`` adds next to the GEMM it is fused with
+    (``gemm_s``): split into ``tp`` chunks, chunk i's transfer under chunk i−1's GEMM, the
+    first chunk exposed, what that one GEMM cannot cover adds, and the hidden part costs the
+    GEMM ``TP_OVERLAP_SM_SHARE`` (:func:`tp_exposed_s`). Only the collective's own GEMM
+    covers it: an all-gather-matmul pipelines the gathered input's chunks into that matmul,
+    a matmul-reduce-scatter the matmul's output chunks into the scatter (PyTorch
+    ``torch/distributed/_symmetric_memory``, Transformer Engine userbuffers)."""
+    if comm_s <= 0:
+        return 0.0
+    if tp <= 1:
+        return comm_s
+    hidden = min(comm_s * (1.0 - 1.0 / tp), max(0.0, gemm_s))
+    return comm_s - hidden + TP_OVERLAP_SM_SHARE * hidden
+
+
+def tp_layer_exposed_s(gather_s: float, scatter_s: float,
+                       gemm_s: tuple[float, float, float, float], tp: int,
+                       forward_passes: float = 1.0) -> float:
+    """Seconds one transformer layer's overlapped sequence-parallel collectives add in one
+    micro-step, each against the GEMM it is fused with (:func:`pipelined_exposed_s`).
+
+    ``gather_s`` / ``scatter_s``: one all-gather / reduce-scatter of the layer's
+    ``b·s·h`` activations; ``gemm_s``: the forward GEMM seconds of the QKV, attention-output,
+    MLP-up (gate and up together: they share one gathered input) and MLP-down projections
+    (``compute.linear_gemm_times_s``). Forward (``forward_passes`` times: 2 under full
+    recomputation): the gathers into QKV and MLP-up, the scatters out of attention-output and
+    MLP-down. Backward: the output gradients of attention-output and MLP-down are gathered
+    into their input-gradient GEMMs, the input gradients of QKV and MLP-up leave theirs
+    through a reduce-scatter; each input-gradient GEMM has its forward's FLOPs
+    (docs/models.md#communication-commpy)."""
+    qkv, out, up, down = gemm_s
+    fwd = (pipelined_exposed_s(gather_s, qkv, tp) + pipelined_exposed_s(scatter_s, out, tp)
+           + pipelined_exposed_s(gather_s, up, tp) + pipelined_exposed_s(scatter_s, down, tp))
+    bwd = (pipelined_exposed_s(gather_s, out, tp) + pipelined_exposed_s(gather_s, down, tp)
+           + pipelined_exposed_s(scatter_s, qkv, tp) + pipelined_exposed_s(scatter_s, up, tp))
+    return forward_passes * fwd + bwd
+
+
 def pp_p2p_s(boundary_bytes: float, layout: Layout, hardware: Hardware) -> float:
     """One micro-batch crossing one stage boundary, forward activation plus backward
     gradient, on the node network when stages span nodes."""
