@@ -160,10 +160,10 @@ def _tp_exposed_s(workload: Workload, hardware: Hardware, precision: str, layout
                   t_grad: float, act_bytes: float, gather_bytes: float, k: float,
                   kappa: float, full_recompute: bool) -> float:
     """Seconds a micro-step's tensor-parallel collectives (``t_tp`` in all) add. Without
-    ``tp_comm_overlap`` all of them; with it each one against the GEMM it is fused with
-    (``comm.tp_layer_exposed_s``, the GEMMs at the calibrated compute scale ``k``), or against
-    the micro-step's compute where the workload does not give the architecture
-    (``comm.tp_exposed_s``)."""
+    ``tp_comm_overlap`` all of them; with it each one against the GEMM it is fused with, the
+    way ``tp_overlap`` builds the overlap (``comm.tp_layer_exposed_s``, the GEMMs at the
+    calibrated compute scale ``k``), or against the micro-step's compute where the workload
+    does not give the architecture (``comm.tp_exposed_s``)."""
     tp = layout.tp
     if t_tp <= 0 or not workload.tp_comm_overlap or tp <= 1:
         return t_tp
@@ -177,7 +177,8 @@ def _tp_exposed_s(workload: Workload, hardware: Hardware, precision: str, layout
     scatter = kappa * comm.tp_allreduce_s(1, micro_batch, seq_local, shape.hidden_size,
                                           act_bytes, tp, hardware, act_bytes) / 8.0
     return layers * comm.tp_layer_exposed_s(gather, scatter, tuple(k * g for g in gemms), tp,
-                                            2.0 if full_recompute else 1.0)
+                                            2.0 if full_recompute else 1.0,
+                                            comm.normalize_tp_overlap(workload.tp_overlap))
 
 
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from mlflow_gpuopt.cli import gpuopt
 from mlflow_gpuopt.perfmodel.comm import (
     TP_OVERLAP_SM_SHARE,
+    normalize_tp_overlap,
     pipelined_exposed_s,
     tp_exposed_s,
     tp_layer_exposed_s,
@@ -77,6 +78,33 @@ def test_each_layer_collective_meets_its_own_gemm_forward_and_backward():
     assert tp_layer_exposed_s(2.0, 1.0, gemms, 4, 2.0) == pytest.approx(2 * fwd + bwd)
 
 
+def test_symmetric_memory_overlap_exposes_what_the_gemm_after_its_first_chunk_cannot_cover():
+    # PyTorch async TP: 4 ms all-gather, 10 ms GEMM, tp 8: the GEMM's last 7 chunks (8.75 ms)
+    # outlast the copies, nothing is exposed and no SMs are taken (copy engine)
+    assert pipelined_exposed_s(4.0, 10.0, 8, "symm_mem") == 0.0
+    # 4 ms next to a 2 ms GEMM: the copies end 4 ms after the first 0.25 ms chunk, 2.25 ms in
+    # all of the GEMM's 2 ms: 4 - 1.75 = 2.25 ms exposed
+    assert pipelined_exposed_s(4.0, 2.0, 8, "symm_mem") == pytest.approx(2.25)
+
+
+def test_symmetric_memory_leaves_the_backward_reduce_scatters_exposed():
+    # gather 2 ms, scatter 1 ms; GEMMs qkv 1, out 0.5, up 8, down 4 ms; tp 4 (G·3/4 covers)
+    # forward: 2 - 0.75 = 1.25, 1 - 0.375 = 0.625, 0, 0; backward gathers: 2 - 0.375 = 1.625,
+    # 0; backward scatters (QKV's and MLP-up's input gradients): 1 + 1 in full
+    gemms = (1.0, 0.5, 8.0, 4.0)
+    fwd, bwd = 1.25 + 0.625, 1.625 + 2.0
+    assert tp_layer_exposed_s(2.0, 1.0, gemms, 4, 1.0, "symm_mem") == pytest.approx(fwd + bwd)
+    assert tp_layer_exposed_s(2.0, 1.0, gemms, 4, 2.0, "symm_mem") == pytest.approx(
+        2 * fwd + bwd)
+
+
+@pytest.mark.parametrize("name,word", [(None, "userbuffers"), ("TE", "userbuffers"),
+                                       ("userbuffers", "userbuffers"), ("async-tp", "symm_mem"),
+                                       ("symm_mem", "symm_mem")])
+def test_tp_overlap_spellings(name, word):
+    assert normalize_tp_overlap(name) == word
+
+
 # Llama 3.2 1B from its card: at TP 2 every GEMM outlasts half of its collective (QKV
 # 2·8192·2048·1536 = 52 GFLOP, about 0.1 ms on an H100, against a 34 MB all-gather that moves
 # half of it, 17 MB, in about 0.05 ms over NVLink).
@@ -120,3 +148,23 @@ def test_tp_comm_overlap_must_be_true_or_false(tmp_path, value):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "tp_comm_overlap" in lines[0] and "Traceback" not in r.output
+
+
+def test_symm_mem_in_the_workload_file_changes_the_exposed_communication(tmp_path):
+    ub, _ = _exposed(tmp_path, {**CARD, "tp_comm_overlap": True}, 8, "tp8")
+    sm, _ = _exposed(tmp_path, {**CARD, "tp_comm_overlap": True, "tp_overlap": "symm_mem"},
+                     8, "tp8")
+    plain, _ = _exposed(tmp_path, CARD, 8, "tp8")
+    # the backward's two reduce-scatters of eight collectives (full recompute: of twelve)
+    # stay exposed under symm_mem: more than 2/12 of the plain time, less than all of it
+    assert plain * 2 / 12 < sm < plain and sm != pytest.approx(ub, rel=0.01)
+
+
+def test_unknown_tp_overlap_is_one_line_exit_2(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({**CARD, "tp_comm_overlap": True, "tp_overlap": "nccl"}))
+    r = CliRunner().invoke(gpuopt, ["predict", "--workload", str(path), "--gpu", "H100",
+                                    "--gpus", "8", "--strategy", "tp8"])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "tp_overlap" in lines[0] and "Traceback" not in r.output
