@@ -68,7 +68,7 @@ class Workload:
     fp8_recipe: str | None = None
     #: Whether the job overlaps its tensor-parallel collectives with the GEMMs around them
     #: (Megatron / NeMo ``tp_comm_overlap`` with Transformer Engine userbuffers, torchtitan's
-    #: async TP); None / False: they sit on the critical path. See ``comm.tp_exposed_s``.
+    #: async TP); None / False: they sit on the critical path. See ``comm.tp_layer_exposed_s``.
     tp_comm_overlap: bool | None = None
     #: How the overlap is built (``comm.normalize_tp_overlap``): "userbuffers" (Transformer
     #: Engine's, Megatron / NeMo; the default) or "symm_mem" (PyTorch's async TP over
