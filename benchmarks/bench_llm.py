@@ -108,7 +108,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap
+from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap, tp_overlap
 from scores import explain_widths, summary_line
 
 from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
@@ -209,6 +209,11 @@ class Row:
         """Whether the source's runs overlap tensor-parallel communication with the GEMMs
         (``llm_table.tp_comm_overlap``)."""
         return tp_comm_overlap(self.source, self.variant_notes, self.tp)
+
+    @property
+    def tp_overlap(self) -> str | None:
+        """How the source builds that overlap (``llm_table.tp_overlap``)."""
+        return tp_overlap(self.source, self.variant_notes, self.tp)
 
     @property
     def attention_kernel(self) -> str | None:
@@ -342,6 +347,7 @@ def workload_doc(row: Row) -> dict:
            "num_kv_heads": kv_heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "mlp": mlp,
            "attention": "sdpa", "dropout": dropout, "recompute": row.recompute,
            "fp8_recipe": row.fp8_recipe, "tp_comm_overlap": row.tp_comm_overlap,
+           "tp_overlap": row.tp_overlap,
            "attention_kernel": row.attention_kernel, "cp_exchange": row.cp_exchange,
            "fp8_all_gather": row.fp8_all_gather}
     return {k: v for k, v in doc.items() if v is not None}

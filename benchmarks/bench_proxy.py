@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli_path import run_predict
-from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap
+from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap, tp_overlap
 from scores import p90
 
 
@@ -242,6 +242,9 @@ def workload_doc(row: Row) -> dict:
     overlap = tp_comm_overlap(row.source, row.notes, row.tp)
     if overlap is not None:
         doc["tp_comm_overlap"] = overlap
+    built = tp_overlap(row.source, row.notes, row.tp)
+    if built:
+        doc["tp_overlap"] = built
     kernel = attention_kernel(row.source)
     if kernel:
         doc["attention_kernel"] = kernel

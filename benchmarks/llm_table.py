@@ -40,6 +40,16 @@ def tp_comm_overlap(source: str, notes: str, tp: int) -> bool | None:
     return "asynctp" in notes.replace(" ", "").lower()
 
 
+def tp_overlap(source: str, notes: str, tp: int) -> str | None:
+    """How a row's overlap is built, where it overlaps (``tp_comm_overlap``): torchtitan's
+    async TP is PyTorch's over symmetric memory (``symm_mem``: torchtitan
+    ``enable_async_tensor_parallel`` turns on inductor's ``_micro_pipeline_tp`` pass); the
+    NVIDIA stacks run Transformer Engine's userbuffers (the model's default, so None)."""
+    if tp_comm_overlap(source, notes, tp) and source.startswith("torchtitan"):
+        return "symm_mem"
+    return None
+
+
 def attention_kernel(source: str) -> str | None:
     """The fused attention kernel a row's stack runs: NVIDIA's (Megatron-LM, NeMo,
     Megatron-Bridge) Transformer Engine's ``DotProductAttention``, cuDNN's fused attention on

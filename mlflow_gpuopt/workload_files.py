@@ -28,6 +28,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     normalize_fp8_recipe,
     normalize_memory_format,
 )
+from mlflow_gpuopt.perfmodel.comm import normalize_tp_overlap
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
 from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
 from mlflow_gpuopt.perfmodel.layout import parse_layout
@@ -53,7 +54,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "recompute_flops_per_sample", "capacity_factor"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
-             "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing"}
+             "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing", "tp_overlap"}
 _BOOL_KEYS = {"tp_comm_overlap", "fp8_all_gather"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -227,7 +228,7 @@ def _word_normalisers() -> dict[str, Callable[[str], str]]:
             "strategy": _strategy, "fp8_recipe": normalize_fp8_recipe,
             "attention_kernel": normalize_attention_kernel, "cp_exchange": normalize_exchange,
             "memory_format": normalize_memory_format, "moe_dispatcher": normalize_dispatcher,
-            "moe_routing": normalize_routing}
+            "moe_routing": normalize_routing, "tp_overlap": normalize_tp_overlap}
 
 
 def _check_words(kwargs: dict[str, Any], where: str) -> None:

@@ -271,6 +271,87 @@ def tp_exposed_s(t_tp: float, t_compute: float, tp: int, overlap: bool | None) -
     return t_tp - hidden + TP_OVERLAP_SM_SHARE * hidden
 
 
+#: Spellings of ``Workload.tp_overlap`` -> the canonical word: Transformer Engine's
+#: userbuffers (Megatron / NeMo) or PyTorch's async TP over symmetric memory (torchtitan).
+_TP_OVERLAP_ALIASES = {"userbuffers": "userbuffers", "ub": "userbuffers", "te": "userbuffers",
+                       "transformer_engine": "userbuffers", "symm_mem": "symm_mem",
+                       "symmetric_memory": "symm_mem", "async_tp": "symm_mem",
+                       "asynctp": "symm_mem", "torch": "symm_mem"}
+
+
+def normalize_tp_overlap(name: str | None) -> str:
+    """``userbuffers`` or ``symm_mem`` from the usual spellings (None: userbuffers)."""
+    if name is None or not str(name).strip():
+        return "userbuffers"
+    key = str(name).strip().lower().replace("-", "_").replace(" ", "_")
+    if key not in _TP_OVERLAP_ALIASES:
+        raise ValueError(f"unknown tp_overlap {name!r}; expected userbuffers (Transformer "
+                         "Engine) or symm_mem (PyTorch async TP)")
+    return _TP_OVERLAP_ALIASES[key]
+
+
+def pipelined_exposed_s(comm_s: float, gemm_s: float, tp: int,
+                        kind: str = "userbuffers") -> float:
+    """Seconds one overlapped collective of ``comm_s`` adds next to the GEMM it is fused with
+    (``gemm_s``), split into ``tp`` chunks. Only the collective's own GEMM covers it: an
+    all-gather-matmul pipelines the gathered input's chunks into that matmul, a
+    matmul-reduce-scatter the matmul's output chunks into the scatter.
+
+    ``userbuffers`` (Transformer Engine): chunk i's transfer under chunk i−1's GEMM, the first
+    chunk exposed, what the GEMM cannot cover adds, and the hidden part costs the GEMM
+    ``TP_OVERLAP_SM_SHARE`` (the communication kernels' SMs):
+    ``C − H + share·H``, ``H = min(C·(1 − 1/tp), G)``.
+
+    ``symm_mem`` (PyTorch async TP, ``torch/distributed/_symmetric_memory``
+    ``_pipelined_all_gather_and_consume`` / ``_pipelined_produce_and_all2all``): the local
+    shard's GEMM chunk runs while the first remote shard is copied (the local output chunk
+    last, under the last copy), and each peer's shard moves by ``copy_`` from its symmetric
+    buffer, a copy-engine transfer that holds no SMs. The transfers end ``C`` after the
+    first GEMM chunk (``G/tp``) at the latest, so ``max(0, C − G·(1 − 1/tp))`` adds."""
+    if comm_s <= 0:
+        return 0.0
+    if tp <= 1:
+        return comm_s
+    gemm = max(0.0, gemm_s)
+    if kind == "symm_mem":
+        return max(0.0, comm_s - gemm * (1.0 - 1.0 / tp))
+    hidden = min(comm_s * (1.0 - 1.0 / tp), gemm)
+    return comm_s - hidden + TP_OVERLAP_SM_SHARE * hidden
+
+
+def tp_layer_exposed_s(gather_s: float, scatter_s: float,
+                       gemm_s: tuple[float, float, float, float], tp: int,
+                       forward_passes: float = 1.0, kind: str = "userbuffers") -> float:
+    """Seconds one transformer layer's overlapped sequence-parallel collectives add in one
+    micro-step, each against the GEMM it is fused with (:func:`pipelined_exposed_s`).
+
+    ``gather_s`` / ``scatter_s``: one all-gather / reduce-scatter of the layer's
+    ``b·s·h`` activations; ``gemm_s``: the forward GEMM seconds of the QKV, attention-output,
+    MLP-up (gate and up together: they share one gathered input) and MLP-down projections
+    (``compute.linear_gemm_times_s``). Forward (``forward_passes`` times: 2 under full
+    recomputation): the gathers into QKV and MLP-up, the scatters out of attention-output and
+    MLP-down. Backward: the output gradients of attention-output and MLP-down are gathered
+    into their input-gradient GEMMs, the input gradients of QKV and MLP-up leave theirs
+    through a reduce-scatter; each input-gradient GEMM has its forward's FLOPs. Under
+    ``symm_mem`` those two backward reduce-scatters wait in full: the input gradient is the
+    sum of the Q, K, V (gate, up) projections' GEMMs, not one matmul, so PyTorch's
+    micro-pipeline pass finds no matmul-reduce-scatter to fuse there (pytorch/pytorch#149946:
+    the patterns are "only valid ... in the forward graph, but not in the backward graph")
+    (docs/models.md#communication-commpy)."""
+    qkv, out, up, down = gemm_s
+
+    def x(c: float, g: float) -> float:
+        return pipelined_exposed_s(c, g, tp, kind)
+
+    fwd = x(gather_s, qkv) + x(scatter_s, out) + x(gather_s, up) + x(scatter_s, down)
+    bwd = x(gather_s, out) + x(gather_s, down)
+    if kind == "symm_mem":
+        bwd += 2.0 * scatter_s
+    else:
+        bwd += x(scatter_s, qkv) + x(scatter_s, up)
+    return forward_passes * fwd + bwd
+
+
 def pp_p2p_s(boundary_bytes: float, layout: Layout, hardware: Hardware) -> float:
     """One micro-batch crossing one stage boundary, forward activation plus backward
     gradient, on the node network when stages span nodes."""

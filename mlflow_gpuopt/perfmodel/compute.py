@@ -324,6 +324,26 @@ def fp8_linear_shapes(workload: Workload, tp: int = 1) -> tuple[tuple[float, flo
     return ((h, qkv / t), (h / t, h)) + up + ((f / t, h),)
 
 
+def linear_gemm_times_s(workload: Workload, hardware: Hardware, precision: str,
+                        tokens: float, tp: int = 1) -> tuple[float, float, float, float] | None:
+    """Forward seconds, before calibration, of one transformer layer's QKV, attention-output,
+    MLP-up (gate and up together) and MLP-down GEMMs on one GPU of a ``tp``-way group, for
+    ``tokens`` rows (:func:`fp8_linear_shapes`: ``2·M·K·N`` FLOPs each, at the linear layers'
+    speed in :func:`matmul_time_s`). None without the architecture."""
+    shapes = fp8_linear_shapes(workload, tp)
+    if not shapes:
+        return None
+    p = normalize_precision(precision)
+    fp8 = p == "fp8"
+    times = [_tensor_time_s(2.0 * tokens * k * n, hardware, "fp8" if fp8 else p)
+             for k, n in shapes]
+    if fp8:
+        eff = fp8_recipe_efficiency(workload.fp8_recipe)
+        times = [t / eff for t in times]
+    qkv, out, *up, down = times
+    return qkv, out, sum(up), down
+
+
 def fp8_cast_bytes(tokens: float, k: float, n: float, recipe: str | None) -> float:
     """DRAM bytes that casting one linear layer's operands to FP8 moves in its forward and
     backward: ``bX·M·K + bW·K·N + bdY·M·N`` with ``M`` = ``tokens`` and the recipe's bytes per

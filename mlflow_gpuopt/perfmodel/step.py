@@ -45,6 +45,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     fp8_cast_time_s,
     kernel_count,
     latency_time_s,
+    linear_gemm_times_s,
     micro_step_overhead_s,
     normalize_fp8_recipe,
     optimizer_time_prior_s,
@@ -154,6 +155,32 @@ def fsdp_gather_scales(workload: Workload, precision: str) -> tuple[float, float
     return comm.fp8_gather_scale(params, params - outside), comm.fp8_gather_scale(1.0, 1.0)
 
 
+def _tp_exposed_s(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
+                  micro_batch: float, seq_local: float, shape: Shape, t_tp: float,
+                  t_grad: float, act_bytes: float, gather_bytes: float, k: float,
+                  kappa: float, full_recompute: bool) -> float:
+    """Seconds a micro-step's tensor-parallel collectives (``t_tp`` in all) add. Without
+    ``tp_comm_overlap`` all of them; with it each one against the GEMM it is fused with, the
+    way ``tp_overlap`` builds the overlap (``comm.tp_layer_exposed_s``, the GEMMs at the
+    calibrated compute scale ``k``), or against the micro-step's compute where the workload
+    does not give the architecture (``comm.tp_exposed_s``)."""
+    tp = layout.tp
+    if t_tp <= 0 or not workload.tp_comm_overlap or tp <= 1:
+        return t_tp
+    gemms = linear_gemm_times_s(workload, hardware, precision, micro_batch * seq_local, tp)
+    if gemms is None:
+        return comm.tp_exposed_s(t_tp, t_grad, tp, True)
+    layers = max(1, shape.num_layers // layout.pp)
+    # One all-gather or reduce-scatter is half of an all-reduce of its element size.
+    gather = kappa * comm.tp_allreduce_s(1, micro_batch, seq_local, shape.hidden_size,
+                                         gather_bytes, tp, hardware, gather_bytes) / 8.0
+    scatter = kappa * comm.tp_allreduce_s(1, micro_batch, seq_local, shape.hidden_size,
+                                          act_bytes, tp, hardware, act_bytes) / 8.0
+    return layers * comm.tp_layer_exposed_s(gather, scatter, tuple(k * g for g in gemms), tp,
+                                            2.0 if full_recompute else 1.0,
+                                            comm.normalize_tp_overlap(workload.tp_overlap))
+
+
 def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: Layout,
                micro_batch: float, grad_accum: int, shape: Shape, optimizer_state_bytes: float,
                calib: Calibration, recompute_factor: float = 1.0,
@@ -215,8 +242,10 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     if full_recompute:  # the forward's exchange again: 4 volumes of 3
         t_cp_total *= 4.0 / 3.0
         t_cp *= 4.0 / 3.0
-    t_micro = (t_grad + comm.tp_exposed_s(t_tp, t_grad, tp, workload.tp_comm_overlap) + t_a2a
-               + t_cp)
+    t_micro = (t_grad + _tp_exposed_s(workload, hardware, precision, layout, micro_batch,
+                                      seq_local, shape, t_tp, t_grad, act_bytes, gather_bytes,
+                                      k, kappa, full_recompute)
+               + t_a2a + t_cp)
     # One multi-GPU run cannot tell a slower collective from more time lost to
     # synchronisation: the fitted scale takes both (comm.sync_overhead_s).
     t_straggle = comm.sync_overhead_s(t_micro, dp, kappa)

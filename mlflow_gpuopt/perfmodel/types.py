@@ -68,8 +68,13 @@ class Workload:
     fp8_recipe: str | None = None
     #: Whether the job overlaps its tensor-parallel collectives with the GEMMs around them
     #: (Megatron / NeMo ``tp_comm_overlap`` with Transformer Engine userbuffers, torchtitan's
-    #: async TP); None / False: they sit on the critical path. See ``comm.tp_exposed_s``.
+    #: async TP); None / False: they sit on the critical path. See ``comm.tp_layer_exposed_s``.
     tp_comm_overlap: bool | None = None
+    #: How the overlap is built (``comm.normalize_tp_overlap``): "userbuffers" (Transformer
+    #: Engine's, Megatron / NeMo; the default) or "symm_mem" (PyTorch's async TP over
+    #: symmetric memory, torchtitan ``enable_async_tensor_parallel``). See
+    #: ``comm.pipelined_exposed_s``.
+    tp_overlap: str | None = None
     #: Whether ZeRO-3/FSDP all-gathers the FP8 linear layers' weights in FP8 (torchao's
     #: ``enable_fsdp_float8_all_gather``, torchtitan ``float8.enable_fsdp_float8_all_gather``,
     #: tensor-wise scaling only); None / False: in bf16, torchtitan's default. See
