@@ -23,9 +23,9 @@ micro-step-computepy):
 
 A gradient is known only once the backward has stored it in ``.grad``, after the operator
 that wrote it ran: the bytes charged to each storage since it was last allocated are kept
-(with those of what an in-place operator added into it: ``grad += new_grad`` under gradient
-accumulation), and at the end those of the parameters' gradients move from activations to
-weights.
+(with those of what was added into it: ``grad += new_grad`` under gradient accumulation, and
+the ``add`` that sums a weight's gradients from its several uses), and at the end those of
+the parameters' gradients move from activations to weights.
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ MATMUL_TRAFFIC_OPS = frozenset({
     "slow_conv3d_forward", "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward",
     "_cudnn_rnn", "_cudnn_rnn_backward",
 })
+
+#: Out-of-place operators whose output accumulates their inputs: autograd sums the gradients
+#: of a weight used several times (an RNN cell's, once per time step) with ``add`` before
+#: storing the total in ``.grad``.
+ACCUMULATING_OPS = frozenset({"add"})
 
 
 def _storages(tree: Any, into: dict[int, int]) -> None:
@@ -116,8 +121,12 @@ class TrafficCount:
         self.activation_bytes += moved
         if matmul:
             self.matmul_bytes += moved
+        if from_weights:
+            return
         for ptr in outs:
-            if ptr in ins and not from_weights:  # in place: what it took in joins it
+            # in place, or a sum (autograd adds a weight's gradients from its uses, then
+            # stores the total in .grad): what it took in joins it
+            if ptr in ins or name in ACCUMULATING_OPS:
                 self._merge(ptr, [p for p in ins if p != ptr and p not in self._weights])
 
     def _merge(self, ptr: int, others: list[int]) -> None:

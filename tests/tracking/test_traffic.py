@@ -98,3 +98,22 @@ def test_a_census_failure_never_reaches_training(tracking_uri, monkeypatch):
     prof = mlflow.artifacts.load_dict(f"runs:/{t.run_id}/gpuopt/profile.json")
     assert prof["memory_traffic_bytes_per_sample"] is None
     assert prof["kernels_per_micro_step"] > 0  # the rest of the profile is kept
+
+
+def test_a_weight_used_at_two_steps_has_its_summed_gradient_counted_as_weight_traffic():
+    """An RNN cell's weight: autograd adds the gradients of its two uses (``add``) and stores
+    the sum in ``.grad``; both partial gradients, the sum's reads and its write are weight
+    traffic, the activations the products read stay activations."""
+    n, b = 8, 4
+    w = torch.ones(n, n)
+    count = TrafficCount({w.untyped_storage().data_ptr()})
+    g1, g2, x1, x2 = (torch.ones(b, n) for _ in range(4))
+    d1, d2 = torch.ones(n, n), torch.ones(n, n)
+    count.observe("mm", (g1.t(), x1), None, d1)  # reads g1, x1 (b·n each), writes d1 (n·n)
+    count.observe("mm", (g2.t(), x2), None, d2)
+    total = torch.ones(n, n)
+    count.observe("add", (d1, d2), None, total)  # reads d1, d2, writes the sum
+    count.finish({total.untyped_storage().data_ptr()})
+    assert count.activation_bytes == F32 * 4 * b * n
+    assert count.matmul_bytes == F32 * 4 * b * n
+    assert count.weight_bytes == F32 * (2 + 3) * n * n
