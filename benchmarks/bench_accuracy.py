@@ -23,6 +23,13 @@ a naive baseline, and in the summary the median interval width, high / low):
   3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone; 3a the
       transformers described by their architecture (BERT), 3b the others (FLOPs and a shape).
 
+With ``--tracked [--models a,b]`` it also trains the models ``tracked_profiles.py`` builds
+for three CPU steps under ``gpuopt.track()`` (a temporary sqlite store; ~7 minutes for all,
+most of it Tacotron 2 and BERT-large) and adds the tracked path's tasks beside tasks 3 and 2 on
+the same rows: 3t, no GPU run, ``predict --run-id`` with the row's batch and precision (with
+its leave-one-model-out width check), and 2t, the GPU row with the run's ``profile.json`` as
+the workload file.
+
 Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only). With ``--lomo`` it
 also checks task 3's interval width leave-one-model-out and reports task 2
 leave-one-model-out: the global constants of the compute model (tensor/SIMT efficiency,
@@ -186,6 +193,7 @@ class Result:
     covered: bool
     baseline_error: float
     width: float = math.nan  # high / low of the 90% interval
+    log_error: float = math.nan  # log(published / predicted), where kept
 
 
 _TMP: list[Path] = []
@@ -397,7 +405,8 @@ def _target_args(t: Row) -> list[str]:
 def _tracked_result(t: Row, units: int, p: dict) -> Result:
     actual = t.throughput / units  # the run's samples are batch items (clips, sentences)
     return Result(t.model, abs(p["throughput_samples_per_s"] / actual - 1),
-                  p["low"] <= actual <= p["high"], math.nan, p["high"] / p["low"])
+                  p["low"] <= actual <= p["high"], math.nan, p["high"] / p["low"],
+                  math.log(actual / p["throughput_samples_per_s"]))
 
 
 def task_tracked_prior(rows, wl, runs) -> list[Result]:
@@ -436,6 +445,36 @@ def task_tracked_cross_gpu(rows, wl, runs) -> list[Result]:
                              "--observations", str(obs), *_target_args(t)])
             out.append(_tracked_result(t, units, p))
     return out
+
+
+def lomo_tracked_prior_width(results: list[Result], wl) -> None:
+    """Task 3t's interval width leave-one-model-out, for the tracked models that are not
+    transformers described by their architecture (those keep their own width): for each, the
+    root-mean-square of log(published / predicted) over the other models (each weighted
+    once) as the width, and how many of its rows fall inside ±1.645 of it."""
+    from mlflow_gpuopt.perfmodel.uncertainty import Z90
+
+    logs = defaultdict(list)
+    for r in results:
+        if not described(wl[r.model][2]):
+            logs[r.model].append(r.log_error)
+    if len(logs) < 2:
+        print("  fewer than two such models tracked: nothing to leave out")
+        return
+    means = {m: statistics.fmean(v) for m, v in logs.items()}
+    every = [x for v in logs.values() for x in v]
+    per_class = {m: math.sqrt(statistics.fmean(x * x for x in v)) for m, v in logs.items()}
+    print(f"  RMS log(published / predicted): "
+          f"{math.sqrt(statistics.fmean(x * x for x in every)):.3f} over {len(every)} rows, "
+          f"{math.sqrt(statistics.fmean(c * c for c in per_class.values())):.3f} per class")
+    covered = 0
+    for held in sorted(logs):
+        width = math.sqrt(statistics.fmean(c * c for m, c in per_class.items() if m != held))
+        inside = sum(abs(x) <= Z90 * width for x in logs[held])
+        covered += inside
+        print(f"  without {held:28s} width {width:.3f}, mean log error {means[held]:+.3f}, "
+              f"covers {inside}/{len(logs[held])}")
+    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
 
 
 def tracked_models(argv: list[str]) -> list[str] | None:
@@ -589,9 +628,12 @@ def main() -> int:
         cross = [r for r in task_cross_gpu(rows, wl, hw) if r.model in models]
         summaries["3 prior only, the tracked models' files"] = report(
             "Task 3 on the tracked models, workload files only", prior, "none")
+        tracked_prior = task_tracked_prior(rows, wl, runs)
         summaries["3t no GPU run, tracked CPU profile"] = report(
-            "Task 3t: no GPU measurement, predict --run-id of the CPU run",
-            task_tracked_prior(rows, wl, runs), "none")
+            "Task 3t: no GPU measurement, predict --run-id of the CPU run", tracked_prior,
+            "none")
+        print("\n== Task 3t interval width leave-one-model-out (not-described models)")
+        lomo_tracked_prior_width(tracked_prior, wl)
         summaries["2 across GPU types, the tracked models' files"] = report(
             "Task 2 on the tracked models, workload files", cross, "peak-FLOPs ratio")
         summaries["2t across GPU types, tracked profile"] = report(
