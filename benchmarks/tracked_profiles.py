@@ -14,6 +14,12 @@ shape (no torchvision, not installable here; no download: BERT from its config):
   binary cross-entropy, Adam;
 - ``tacotron2``: ``workloads/measure_tacotron2_kernels.py``'s model (570 mel frames, text 150),
   its loss, Adam;
+- ``gnmt``: GNMT v2 as DLE's ``PyTorch/Translation/GNMT`` builds it (``seq2seq/models``:
+  shared 32,320-token embedding of 1,024, a bidirectional first encoder layer then three
+  LSTM layers with residuals from the third, a decoder LSTM followed by normalised Bahdanau
+  attention over the whole target at once, three decoder LSTM layers fed the attention
+  context, residuals from the third, the classifier; dropout 0.2), label-smoothed (0.1)
+  cross-entropy, Adam; 27 source and 27 target tokens (the workload file's ~54 per pair);
 - ``bert_large_pretrain_seq128`` / ``seq512``: ``transformers``' ``BertForPreTraining`` from a
   BERT-large ``BertConfig`` with eager attention (as DLE's BERT runs it), MLM + NSP, AdamW.
 
@@ -34,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "workloads"))
 
 #: Samples per CPU training step (small: the profile is per sample).
-CPU_BATCH = {"resnet50_v1.5": 2, "ncf": 4096, "tacotron2": 2,
+CPU_BATCH = {"resnet50_v1.5": 2, "ncf": 4096, "tacotron2": 2, "gnmt": 4,
              "bert_large_pretrain_seq128": 2, "bert_large_pretrain_seq512": 1}
 #: Steps tracked: the profiled one (``profile_step`` 0) and two timed after a warm-up of one.
 STEPS = 3
@@ -132,6 +138,75 @@ def _tacotron2() -> tuple:
     return model, opt, step
 
 
+GNMT_VOCAB, GNMT_HIDDEN, GNMT_SRC, GNMT_TGT = 32320, 1024, 27, 27
+
+
+def _gnmt() -> tuple:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as nnf
+
+    h = GNMT_HIDDEN
+
+    class Bahdanau(nn.Module):
+        """Normalised Bahdanau attention (DLE's ``BahdanauAttention(normalize=True)``)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(h, h, bias=False)
+            self.k = nn.Linear(h, h, bias=False)
+            self.v = nn.Parameter(torch.empty(h).uniform_(-0.1, 0.1))
+            self.g = nn.Parameter(torch.tensor(1 / h ** 0.5))
+            self.b = nn.Parameter(torch.zeros(h))
+
+        def forward(self, query, keys):  # (b, tq, h), (b, tk, h)
+            v = self.g * self.v / self.v.norm()
+            scores = torch.tanh(self.q(query).unsqueeze(2) + self.k(keys).unsqueeze(1)
+                                + self.b) @ v
+            return torch.bmm(nnf.softmax(scores, dim=-1), keys)
+
+    class GNMT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(GNMT_VOCAB, h)  # shared by encoder and decoder
+            self.enc = nn.ModuleList([nn.LSTM(h, h, batch_first=True, bidirectional=True),
+                                      nn.LSTM(2 * h, h, batch_first=True),
+                                      nn.LSTM(h, h, batch_first=True),
+                                      nn.LSTM(h, h, batch_first=True)])
+            self.att_rnn = nn.LSTM(h, h, batch_first=True)
+            self.attention = Bahdanau()
+            self.dec = nn.ModuleList(nn.LSTM(2 * h, h, batch_first=True) for _ in range(3))
+            self.classifier = nn.Linear(h, GNMT_VOCAB)
+
+        def forward(self, src, tgt):
+            x = nnf.dropout(self.embed(src), 0.2, self.training)
+            for i, rnn in enumerate(self.enc):
+                y = rnn(x)[0]
+                x = y + x if i >= 2 else y
+                x = nnf.dropout(x, 0.2, self.training)
+            y = self.att_rnn(nnf.dropout(self.embed(tgt), 0.2, self.training))[0]
+            context = self.attention(y, x)
+            for i, rnn in enumerate(self.dec):
+                z = rnn(nnf.dropout(torch.cat((y, context), -1), 0.2, self.training))[0]
+                y = z + y if i >= 1 else z
+            return self.classifier(nnf.dropout(y, 0.2, self.training))
+
+    torch.manual_seed(0)
+    model = GNMT().train()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    b = CPU_BATCH["gnmt"]
+    src = torch.randint(0, GNMT_VOCAB, (b, GNMT_SRC))
+    tgt = torch.randint(0, GNMT_VOCAB, (b, GNMT_TGT + 1))
+
+    def step() -> None:
+        logits = model(src, tgt[:, :-1])
+        nnf.cross_entropy(logits.reshape(-1, GNMT_VOCAB), tgt[:, 1:].reshape(-1),
+                          label_smoothing=0.1).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
 def _bert(seq: int) -> tuple:
     import torch
     from transformers import BertConfig, BertForPreTraining
@@ -160,6 +235,7 @@ JOBS = {
                       Job("resnet50_v1.5", lambda: _resnet(True), "channels_last")),
     "ncf": (Job("ncf", _ncf),),
     "tacotron2": (Job("tacotron2", _tacotron2),),
+    "gnmt": (Job("gnmt", _gnmt),),
     "bert_large_pretrain_seq128": (Job("bert_large_pretrain_seq128", lambda: _bert(128)),),
     "bert_large_pretrain_seq512": (Job("bert_large_pretrain_seq512", lambda: _bert(512)),),
 }
