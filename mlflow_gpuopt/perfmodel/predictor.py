@@ -14,8 +14,10 @@ from mlflow_gpuopt.perfmodel.compute import (
     OPERATOR_CLASSES,
     architecture,
     attention_term,
+    kernel_count,
     matmul_efficiency,
     operator_class_times_s,
+    traffic_source,
     transformer_mfu_group,
 )
 from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
@@ -232,11 +234,16 @@ class Predictor:
         architecture: ``SIGMA_PRIOR_TRANSFORMER``, plus the pieces for a generation or a
         precision ``GENERATION_MFU`` has no figure for (NVIDIA GPUs;
         :func:`.uncertainty.prior_transformer_sigma`). Anything else: ``SIGMA_PRIOR_ONLY``,
-        the spread measured over such workloads."""
+        the spread measured over such workloads, or ``SIGMA_PRIOR_TRACKED`` where its memory
+        traffic and kernel count were measured (:func:`.uncertainty.prior_tracked`)."""
         arch, precision = transformer_mfu_group(
             (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1]))
         if not self._transformer or vendor.is_amd(key[0]) or arch == "unknown":
-            return unc.SIGMA_PRIOR_ONLY
+            if self._transformer:
+                return unc.SIGMA_PRIOR_ONLY
+            tracked = unc.prior_tracked(traffic_source(self.workload) == "measured",
+                                        kernel_count(self.workload)[1] == "measured")
+            return tracked or unc.SIGMA_PRIOR_ONLY
         if (arch, precision) in GENERATION_MFU:
             return unc.SIGMA_PRIOR_TRANSFORMER
         generation = any(a == arch for a, _ in GENERATION_MFU)

@@ -70,3 +70,21 @@ def test_prior_width_is_narrower_for_a_transformer_on_a_generation_with_a_publis
     assert volta == pytest.approx(unc.combine(unc.SIGMA_PRIOR_TRANSFORMER,
                                               unc.SIGMA_GENERATION_UNMEASURED))
     assert volta < unc.SIGMA_PRIOR_ONLY
+
+
+def test_prior_width_of_a_tracked_profile_needs_both_its_traffic_and_its_kernel_count():
+    cfg = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=8)
+    tracked = dataclasses.replace(BARE, memory_traffic_bytes_per_sample=2e9,
+                                  kernels_per_micro_step=900)
+    assert fit(tracked, [], HW).predict(cfg, A100).log_sigma == pytest.approx(
+        unc.SIGMA_PRIOR_TRACKED)
+    assert unc.SIGMA_PRIOR_TRACKED < unc.SIGMA_PRIOR_ONLY
+    for one in (dataclasses.replace(BARE, memory_traffic_bytes_per_sample=2e9),
+                dataclasses.replace(BARE, kernels_per_micro_step=900)):
+        assert fit(one, [], HW).predict(cfg, A100).log_sigma == pytest.approx(
+            unc.SIGMA_PRIOR_ONLY)
+    # a described transformer keeps its own prior width, measured figures or not
+    described = dataclasses.replace(DESCRIBED, memory_traffic_bytes_per_sample=2e9,
+                                    kernels_per_micro_step=900)
+    assert fit(described, [], HW).predict(cfg, A100).log_sigma == pytest.approx(
+        unc.SIGMA_PRIOR_TRANSFORMER)
