@@ -23,6 +23,14 @@ a naive baseline, and in the summary the median interval width, high / low):
   3.  no GPU measurement (the CPU-only case): every 1-GPU row from the profile alone; 3a the
       transformers described by their architecture (BERT), 3b the others (FLOPs and a shape).
 
+With ``--tracked [--models a,b]`` it also trains the models ``tracked_profiles.py`` builds
+for three CPU steps under ``gpuopt.track()`` (a temporary sqlite store; ~7 minutes for all,
+most of it Tacotron 2 and BERT-large) and adds the tracked path's tasks beside tasks 3 and 2 on
+the same rows: 3t, no GPU run, ``predict --run-id`` with the row's batch and precision (with
+its leave-one-model-out width check), and 2t, the GPU row with the run's ``profile.json`` as
+the workload file.
+
+
 Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only); ``--explain-width``
 prints, per task, the pieces each interval combines (``predict --json``'s ``width_terms``)
 grouped by which were assumed, with each group's RMS log error and coverage;
@@ -389,6 +397,144 @@ def report(title: str, results: list[Result], baseline_name: str) -> dict:
     return summary
 
 
+# -- the tracked path: a CPU run's profile (``--tracked``) ------------------------------------
+def tracked_runs(models: list[str]) -> dict[tuple[str, str | None], str]:
+    """Run ids of CPU training runs of ``models`` tracked by ``gpuopt.track()`` into a sqlite
+    store in the temporary folder (``tracked_profiles.py``), by (model, memory format)."""
+    import os
+
+    import mlflow
+    import tracked_profiles
+
+    os.environ["GPUOPT_JOURNAL_DIR"] = str(_tmp() / "journal")
+    # MLflow's download progress bar would land in predict's captured --json output
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    mlflow.set_tracking_uri(f"sqlite:///{_tmp()}/tracked.db")
+    out = {}
+    for name in models:
+        for job in tracked_profiles.JOBS[name]:
+            out[(name, job.memory_format)] = tracked_profiles.track_job(job)
+    return out
+
+
+def _run_for(runs: dict, wl, t: Row) -> str | None:
+    """The tracked run of ``t``'s model in the memory format ``t``'s precision ran in."""
+    fmt = memory_format(wl[t.model][0], t.precision)
+    return runs.get((t.model, fmt)) or runs.get((t.model, None))
+
+
+def _profile_file(run_id: str) -> Path:
+    """The run's ``gpuopt/profile.json``, downloaded into the temporary folder: the workload
+    file of a prediction from GPU rows with the run's profile."""
+    import mlflow
+
+    target = _tmp() / f"profile-{run_id}.json"
+    if not target.exists():
+        doc = mlflow.artifacts.load_dict(f"runs:/{run_id}/gpuopt/profile.json")
+        target.write_text(json.dumps(doc))
+    return target
+
+
+def _target_args(t: Row) -> list[str]:
+    """The target flags of a 1-GPU row on the tracked path: the row's GPU, batch (in the
+    run's samples: batch items) and precision."""
+    return ["--gpu", SYSTEMS[t.gpu][0], "--gpus", "1", "--nodes", "1", "--strategy", "single",
+            "--micro-batch", str(t.micro_batch_items), "--grad-accum", str(t.grad_accum),
+            "--precision", PRECISION[t.precision]]
+
+
+def _tracked_result(t: Row, units: int, p: dict) -> Result:
+    actual = t.throughput / units  # the run's samples are batch items (clips, sentences)
+    return Result(t.model, abs(p["throughput_samples_per_s"] / actual - 1),
+                  p["low"] <= actual <= p["high"], math.nan, p["high"] / p["low"],
+                  math.log(actual / p["throughput_samples_per_s"]))
+
+
+def task_tracked_prior(rows, wl, runs) -> list[Result]:
+    """No GPU run, the CPU run's profile: ``predict --run-id RUN`` for every 1-GPU row of the
+    tracked models, with the row's batch and precision."""
+    out = []
+    for t in rows:
+        if t.gpus != 1 or t.multinode_table or _run_for(runs, wl, t) is None:
+            continue
+        p = run_predict(["--run-id", _run_for(runs, wl, t), *_target_args(t)])
+        out.append(_tracked_result(t, wl[t.model][1], p))
+    return out
+
+
+def task_tracked_cross_gpu(rows, wl, runs) -> list[Result]:
+    """Task 2 on the tracked path: one GPU type's 1-GPU row as the observation, the CPU run's
+    ``profile.json`` as the workload file (``predict --workload profile.json --observations
+    CSV``), the other type's 1-GPU rows predicted."""
+    singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
+    out = []
+    for src in singles:
+        for t in singles:
+            if (t.model != src.model or FAMILY[t.precision] != FAMILY[src.precision]
+                    or t.gpu[:4] == src.gpu[:4] or _run_for(runs, wl, t) is None
+                    or memory_format(wl[t.model][0], t.precision)
+                    != memory_format(wl[t.model][0], src.precision)):
+                continue
+            units = wl[t.model][1]
+            obs = _tmp() / "tracked_observations.csv"
+            with obs.open("w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(OBSERVATION_COLUMNS)
+                writer.writerow(observation_line(replace(src, throughput=src.throughput / units),
+                                                 1))
+            p = run_predict(["--workload", str(_profile_file(_run_for(runs, wl, t))),
+                             "--observations", str(obs), *_target_args(t)])
+            out.append(_tracked_result(t, units, p))
+    return out
+
+
+def lomo_tracked_prior_width(results: list[Result], wl) -> None:
+    """Task 3t's interval width leave-one-model-out, for the tracked models that are not
+    transformers described by their architecture (those keep their own width): for each, the
+    root-mean-square of log(published / predicted) over the other models (each weighted
+    once) as the width, and how many of its rows fall inside ±1.645 of it."""
+    from mlflow_gpuopt.perfmodel.uncertainty import Z90
+
+    logs = defaultdict(list)
+    for r in results:
+        if not described(wl[r.model][2]):
+            logs[r.model].append(r.log_error)
+    if len(logs) < 2:
+        print("  fewer than two such models tracked: nothing to leave out")
+        return
+    means = {m: statistics.fmean(v) for m, v in logs.items()}
+    every = [x for v in logs.values() for x in v]
+    per_class = {m: math.sqrt(statistics.fmean(x * x for x in v)) for m, v in logs.items()}
+    print(f"  RMS log(published / predicted): "
+          f"{math.sqrt(statistics.fmean(x * x for x in every)):.3f} over {len(every)} rows, "
+          f"{math.sqrt(statistics.fmean(c * c for c in per_class.values())):.3f} per class")
+    covered = 0
+    for held in sorted(logs):
+        width = math.sqrt(statistics.fmean(c * c for m, c in per_class.items() if m != held))
+        inside = sum(abs(x) <= Z90 * width for x in logs[held])
+        covered += inside
+        print(f"  without {held:28s} width {width:.3f}, mean log error {means[held]:+.3f}, "
+              f"covers {inside}/{len(logs[held])}")
+    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+
+
+def tracked_models(argv: list[str]) -> list[str] | None:
+    """``--tracked [--models a,b]``: the models to track on the CPU (default: all that
+    ``tracked_profiles.JOBS`` builds), or None without ``--tracked``."""
+    if "--tracked" not in argv:
+        return None
+    import tracked_profiles
+
+    if "--models" in argv:
+        names = argv[argv.index("--models") + 1].split(",")
+        unknown = [n for n in names if n not in tracked_profiles.JOBS]
+        if unknown:
+            raise SystemExit(f"unknown --models {','.join(unknown)}; known: "
+                             f"{','.join(tracked_profiles.JOBS)}")
+        return names
+    return list(tracked_profiles.JOBS)
+
+
 #: The grid the shipped constants were chosen from (compute.py); --lomo reruns the choice.
 LOMO_GRID = [(tc, simt, hidden, fixed) for tc in (0.45, 0.6, 0.75) for simt in (0.6, 0.85)
              for hidden in (0.0, 0.5) for fixed in (0.0, 0.5)]
@@ -528,6 +674,25 @@ def main() -> int:
             "Task 3b: no GPU measurement, workloads without a transformer architecture",
             task_prior_only(rows, wl, hw, False), "none"),
     }
+    models = tracked_models(sys.argv[1:])
+    if models:
+        print(f"\n== Tracking {', '.join(models)} on the CPU (gpuopt.track(), a few steps each)")
+        runs = tracked_runs(models)
+        prior = [r for r in task_prior_only(rows, wl, hw) if r.model in models]
+        cross = [r for r in task_cross_gpu(rows, wl, hw) if r.model in models]
+        summaries["3 prior only, the tracked models' files"] = report(
+            "Task 3 on the tracked models, workload files only", prior, "none")
+        tracked_prior = task_tracked_prior(rows, wl, runs)
+        summaries["3t no GPU run, tracked CPU profile"] = report(
+            "Task 3t: no GPU measurement, predict --run-id of the CPU run", tracked_prior,
+            "none")
+        print("\n== Task 3t interval width leave-one-model-out (not-described models)")
+        lomo_tracked_prior_width(tracked_prior, wl)
+        summaries["2 across GPU types, the tracked models' files"] = report(
+            "Task 2 on the tracked models, workload files", cross, "peak-FLOPs ratio")
+        summaries["2t across GPU types, tracked profile"] = report(
+            "Task 2t: across GPU types, the GPU row + the CPU run's profile.json",
+            task_tracked_cross_gpu(rows, wl, runs), "none")
     if "--lomo" in sys.argv[1:]:
         print("\n== Task 2 leave-one-model-out: constants picked without the model scored")
         summaries["2 across GPU types, leave-one-model-out"] = report(

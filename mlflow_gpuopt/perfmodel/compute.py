@@ -717,21 +717,35 @@ def micro_step_overhead_s(kernels_per_micro_step: float | None) -> float:
     return MICRO_STEP_OVERHEAD_S
 
 
-def weight_traffic_time_s(params_per_gpu: float, hardware: Hardware, precision: str) -> float:
-    """Seconds per micro-step to read the weights twice (forward and backward) and write their
-    gradients at ``hardware``'s memory bandwidth."""
+def weight_passes(workload: Workload | None, precision: str) -> float:
+    """Bytes of weight and gradient traffic per parameter in one micro-step at ``precision``:
+    the workload's measured ``weight_traffic_bytes_per_micro_step`` ÷ its params (rescaled
+    by the weight element size from its own precision), else 3 passes (read twice, forward
+    and backward, gradient written) of :func:`weight_bytes_per_param`. Measured, a recurrent
+    network's is hundreds of passes: its cells read their weights at every time step."""
     w = weight_bytes_per_param(precision)
-    traffic = params_per_gpu * (2 * w + w)
+    measured = workload.weight_traffic_bytes_per_micro_step if workload is not None else None
+    if measured and workload.params > 0:
+        return measured / workload.params * w / weight_bytes_per_param(workload.precision)
+    return 3.0 * w
+
+
+def weight_traffic_time_s(params_per_gpu: float, hardware: Hardware, precision: str,
+                          workload: Workload | None = None) -> float:
+    """Seconds per micro-step to move the weights and their gradients at ``hardware``'s
+    memory bandwidth (:func:`weight_passes` bytes per parameter)."""
+    traffic = params_per_gpu * weight_passes(workload, precision)
     return traffic / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware))
 
 
 def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str,
-                       kernels_per_micro_step: float | None = None) -> float:
+                       kernels_per_micro_step: float | None = None,
+                       workload: Workload | None = None) -> float:
     """``a``: seconds per micro-step independent of batch: the host-side overhead
     (:func:`micro_step_overhead_s`, from the kernel count where there is one) + the weight
     traffic (:func:`weight_traffic_time_s`)."""
     return (micro_step_overhead_s(kernels_per_micro_step)
-            + weight_traffic_time_s(params_per_gpu, hardware, precision))
+            + weight_traffic_time_s(params_per_gpu, hardware, precision, workload))
 
 
 def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_param: float,
@@ -796,7 +810,8 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
     out["attention"] = k * m * attention * bound / mm if mm > 0 else 0.0
     out["matmuls"] = k * m * bound - out["attention"]
     out["memory"] = k * m * (1.0 - hidden) * traffic
-    out["memory"] += k * fixed_scale * weight_traffic_time_s(workload.params, hardware, p)
+    out["memory"] += k * fixed_scale * weight_traffic_time_s(workload.params, hardware, p,
+                                                             workload)
     out["transposes"] = k * m * transpose_time_s(workload, hardware, p)
     out["fp8_casts"] = k * fp8_cast_time_s(workload, hardware, p,
                                            m * float(workload.tokens_per_sample or 0))

@@ -333,7 +333,8 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     micro-batch (two measured) or at the measured one (one measured) the result equals the fit
     on ``hardware``.
     """
-    a = fixed_time_prior_s(workload.params, hardware, precision, kernel_count(workload)[0])
+    a = fixed_time_prior_s(workload.params, hardware, precision, kernel_count(workload)[0],
+                           workload)
     b = per_sample_time_prior_s(workload, hardware, precision)
     fitted_a, fitted_b = compute_scale * fixed_scale * a, compute_scale * b
     excess = fitted_a + fitted_b * micro_batch - (a + b * micro_batch)

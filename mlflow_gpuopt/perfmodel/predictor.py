@@ -14,8 +14,10 @@ from mlflow_gpuopt.perfmodel.compute import (
     OPERATOR_CLASSES,
     architecture,
     attention_term,
+    kernel_count,
     matmul_efficiency,
     operator_class_times_s,
+    traffic_source,
     transformer_mfu_group,
 )
 from mlflow_gpuopt.perfmodel.defaults import SPEED_KINDS, Default, perturbed, workload_defaults
@@ -243,10 +245,16 @@ class Predictor:
         its architecture: ``SIGMA_PRIOR_TRANSFORMER``, plus the pieces for a generation or a
         precision ``GENERATION_MFU`` has no figure for (NVIDIA GPUs;
         :func:`.uncertainty.prior_transformer_terms`). Anything else: ``SIGMA_PRIOR_ONLY``,
-        the spread measured over such workloads."""
+        the spread measured over such workloads, or ``SIGMA_PRIOR_TRACKED`` where its memory
+        traffic and kernel count were measured (:func:`.uncertainty.prior_tracked`)."""
         arch, precision = transformer_mfu_group(
             (architecture(key[0]), "bf16" if key[1] == "fp16" else key[1]))
         if not self._transformer or vendor.is_amd(key[0]) or arch == "unknown":
+            tracked = None if self._transformer else unc.prior_tracked(
+                traffic_source(self.workload) == "measured",
+                kernel_count(self.workload)[1] == "measured")
+            if tracked:
+                return ((unc.TERM_PRIOR_TRACKED, tracked),)
             return ((unc.TERM_PRIOR, unc.SIGMA_PRIOR_ONLY),)
         if (arch, precision) in GENERATION_MFU:
             return unc.prior_transformer_terms(True, True)

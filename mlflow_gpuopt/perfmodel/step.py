@@ -201,7 +201,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     # splits each kernel but still dispatches all of them. Counted, or from the architecture.
     kernels, _ = kernel_count(workload)
     overhead = micro_step_overhead_s(kernels / pp if kernels else None)
-    a = (kr * weight_traffic_time_s(params_shard, hardware, precision)
+    a = (kr * weight_traffic_time_s(params_shard, hardware, precision, workload)
          + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
     b = k * per_sample_time_prior_s(workload, hardware, precision) / (shards * cp)
     # FP8 scale-and-cast kernels of this GPU's linear layers: their shapes shrink with tp.

@@ -32,6 +32,9 @@ class Workload:
     largest_layer_params: int | None = None
     hidden_size: int | None = None
     memory_traffic_bytes_per_sample: float | None = None  # DRAM bytes moved per sample (roofline)
+    #: bytes of weights and their gradients one micro-step's operators move, measured (a
+    #: recurrent cell reads its weights once per time step); None: 3 passes over the params
+    weight_traffic_bytes_per_micro_step: float | None = None
     #: FLOPs per sample of the forward operators the run's own recomputation (``recompute``)
     #: replayed, measured; ``flops_per_sample`` leaves them out (model FLOPs)
     recompute_flops_per_sample: float | None = None

@@ -49,6 +49,20 @@ def attention_backward_model_flops(counted: int, qk_head_dim: int, v_head_dim: i
     return counted * 2 * (qk_head_dim + v_head_dim) // (3 * qk_head_dim + 2 * v_head_dim)
 
 
+def rnn_layer_flops(input: Any, weights: Any) -> int:
+    """FLOPs of a fused recurrent operator's forward (``mkldnn_rnn_layer``, cuDNN's
+    ``_cudnn_rnn``), which torch's FLOP registry lacks: every 2-D weight of ``weights`` (the
+    input and hidden projections of each layer and direction; biases are 1-D) multiplies
+    the input of every time step of every sequence, 2 FLOPs per multiply-add:
+    2 × (time steps × batch) × Σ weight elements. The gates' element-wise work is left out,
+    as for the other operators."""
+    import torch
+
+    steps = input.numel() // max(1, input.shape[-1])
+    return 2 * steps * sum(w.numel() for w in weights
+                           if isinstance(w, torch.Tensor) and w.dim() == 2)
+
+
 class ReplayedFlops:
     """FLOPs of forward operators replayed by activation checkpointing, kept out of the
     ``FlopCounterMode`` total (see :func:`model_flop_formulas`)."""
@@ -104,8 +118,28 @@ def model_flop_formulas(replayed: ReplayedFlops) -> dict:
     def cpu_backward(grad_out, q, k, v, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
         return sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
 
+    # mkldnn_rnn_layer(input, w_ih, w_hh, ...): one layer, one direction;
+    # _cudnn_rnn(input, [weights of every layer and direction], ...). Backward: the data
+    # and the weight gradients, 2 x the forward.
+    def mkldnn_forward(input, w_ih, w_hh, *args: Any, out_val: Any = None,
+                       **kwargs: Any) -> int:
+        return rnn_layer_flops(input, (w_ih, w_hh))
+
+    def mkldnn_backward(input, w_ih, w_hh, *args: Any, out_val: Any = None,
+                        **kwargs: Any) -> int:
+        return 2 * rnn_layer_flops(input, (w_ih, w_hh))
+
+    def cudnn_forward(input, weights, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        return rnn_layer_flops(input, weights)
+
+    def cudnn_backward(input, weights, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        return 2 * rnn_layer_flops(input, weights)
+
     for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", cpu_forward),
-                     ("_scaled_dot_product_flash_attention_for_cpu_backward", cpu_backward)):
+                     ("_scaled_dot_product_flash_attention_for_cpu_backward", cpu_backward),
+                     ("mkldnn_rnn_layer", mkldnn_forward),
+                     ("mkldnn_rnn_layer_backward", mkldnn_backward),
+                     ("_cudnn_rnn", cudnn_forward), ("_cudnn_rnn_backward", cudnn_backward)):
         op = getattr(aten, name, None)
         if op is not None:
             formulas[op] = fn

@@ -25,7 +25,10 @@ follows it until the optimizer steps: the loss and the backward pass). Read at t
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 #: Fused attention kernels (aten names without the namespace), forward and backward.
 SDPA_OPS = frozenset({
@@ -127,12 +130,21 @@ class OpsSeen:
         self.replayed_attention = 0
         self.replayed_other = 0
         self.after_forward_ops = 0  # operators seen after the first forward (loss, backward)
+        #: bytes the operators move (a :class:`~.traffic.TrafficCount`, set by the profiler)
+        self.traffic: Any = None
 
     def observe(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
         """One dispatched operator (``func`` an ``OpOverload``) and its output."""
         import torch
 
         name = _op_name(func)
+        traffic = self.traffic
+        if traffic is not None and not traffic.failed:
+            try:
+                traffic.observe(name, args, kwargs, out)
+            except Exception as exc:  # stop counting bytes; the rest of the census goes on
+                logger.debug("gpuopt: traffic count stopped at %r: %s", func, exc)
+                traffic.failed = True
         if not self.forward:
             self.after_forward_ops += 1
             if replaying_forward():

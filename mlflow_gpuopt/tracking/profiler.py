@@ -144,12 +144,26 @@ class WorkloadProfiler:
         from mlflow_gpuopt.tracking.ops_seen import OpsSeen
 
         self.ops = OpsSeen()
+        from mlflow_gpuopt.tracking.traffic import TrafficCount
+
+        self.ops.traffic = TrafficCount(self._param_storages | self._grad_storages())
         self._kernel_mode = kernel_count_mode(self.ops)
         self._kernel_mode.__enter__()
         self._gemm_mode = gemm_shape_mode_class()()
         self._gemm_mode.__enter__()
         if self._in_optimizer_step:  # begun in a closure: the step's operators so far are 0
             self._step_pre_count = 0
+
+    def _grad_storages(self) -> set[int]:
+        """Storages of the parameters' gradients as they are now."""
+        grads = (p.grad for p in self.model.parameters() if p.grad is not None)
+        return {ptr for ptr in map(storage_ptr, grads) if ptr}
+
+    def _pause_traffic(self, paused: bool) -> None:
+        """Bytes are not counted inside an optimizer's own ``step()`` (its closures are)."""
+        traffic = self.ops.traffic if self.ops is not None else None
+        if traffic is not None:
+            traffic.paused = paused
 
     def on_optimizer_step_pre(self, optimizer: Any, args: tuple,
                               kwargs: dict) -> tuple[tuple, dict] | None:
@@ -158,6 +172,7 @@ class WorkloadProfiler:
         wrapped so that the closure's operators stay in. Returns the (args, kwargs) with the
         wrapped closure, as a global step pre-hook may, or ``None``."""
         self._in_optimizer_step = True
+        self._pause_traffic(True)
         self._closure_kernels = 0
         self._step_pre_count = self._kernel_mode.count if self._kernel_mode is not None \
             else None
@@ -171,9 +186,11 @@ class WorkloadProfiler:
         def counted_closure(*a: Any, **kw: Any) -> Any:
             mode = self._kernel_mode
             start = mode.count if mode is not None else 0
+            self._pause_traffic(False)
             try:
                 return closure(*a, **kw)
             finally:
+                self._pause_traffic(True)
                 now = self._kernel_mode
                 if now is not None:  # begun inside this closure: counted from 0
                     self._closure_kernels += now.count - (start if now is mode else 0)
@@ -184,6 +201,7 @@ class WorkloadProfiler:
         """An optimizer's ``step()`` ended: its operators, closures left out, are the
         optimizer's."""
         self._in_optimizer_step = False
+        self._pause_traffic(False)
         mode = self._kernel_mode
         if mode is not None and self._step_pre_count is not None:
             self._optimizer_kernels += max(
@@ -250,6 +268,9 @@ class WorkloadProfiler:
             self.flops = float(mode.get_total_flops())
             if self._replayed is not None:
                 self.recompute_flops = float(self._replayed.flops)
+        traffic = self.ops.traffic if self.ops is not None else None
+        if traffic is not None and not traffic.failed:
+            traffic.finish(self._grad_storages())
         self.active = False
         self.done = True
         self._seen_storages.clear()
@@ -288,6 +309,7 @@ class WorkloadProfiler:
                          if self.micro_step_kernels and forwards else None)
         compiled = self.compiled_kernels_per_micro_step
         kernels = compiled if compiled else eager_kernels
+        traffic_ps, matmul_ps, weight_ms = self._traffic(samples, forwards, compiled)
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
@@ -322,8 +344,23 @@ class WorkloadProfiler:
             padding_fraction=self.padding_fraction,
             compiled=True if compiled else None,
             eager_kernels_per_micro_step=eager_kernels if compiled else None,
+            memory_traffic_bytes_per_sample=traffic_ps,
+            matmul_traffic_bytes_per_sample=matmul_ps,
+            weight_traffic_bytes_per_micro_step=weight_ms,
             **shape,
         )
+
+    def _traffic(self, samples: int | None, forwards: int | None, compiled: float | None
+                 ) -> tuple[float | None, float | None, float | None]:
+        """(activation bytes per sample, their matmul part, weight bytes per micro-step) of
+        the profiled step (:mod:`.traffic`); Nones when not counted, and for a compiled
+        step, whose Inductor kernels move less than the eager operators counted here."""
+        traffic = self.ops.traffic if self.ops is not None else None
+        if (traffic is None or traffic.failed or self.ops.failed or compiled or not samples
+                or not self.done or traffic.activation_bytes <= 0):
+            return None, None, None
+        return (traffic.activation_bytes / samples, traffic.matmul_bytes / samples,
+                traffic.weight_bytes / max(1, forwards or 1))
 
     def ran_precision(self) -> tuple[str | None, str | None]:
         """``(precision, fp8_recipe)`` of the profiled step: FP8 layers that ran FP8, else

@@ -83,6 +83,13 @@ class WorkloadProfile:
     #: (:func:`.model_facts.memory_format_of`): contiguous (NCHW) | channels_last (NHWC);
     #: None: no Conv2d layers
     memory_format: str | None = None
+    #: DRAM bytes per sample the eager step's operators move, weights and their gradients
+    #: left out (:mod:`.traffic`); None: not counted (a compiled step, a census that failed)
+    memory_traffic_bytes_per_sample: float | None = None
+    #: the part of it moved by matrix products and convolutions
+    matmul_traffic_bytes_per_sample: float | None = None
+    #: weight and gradient bytes the step's operators moved, per micro-step
+    weight_traffic_bytes_per_micro_step: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -117,5 +124,7 @@ def whole_sample(profile: WorkloadProfile, cp: int, rank_tokens: int | None,
         recompute_flops_per_sample=times(profile.recompute_flops_per_sample),
         activation_bytes_per_sample=times(profile.activation_bytes_per_sample),
         activation_saved_bytes_per_sample=times(profile.activation_saved_bytes_per_sample),
+        memory_traffic_bytes_per_sample=times(profile.memory_traffic_bytes_per_sample),
+        matmul_traffic_bytes_per_sample=times(profile.matmul_traffic_bytes_per_sample),
         sequence_split=cp, rank_tokens_per_sample=rank_tokens,
         rank_flops_per_sample=profile.flops_per_sample)

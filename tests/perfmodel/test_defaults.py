@@ -118,3 +118,23 @@ def test_a_prior_on_several_nodes_adds_no_scaling_piece():
         ParallelConfig(gpus_per_node=8, nodes=4, strategy="ddp", micro_batch=8), A100)
     assert many.width_terms == one.width_terms
     assert many.log_sigma == pytest.approx(unc.SIGMA_PRIOR_TRANSFORMER)
+
+
+def test_prior_width_of_a_tracked_profile_needs_both_its_traffic_and_its_kernel_count():
+    cfg = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=8)
+    tracked = dataclasses.replace(BARE, memory_traffic_bytes_per_sample=2e9,
+                                  kernels_per_micro_step=900)
+    assert fit(tracked, [], HW).predict(cfg, A100).log_sigma == pytest.approx(
+        unc.SIGMA_PRIOR_TRACKED)
+    assert dict(fit(tracked, [], HW).predict(cfg, A100).width_terms) == {
+        unc.TERM_PRIOR_TRACKED: unc.SIGMA_PRIOR_TRACKED}
+    assert unc.SIGMA_PRIOR_TRACKED < unc.SIGMA_PRIOR_ONLY
+    for one in (dataclasses.replace(BARE, memory_traffic_bytes_per_sample=2e9),
+                dataclasses.replace(BARE, kernels_per_micro_step=900)):
+        assert fit(one, [], HW).predict(cfg, A100).log_sigma == pytest.approx(
+            unc.SIGMA_PRIOR_ONLY)
+    # a described transformer keeps its own prior width, measured figures or not
+    described = dataclasses.replace(DESCRIBED, memory_traffic_bytes_per_sample=2e9,
+                                    kernels_per_micro_step=900)
+    assert fit(described, [], HW).predict(cfg, A100).log_sigma == pytest.approx(
+        unc.SIGMA_PRIOR_TRANSFORMER)

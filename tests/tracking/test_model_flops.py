@@ -284,3 +284,25 @@ def test_cuda_fused_attention_backward_is_twice_its_forward(backend):
         pytest.skip(f"{backend}: {exc}")
     assert sum(forward.values()) == 2 * 2 * b * h * s * s * d
     assert sum(backward.values()) == 2 * sum(forward.values())
+
+
+def test_a_fused_lstm_is_counted():
+    """``nn.LSTM`` runs as one fused operator per layer and direction (``mkldnn_rnn_layer`` on
+    a CPU, cuDNN's on CUDA) that torch's FLOP registry does not know: each step of each
+    sequence multiplies the layer's input and hidden state by its 4·h-row weights, forward,
+    then twice as much backward (data and weight gradients)."""
+    t, b, i, h = 5, 3, 8, 16
+    torch.manual_seed(0)
+    model = nn.LSTM(i, h, num_layers=2, bidirectional=True, batch_first=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(b, t, i)
+    profiler = WorkloadProfiler(model, opt)
+    profiler.begin_step(x)
+    loss = model(x)[0].sum()
+    profiler.end_forward()
+    loss.backward()
+    profiler.end_step()
+    first = 2 * 2 * 4 * h * (i + h)  # two directions, 2 FLOPs per multiply-add
+    second = 2 * 2 * 4 * h * (2 * h + h)  # its input: both directions' outputs
+    assert profiler.result(b, 1).flops_per_sample * b == pytest.approx(
+        3 * t * b * (first + second))

@@ -1,0 +1,261 @@
+"""CPU runs of the DeepLearningExamples models under ``gpuopt.track()``, for the accuracy
+benchmark's tracked-profile tasks (``bench_accuracy.py --tracked``).
+
+What a user on the tracked path has: a CPU proxy run of their own training script, tracked
+into MLflow, whose profile (FLOPs, activations, kernels per micro-step, memory traffic per
+sample) ``predict --run-id`` reads. Each model is built in plain PyTorch at its published
+shape (no torchvision, not installable here; no download: BERT from its config):
+
+- ``resnet50_v1.5``: ``workloads/measure_gemm_kernels.py``'s ResNet-50 v1.5, 224x224,
+  cross-entropy, SGD with momentum; tracked twice, in NCHW (``contiguous``: DLE's FP32 and
+  TF32 rows) and ``channels_last`` (its AMP rows), as the job runs each;
+- ``ncf``: NeuMF as DLE's ``PyTorch/Recommendation/NCF`` builds it for ML-20m (138,493
+  users, 26,744 items; GMF 64-d, MLP embeddings 128-d, layers 256-256-128-64, dropout 0.5),
+  binary cross-entropy, Adam;
+- ``tacotron2``: ``workloads/measure_tacotron2_kernels.py``'s model (570 mel frames, text 150),
+  its loss, Adam;
+- ``gnmt``: GNMT v2 as DLE's ``PyTorch/Translation/GNMT`` builds it (``seq2seq/models``:
+  shared 32,320-token embedding of 1,024, a bidirectional first encoder layer then three
+  LSTM layers with residuals from the third, a decoder LSTM followed by normalised Bahdanau
+  attention over the whole target at once, three decoder LSTM layers fed the attention
+  context, residuals from the third, the classifier; dropout 0.2), label-smoothed (0.1)
+  cross-entropy, Adam; 27 source and 27 target tokens (the workload file's ~54 per pair);
+- ``bert_large_pretrain_seq128`` / ``seq512``: ``transformers``' ``BertForPreTraining`` from a
+  BERT-large ``BertConfig`` with eager attention (as DLE's BERT runs it), MLM + NSP, AdamW.
+
+Each run trains a few steps at a small CPU batch (``CPU_BATCH``) into a temporary sqlite
+store; the profile is per sample, so the batch of a DLE row is given to ``predict`` (with
+the row's precision). Nothing is cached in the repository.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+
+#: Samples per CPU training step (small: the profile is per sample).
+CPU_BATCH = {"resnet50_v1.5": 2, "ncf": 4096, "tacotron2": 2, "gnmt": 4,
+             "bert_large_pretrain_seq128": 2, "bert_large_pretrain_seq512": 1}
+#: Steps tracked: the profiled one (``profile_step`` 0) and two timed after a warm-up of one.
+STEPS = 3
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model's CPU training: ``make()`` returns (model, optimizer, step), where
+    ``step()`` runs one forward, backward and optimizer step."""
+
+    name: str
+    make: Callable[[], tuple]
+    memory_format: str | None = None  # as the job ran: channels_last, contiguous, None
+
+
+def _resnet(channels_last: bool) -> tuple:
+    import torch
+    import torch.nn.functional as nnf
+    from measure_gemm_kernels import CLASSES, IMAGE, ResNet50
+
+    torch.manual_seed(0)
+    model = ResNet50().train()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.875, weight_decay=3e-5)
+    b = CPU_BATCH["resnet50_v1.5"]
+    images = torch.randn(b, 3, IMAGE, IMAGE).contiguous(memory_format=fmt)
+    labels = torch.randint(0, CLASSES, (b,))
+
+    def step() -> None:
+        nnf.cross_entropy(model(images), labels).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
+NCF_USERS, NCF_ITEMS, NCF_MF, NCF_LAYERS = 138493, 26744, 64, (256, 256, 128, 64)
+
+
+def _ncf() -> tuple:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as nnf
+
+    class NeuMF(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            half = NCF_LAYERS[0] // 2
+            self.mf_user = nn.Embedding(NCF_USERS, NCF_MF)
+            self.mf_item = nn.Embedding(NCF_ITEMS, NCF_MF)
+            self.mlp_user = nn.Embedding(NCF_USERS, half)
+            self.mlp_item = nn.Embedding(NCF_ITEMS, half)
+            self.mlp = nn.ModuleList(nn.Linear(a, b)
+                                     for a, b in zip(NCF_LAYERS, NCF_LAYERS[1:], strict=False))
+            self.final = nn.Linear(NCF_LAYERS[-1] + NCF_MF, 1)
+
+        def forward(self, users, items):
+            mf = self.mf_user(users) * self.mf_item(items)
+            x = torch.cat((self.mlp_user(users), self.mlp_item(items)), dim=1)
+            for layer in self.mlp:
+                x = nnf.dropout(nnf.relu(layer(x)), 0.5, self.training)
+            return self.final(torch.cat((mf, x), dim=1)).squeeze(1)
+
+    torch.manual_seed(0)
+    model = NeuMF().train()
+    opt = torch.optim.Adam(model.parameters(), lr=4.5e-3)
+    b = CPU_BATCH["ncf"]
+    users = torch.randint(0, NCF_USERS, (b,))
+    items = torch.randint(0, NCF_ITEMS, (b,))
+    labels = torch.randint(0, 2, (b,)).float()
+
+    def step() -> None:
+        nnf.binary_cross_entropy_with_logits(model(users, items), labels).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
+def _tacotron2() -> tuple:
+    import torch
+    from measure_tacotron2_kernels import N_MEL, N_SYMBOLS, Tacotron2Shaped, loss_fn
+
+    torch.manual_seed(0)
+    model = Tacotron2Shaped().train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    b = CPU_BATCH["tacotron2"]
+    text = torch.randint(0, N_SYMBOLS, (b, 150))
+    mels = torch.randn(b, N_MEL, 570)
+    gate = torch.zeros(b, 570)
+
+    def step() -> None:
+        loss_fn(model(text, mels), mels, gate).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
+GNMT_VOCAB, GNMT_HIDDEN, GNMT_SRC, GNMT_TGT = 32320, 1024, 27, 27
+
+
+def _gnmt() -> tuple:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as nnf
+
+    h = GNMT_HIDDEN
+
+    class Bahdanau(nn.Module):
+        """Normalised Bahdanau attention (DLE's ``BahdanauAttention(normalize=True)``)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(h, h, bias=False)
+            self.k = nn.Linear(h, h, bias=False)
+            self.v = nn.Parameter(torch.empty(h).uniform_(-0.1, 0.1))
+            self.g = nn.Parameter(torch.tensor(1 / h ** 0.5))
+            self.b = nn.Parameter(torch.zeros(h))
+
+        def forward(self, query, keys):  # (b, tq, h), (b, tk, h)
+            v = self.g * self.v / self.v.norm()
+            scores = torch.tanh(self.q(query).unsqueeze(2) + self.k(keys).unsqueeze(1)
+                                + self.b) @ v
+            return torch.bmm(nnf.softmax(scores, dim=-1), keys)
+
+    class GNMT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(GNMT_VOCAB, h)  # shared by encoder and decoder
+            self.enc = nn.ModuleList([nn.LSTM(h, h, batch_first=True, bidirectional=True),
+                                      nn.LSTM(2 * h, h, batch_first=True),
+                                      nn.LSTM(h, h, batch_first=True),
+                                      nn.LSTM(h, h, batch_first=True)])
+            self.att_rnn = nn.LSTM(h, h, batch_first=True)
+            self.attention = Bahdanau()
+            self.dec = nn.ModuleList(nn.LSTM(2 * h, h, batch_first=True) for _ in range(3))
+            self.classifier = nn.Linear(h, GNMT_VOCAB)
+
+        def forward(self, src, tgt):
+            x = nnf.dropout(self.embed(src), 0.2, self.training)
+            for i, rnn in enumerate(self.enc):
+                y = rnn(x)[0]
+                x = y + x if i >= 2 else y
+                x = nnf.dropout(x, 0.2, self.training)
+            y = self.att_rnn(nnf.dropout(self.embed(tgt), 0.2, self.training))[0]
+            context = self.attention(y, x)
+            for i, rnn in enumerate(self.dec):
+                z = rnn(nnf.dropout(torch.cat((y, context), -1), 0.2, self.training))[0]
+                y = z + y if i >= 1 else z
+            return self.classifier(nnf.dropout(y, 0.2, self.training))
+
+    torch.manual_seed(0)
+    model = GNMT().train()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    b = CPU_BATCH["gnmt"]
+    src = torch.randint(0, GNMT_VOCAB, (b, GNMT_SRC))
+    tgt = torch.randint(0, GNMT_VOCAB, (b, GNMT_TGT + 1))
+
+    def step() -> None:
+        logits = model(src, tgt[:, :-1])
+        nnf.cross_entropy(logits.reshape(-1, GNMT_VOCAB), tgt[:, 1:].reshape(-1),
+                          label_smoothing=0.1).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
+def _bert(seq: int) -> tuple:
+    import torch
+    from transformers import BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+                        num_attention_heads=16, intermediate_size=4096,
+                        max_position_embeddings=512, attn_implementation="eager")
+    model = BertForPreTraining(config).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    b = CPU_BATCH[f"bert_large_pretrain_seq{seq}"]
+    tokens = torch.randint(0, config.vocab_size, (b, seq))
+    labels = torch.full((b, seq), -100)
+    labels[:, ::7] = tokens[:, ::7]  # ~15 % of positions masked, as MLM pre-training
+    nsp = torch.randint(0, 2, (b,))
+
+    def step() -> None:
+        model(input_ids=tokens, labels=labels, next_sentence_label=nsp).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
+JOBS = {
+    "resnet50_v1.5": (Job("resnet50_v1.5", lambda: _resnet(False), "contiguous"),
+                      Job("resnet50_v1.5", lambda: _resnet(True), "channels_last")),
+    "ncf": (Job("ncf", _ncf),),
+    "tacotron2": (Job("tacotron2", _tacotron2),),
+    "gnmt": (Job("gnmt", _gnmt),),
+    "bert_large_pretrain_seq128": (Job("bert_large_pretrain_seq128", lambda: _bert(128)),),
+    "bert_large_pretrain_seq512": (Job("bert_large_pretrain_seq512", lambda: _bert(512)),),
+}
+
+
+def track_job(job: Job) -> str:
+    """Train ``job`` for ``STEPS`` steps under ``gpuopt.track()`` into the current tracking
+    URI; its run id."""
+    import torch
+
+    import mlflow_gpuopt as gpuopt
+
+    torch.set_num_threads(1)
+    model, opt, step = job.make()
+    t0 = time.perf_counter()
+    with gpuopt.track(model, opt, run_name=f"{job.name}-{job.memory_format or 'cpu'}",
+                      warmup_steps=1, profile_step=0, interval_s=1.0,
+                      print_summary=False) as tracker:
+        for _ in range(STEPS):
+            step()
+    print(f"  tracked {job.name} ({job.memory_format or 'default layout'}) on the CPU in "
+          f"{time.perf_counter() - t0:.0f} s: run {tracker.run_id}", flush=True)
+    return tracker.run_id
