@@ -15,10 +15,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # CI machines have 2 cores, share
 
 @pytest.fixture
 def tracking_uri(tmp_path, monkeypatch):
-    """A fresh sqlite MLflow store in ``tmp_path``, set as the current tracking URI."""
+    """A fresh sqlite MLflow store in ``tmp_path``, set as the current tracking URI (a copy of
+    one migrated store: ``support/sqlite_store.py``)."""
     import mlflow
+    from support.sqlite_store import sqlite_uri
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("GPUOPT_JOURNAL_DIR", str(tmp_path / "journal"))
     mlflow.set_tracking_uri(uri)
@@ -78,3 +80,12 @@ def files(request, tmp_path) -> tuple[str, str]:
     observations = tmp_path / "obs.csv"
     observations.write_text(request.module.OBS)
     return str(workload), str(observations)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_run(tmp_path_factory):
+    """examples/train_tiny_gpt.py trained once, tracked, for the tests that plan from such a
+    run; each writes to its own copy (``support/tracked_example.py``)."""
+    from support.tracked_example import train_tiny_gpt
+
+    return train_tiny_gpt(tmp_path_factory.mktemp("tiny-gpt-run"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.sqlite_store import sqlite_uri
 from click.testing import CliRunner
 
 from mlflow_gpuopt import contract
@@ -29,7 +30,7 @@ CANDIDATE = {"rank": 1, "provider": "aws", "instance_type": "p4d.24xlarge",
 def store(tmp_path, monkeypatch):
     import mlflow
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = mlflow.MlflowClient(uri)
     exp = client.create_experiment("ledger")

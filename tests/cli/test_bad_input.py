@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.sqlite_store import sqlite_uri
 from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt
@@ -147,7 +148,7 @@ def store(tmp_path_factory) -> Store:
     from mlflow import MlflowClient
 
     tmp = tmp_path_factory.mktemp("bad-input")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = sqlite_uri(tmp / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("bad-input", artifact_location=str(tmp / "mlruns"))
     runs = {name: _log_run(client, exp, name, profile, params, tmp)
@@ -421,7 +422,7 @@ def _read_only_artifact_store(tmp_path) -> tuple[str, str]:
     root cannot create (``NotADirectoryError``), like a refused or unmounted volume."""
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("ro", artifact_location=str(tmp_path / "mlruns"))
     rid = _log_run(client, exp, "good", _profile(), {}, tmp_path)
@@ -461,7 +462,7 @@ def test_full_disk_while_logging_prints_the_result_and_redacts(tmp_path, monkeyp
 
     monkeypatch.setattr(LocalArtifactRepository, "log_artifact", full)
     monkeypatch.setattr(LocalArtifactRepository, "log_artifacts", full)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
@@ -481,7 +482,7 @@ def test_full_disk_while_logging_prints_the_result_and_redacts(tmp_path, monkeyp
 def test_killed_run_is_used_from_its_throughput_series(tmp_path):
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("killed", artifact_location=str(tmp_path / "mlruns"))
     # warm-up, then steady at about 2470 samples/s; no gpuopt/summary/* (killed)

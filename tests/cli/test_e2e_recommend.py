@@ -23,16 +23,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tiny_gpt_run, tmp_path_factory):
     """A sqlite store with one tracked tiny-GPT run; yields (env, run_id)."""
-    tmp = tmp_path_factory.mktemp("e2e")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+           "MLFLOW_TRACKING_URI": tiny_gpt_run.store_in(tmp_path_factory.mktemp("e2e")),
            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "train_tiny_gpt.py"),
-                          "--steps", "8"], cwd=tmp, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
     import mlflow
 
     client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from support.ports import free_port
 from support.skypilot import skypilot_check
+from support.sqlite_store import sqlite_uri
 
 from mlflow_gpuopt.catalog import load_catalog
 from mlflow_gpuopt.launch import (
@@ -145,7 +146,7 @@ def test_emitted_script_trains_tiny_gpt_on_two_gloo_processes_as_the_plan(tmp_pa
 
     plan = _plan(estimator, "p4d.24xlarge", gpus_per_node=2, nodes=1, micro_batch=4,
                  grad_accum=2, precision="fp32", strategy="ddp")
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db", str(tmp_path / "mlruns"))
     ctx = LaunchContext(plan_id="rec123:1", tracking_uri=uri, experiment_name="plan-runs",
                         script=str(REPO / "examples" / "train_tiny_gpt.py"))
     path = tmp_path / "launch.sh"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from support.ports import free_port
+from support.sqlite_store import sqlite_uri
 
 from mlflow_gpuopt import contract
 
@@ -37,20 +38,17 @@ def _cli(env, *args):
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+def loop(tiny_gpt_run, tmp_path_factory):
     """Measure, recommend with --emit, launch the emitted script; what each step left."""
     import mlflow
 
     tmp = tmp_path_factory.mktemp("loop")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = tiny_gpt_run.store_in(tmp)  # measured: the tiny GPT's tracked run
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "MLFLOW_TRACKING_URI": uri, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
            "PYTHONPATH": str(REPO), "GPUOPT_JOURNAL_DIR": str(tmp / "journal")}
     env.pop("GPUOPT_PLAN", None)
-    measured = subprocess.run([sys.executable, str(REPO / "examples" / "train_tiny_gpt.py"),
-                               "--steps", "8"], cwd=tmp, env=env, capture_output=True,
-                              text=True, timeout=300)
-    assert measured.returncode == 0, measured.stderr[-2000:]
+    measured = tiny_gpt_run.trained
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name("gpuopt-examples")
     (source,) = client.search_runs([exp.experiment_id])
@@ -296,7 +294,7 @@ def test_demo_ends_with_the_launch_artefacts_and_the_loop_closes(tmp_path):
     YAML; then the script trains the example as the plan and ``accuracy`` prints the pair."""
     import mlflow
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db", str(tmp_path / "mlruns"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO),
            "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal")}

@@ -4,9 +4,6 @@ of the tiny GPT example, and the flags' bad combinations."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -117,17 +114,10 @@ def test_bad_proxy_flags_are_one_line(proxy_files, cmd, extra, message):
 
 
 @pytest.fixture(scope="module")
-def cpu_proxy(tmp_path_factory):
+def cpu_proxy(tiny_gpt_run, tmp_path_factory):
     """A tracked CPU run of examples/train_tiny_gpt.py in a temp sqlite store:
     (tracking URI, run id, its kernels per micro-step, its params)."""
-    tmp = tmp_path_factory.mktemp("proxy")
-    uri = f"sqlite:///{tmp}/mlflow.db"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "MLFLOW_TRACKING_URI": uri, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "train_tiny_gpt.py"),
-                          "--steps", "8"], cwd=tmp, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    uri = tiny_gpt_run.store_in(tmp_path_factory.mktemp("proxy"))
     import mlflow
 
     client = mlflow.MlflowClient(uri)

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,16 +23,9 @@ RUN_TIME_KEYS = ("mlflow_run_id", "emitted")
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory):
+def tracked(tiny_gpt_run, tmp_path_factory):
     """(tracking URI, run id) of a tracked CPU run of examples/train_tiny_gpt.py."""
-    tmp = tmp_path_factory.mktemp("document")
-    uri = f"sqlite:///{tmp}/mlflow.db"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "MLFLOW_TRACKING_URI": uri, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "train_tiny_gpt.py"),
-                          "--steps", "8"], cwd=tmp, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    uri = tiny_gpt_run.store_in(tmp_path_factory.mktemp("document"))
     import mlflow
 
     client = mlflow.MlflowClient(uri)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.mlflow_server import MlflowServer, TinyTraining
+from support.sqlite_store import sqlite_uri
 from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt
@@ -40,7 +41,7 @@ def _invoke(*args: str):
 def test_replay_delivers_in_order_once_and_removes_journal(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     j = _journal(path, run_id, uri, steps=2500)
@@ -102,7 +103,7 @@ def test_bad_path_or_corrupt_journal_is_one_line_exit_2(tmp_path, content):
 def test_torn_last_line_is_ignored(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     _journal(path, run_id, uri, steps=10).close()
@@ -190,7 +191,7 @@ def test_journal_lines_in_any_key_order_replay_and_records_round_trip(tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     lines = [{"journal": "gpuopt.journal/1", "run_id": run_id, "tracking_uri": uri},

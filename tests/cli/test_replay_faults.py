@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.sqlite_store import sqlite_uri
 from click.testing import CliRunner
 
 from mlflow_gpuopt.cli import gpuopt
@@ -47,7 +48,7 @@ def _one_error_line(result) -> str:
 
 def test_replay_into_a_store_without_the_run_keeps_the_journal(tmp_path):
     """A typo in --tracking-uri: no "Delivered", exit 2, the journal as it was."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     _journal(path, run_id, uri, steps=300).close()
@@ -61,7 +62,7 @@ def test_replay_into_a_store_without_the_run_keeps_the_journal(tmp_path):
 def test_replay_of_a_deleted_run_keeps_the_journal(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     MlflowClient(uri).delete_run(run_id)
     path = tmp_path / "j.jsonl"
@@ -77,7 +78,7 @@ def test_a_second_replay_of_one_journal_refuses(tmp_path):
 
     from mlflow_gpuopt.mlflow_io.journal import replay_lock
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     _journal(path, run_id, uri, steps=50).close()
@@ -147,7 +148,7 @@ CORRUPT = {
 def test_corrupt_journal_line_is_one_line_exit_2_nothing_sent(tmp_path, name):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     path = tmp_path / "j.jsonl"
     j = _journal(path, run_id, uri, steps=0)

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from support.sqlite_store import sqlite_uri
 
 pytestmark = pytest.mark.faults
 
@@ -53,7 +54,7 @@ def test_concurrent_jobs_of_one_plan_all_stay_linked(tmp_path):
 
     from mlflow_gpuopt import contract
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("plan-link-race")
     target = client.create_run(exp).info.run_id

@@ -8,6 +8,7 @@ import time
 import pytest
 from support.ports import free_port
 from support.net_watch import NetWatch
+from support.sqlite_store import sqlite_uri
 
 from mlflow_gpuopt.mlflow_io.journal import iter_pending, read_state
 from mlflow_gpuopt.mlflow_io.writer import RunWriter
@@ -24,7 +25,7 @@ def test_delivers_metrics_params_tags_and_artifacts(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("LAMBDA_API_KEY", "FAKE-lambda-key-not-real-123")
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     w = RunWriter(run_id, uri, flush_interval_s=0.02, journal_dir=tmp_path / "j")
     for i in range(1500):
@@ -83,7 +84,7 @@ def test_journal_removed_when_caught_up_after_outage(tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     run_id = _run(uri)
     lock = sqlite3.connect(tmp_path / "mlflow.db", timeout=0)
     lock.execute("BEGIN EXCLUSIVE")  # the store refuses every write while this is held

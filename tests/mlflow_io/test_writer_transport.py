@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from support.sqlite_store import sqlite_uri
 
 from mlflow_gpuopt.mlflow_io import delivery
 from mlflow_gpuopt.mlflow_io.journal import read_state
@@ -22,7 +23,7 @@ N = 300
 def _store(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment(f"t-{time.time_ns()}")).info.run_id
     return uri, client, run_id

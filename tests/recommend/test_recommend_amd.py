@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 from click.testing import CliRunner
+from support.sqlite_store import sqlite_uri
 
 import mlflow_gpuopt as gpuopt
 from mlflow_gpuopt.catalog import load_catalog
@@ -62,7 +63,7 @@ def measured_run(tmp_path_factory):
     import mlflow
 
     tmp = tmp_path_factory.mktemp("amd_rec")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = sqlite_uri(tmp / "mlflow.db")
     mlflow.set_tracking_uri(uri)
     try:
         torch.manual_seed(0)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from support.ports import free_port
+from support.sqlite_store import sqlite_uri
 
 
 class MlflowServer:
@@ -40,6 +41,8 @@ class MlflowServer:
         env.update(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_ALLOW_FILE_STORE="true",
                    OMP_NUM_THREADS="1")
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.store.startswith("sqlite:"):  # a fresh store without the migrations' seconds
+            sqlite_uri(self.root / "db.sqlite", artifact_root="mlflow-artifacts:/")
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         mlflow_exe = Path(sys.executable).with_name("mlflow")
         self.proc = subprocess.Popen(

@@ -6,13 +6,17 @@ import os
 import sys
 from pathlib import Path
 
+from support.sqlite_store import sqlite_uri
+
 TIMEOUT_S = 120  # one job on 2 shared CPU cores
 
 
 def job_env(tmp_path: Path) -> dict:
-    """The job's environment: a sqlite store and a journal folder in ``tmp_path``."""
+    """The job's environment: a sqlite store (made here, empty) and a journal folder in
+    ``tmp_path``, the job's working directory."""
+    uri = sqlite_uri(tmp_path / "mlflow.db", artifact_root=str(tmp_path / "mlruns"))
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    env.update({"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": uri,
                 "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal"), "PYTHONUNBUFFERED": "1"})
     return env
 

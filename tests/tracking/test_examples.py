@@ -12,6 +12,7 @@ import mlflow
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from support.sqlite_store import sqlite_uri
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 5
@@ -119,7 +120,8 @@ def test_lightning_with_autolog_shares_one_run(tracking_uri, examples):
 
 
 def test_demo_script_prints_what_was_measured(tmp_path):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    uri = sqlite_uri(tmp_path / "mlflow.db", str(tmp_path / "mlruns"))  # the script's cwd
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri,
            "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, str(EXAMPLES / "demo.py"), "--steps", "4"],
                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)

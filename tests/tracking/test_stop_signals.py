@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.wait import wait_until
+from support.sqlite_store import sqlite_uri
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -25,7 +26,7 @@ JOB = Path(__file__).with_name("_stop_job.py")
 
 
 def _start(mode: str, tmp_path: Path) -> tuple[subprocess.Popen, str, Path]:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_uri(tmp_path / "mlflow.db")
     out = tmp_path / "run_id"
     env = {**os.environ, "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal"),
            "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -104,7 +105,7 @@ def test_handlers_installed_only_from_the_main_thread_and_restored(tmp_path, mon
     import mlflow_gpuopt as gpuopt
 
     monkeypatch.setenv("GPUOPT_JOURNAL_DIR", str(tmp_path / "journal"))
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow.set_tracking_uri(sqlite_uri(tmp_path / "mlflow.db"))
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -23,6 +23,7 @@ import pytest
 from mlflow_gpuopt.mlflow_io.runs import load_run_inputs
 from mlflow_gpuopt.perfmodel.layout import is_strategy
 from support.ports import free_port
+from support.sqlite_store import sqlite_uri
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +32,9 @@ TIMEOUT_S = 240
 
 
 def job_env(tmp_path: Path) -> dict:
+    uri = sqlite_uri(tmp_path / "mlflow.db", str(tmp_path / "mlruns"))  # the job's cwd
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    env.update({"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": uri,
                 "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal"), "PYTHONUNBUFFERED": "1"})
     return env
 
