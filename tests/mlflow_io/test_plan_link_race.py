@@ -84,7 +84,7 @@ def test_a_first_list_write_that_loses_the_insert_race_reads_again(tmp_path):
     from mlflow_gpuopt.launch.plan_check import PlanPrediction
     from mlflow_gpuopt.mlflow_io.plans import link_job
 
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(sqlite_uri(tmp_path / "mlflow.db"))
     exp = client.create_experiment("plan-link-insert-race")
     target = client.create_run(exp).info.run_id
     mine, other = (client.create_run(exp).info.run_id for _ in range(2))
