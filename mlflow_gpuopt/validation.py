@@ -84,6 +84,13 @@ BOUNDS: dict[str, Bound] = {
     "activation_bytes_per_sample": Bound(0, 1e18, "34 x hidden x layers x tokens stays "
                                                   "below 1e17 bytes"),
     "memory_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
+    # A recurrent decoder re-reads its weights every time step (Tacotron 2: ~700 passes):
+    # 1e12 parameters × 4 bytes × 1e6 passes is 4e18.
+    "weight_traffic_bytes_per_micro_step": Bound(0, 1e19, "1e12 fp32 parameters re-read 1e6 "
+                                                          "times is 4e18 bytes"),
+    # Micro-batches one run of the pipeline schedule takes: at most the accumulation's.
+    "pp_microbatches": Bound(1, 1e6, "accumulation beyond ~1e4 micro-steps is not used in "
+                                     "practice"),
     # A replay reruns at most the forward (a third of a step's model FLOPs): the same cap.
     "recompute_flops_per_sample": Bound(0, 1e21, "a replay reruns at most the forward"),
     # An eager step of a large model dispatches ~1e4–1e5 operators.

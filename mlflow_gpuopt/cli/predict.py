@@ -70,9 +70,12 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
               help="Activation recomputation (default: the workload's own, else none).")
 @click.option("--activation-checkpointing", is_flag=True,
               help="Full activation recomputation (same as --recompute full).")
-@click.option("--virtual-stages", type=click.IntRange(min=1), default=None,
+@click.option("--virtual-stages", type=click.IntRange(min=1, max=int(BOUNDS["num_layers"].high)),
+              default=None,
               help="Interleaved pipeline schedule: model chunks per pipeline stage.")
-@click.option("--pp-microbatches", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--pp-microbatches",
+              type=click.IntRange(min=1, max=int(BOUNDS["pp_microbatches"].high)),
+              default=None, metavar="N",
               help="Pipeline: micro-batches one run of the schedule takes, where each "
                    "gradient-accumulation step runs it again (torchtitan, NeMo AutoModel: "
                    "local batch / pipeline micro-batch); default: the whole step's.")

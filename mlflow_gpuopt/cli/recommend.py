@@ -71,7 +71,9 @@ from mlflow_gpuopt.validation import BOUNDS
                    "batch grows with the GPU count.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
-@click.option("--pp-microbatches", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--pp-microbatches",
+              type=click.IntRange(min=1, max=int(BOUNDS["pp_microbatches"].high)),
+              default=None, metavar="N",
               help="Pipeline: micro-batches one run of the schedule takes, where each "
                    "gradient-accumulation step runs it again (torchtitan, NeMo AutoModel).")
 @click.option("--moe-dispatcher", default=None, metavar="NAME",

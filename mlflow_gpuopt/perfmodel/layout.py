@@ -16,6 +16,15 @@ DP_STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 SHARDED_PARAMS = frozenset({"zero3", "fsdp"})
 _PART = re.compile(r"^(tp|pp|vp|dp|ep|cp)(\d*)$")
 _SEPARATORS = re.compile(r"[x×+,*]")
+#: Largest degree a strategy part may give: the largest training jobs run on ~1e5 GPUs and
+#: no model has 1e6 layers (``validation.BOUNDS``' GPU-count bound).
+MAX_DEGREE = 1_000_000
+
+
+def short(text: str, limit: int = 24) -> str:
+    """``text`` cut to ``limit`` characters, so a 5000-digit degree is not a 5000-character
+    error line."""
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def parse_layout(text: str) -> tuple[str, int, int, int, int]:
@@ -74,7 +83,11 @@ def _parse(text: str) -> tuple[str, int, int, int, int, int, int]:
             dp_name = part
             continue
         kind, digits = m.group(1), m.group(2)
-        degree = int(digits) if digits else 0
+        degree = (MAX_DEGREE + 1 if len(digits) > len(str(MAX_DEGREE))
+                  else int(digits) if digits else 0)
+        if degree > MAX_DEGREE:
+            raise PerfModelError(f"strategy {short(text)!r}: {kind}{short(digits)} is more "
+                                 f"than any job has (at most {MAX_DEGREE:,} GPUs or layers)")
         if kind == "dp":
             dp_name, dp = dp_name or "ddp", degree
         elif kind == "tp":

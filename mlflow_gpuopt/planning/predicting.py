@@ -156,9 +156,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         target_hw = power_capped(target_hw, r.power_limit_w, catalog.gpus[target].tdp_w)
     config = ParallelConfig(
         gpus_per_node=per_node, nodes=nodes,
-        strategy="x".join([f"dp{replicas}" if replicas and dp_strategy == "ddp"
-                           else dp_strategy] + ([f"ep{ep}"] if ep > 1 else [])
-                          + ([f"cp{cp}"] if cp > 1 else [])),
+        strategy=_spelled(f"dp{replicas}" if replicas and dp_strategy == "ddp"
+                          else dp_strategy, cp=cp, ep=ep),
         micro_batch=r.micro_batch or workload.micro_batch,
         grad_accum=r.grad_accum or workload.grad_accum or 1,
         precision=precision or workload.precision,
@@ -228,3 +227,15 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
                                      "exposed_comm": t.exposed_comm_hours,
                                      "bubble": t.bubble_hours}})
     return result
+
+
+def _spelled(flavour: str, cp: int, ep: int) -> str:
+    """The data-parallel part with the context- and expert-parallel degrees above 1, spelled
+    as ``--strategy`` and ``gpuopt.strategy`` spell them (``cp4xep8xfsdp``)."""
+    from mlflow_gpuopt.perfmodel.layout import with_degree
+
+    for kind, degree in (("cp", cp), ("ep", ep)):
+        if degree > 1:
+            flavour = with_degree(flavour, kind, degree)
+    return flavour
+

@@ -278,6 +278,15 @@ CASES = [
      "data-parallel"),
     ("predict-fp8-on-v100", ["predict", "--gpu", "V100-SXM2-16GB", "--gpus", "1",
                              "--workload", "{f}workload.json", "--precision", "fp8"], "fp8"),
+    # degrees no job has: a 5000-digit one was a ValueError traceback (Python's int limit)
+    ("predict-strategy-5000-digit-tp", [*PREDICT_FILES, "--strategy", "tp" + "9" * 5000],
+     "more than any job has"),
+    ("predict-strategy-vp-1e11", [*PREDICT_FILES, "--strategy", "pp2xvp99999999999"],
+     "more than any job has"),
+    ("predict-virtual-stages-1e14", [*PREDICT_FILES, "--virtual-stages", "99999999999999"],
+     "--virtual-stages"),
+    ("predict-pp-microbatches-1e14", [*PREDICT_FILES, "--pp-microbatches", "99999999999999"],
+     "--pp-microbatches"),
 ]
 
 #: Bad inputs that already ended in one line and exit 2 before the checks above; kept so the
