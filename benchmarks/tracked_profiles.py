@@ -41,7 +41,8 @@ sys.path.insert(0, str(HERE / "workloads"))
 
 #: Samples per CPU training step (small: the profile is per sample).
 CPU_BATCH = {"resnet50_v1.5": 2, "ncf": 4096, "tacotron2": 2, "gnmt": 4,
-             "bert_large_pretrain_seq128": 2, "bert_large_pretrain_seq512": 1}
+             "bert_large_pretrain_seq128": 2, "bert_large_pretrain_seq512": 1,
+             "waveglow": 1, "ssd300": 2}
 #: Steps tracked: the profiled one (``profile_step`` 0) and two timed after a warm-up of one.
 STEPS = 3
 
@@ -230,6 +231,186 @@ def _bert(seq: int) -> tuple:
     return model, opt, step
 
 
+# WaveGlow as DLE's PyTorch/SpeechSynthesis/Tacotron2 trains it (waveglow/arg_parser.py
+# defaults, scripts/train_waveglow.sh's --segment-length 8000; hop 256 -> 32 mel frames).
+WG_MELS, WG_FLOWS, WG_GROUP, WG_EARLY_EVERY, WG_EARLY_SIZE = 80, 12, 8, 4, 2
+WG_LAYERS, WG_CHANNELS, WG_KERNEL, WG_SEGMENT, WG_FRAMES = 8, 512, 3, 8000, 32
+
+
+def _waveglow() -> tuple:
+    import warnings
+
+    import torch
+    import torch.nn as nn
+
+    def wnorm(conv):  # DLE's torch.nn.utils.weight_norm, deprecated for parametrizations
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return nn.utils.weight_norm(conv, name="weight")
+
+    class WN(nn.Module):
+        """Dilated 1-D convolutions with gated tanh-sigmoid units, conditioned on the mel."""
+
+        def __init__(self, n_in: int) -> None:
+            super().__init__()
+            c = WG_CHANNELS
+            self.start = wnorm(nn.Conv1d(n_in, c, 1))
+            self.end = nn.Conv1d(c, 2 * n_in, 1)
+            self.ins = nn.ModuleList(
+                wnorm(nn.Conv1d(c, 2 * c, WG_KERNEL, dilation=2 ** i, padding=2 ** i))
+                for i in range(WG_LAYERS))
+            self.conds = nn.ModuleList(wnorm(nn.Conv1d(WG_MELS * WG_GROUP, 2 * c, 1))
+                                       for _ in range(WG_LAYERS))
+            self.res_skips = nn.ModuleList(
+                wnorm(nn.Conv1d(c, 2 * c if i < WG_LAYERS - 1 else c, 1))
+                for i in range(WG_LAYERS))
+
+        def forward(self, audio, spect):
+            c = WG_CHANNELS
+            audio, out = self.start(audio), None
+            for i in range(WG_LAYERS):
+                z = self.ins[i](audio) + self.conds[i](spect)
+                acts = torch.tanh(z[:, :c]) * torch.sigmoid(z[:, c:])
+                rs = self.res_skips[i](acts)
+                if i < WG_LAYERS - 1:
+                    audio, skip = rs[:, :c] + audio, rs[:, c:]
+                else:
+                    skip = rs
+                out = skip if out is None else skip + out
+            return self.end(out)
+
+    class WaveGlow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.upsample = nn.ConvTranspose1d(WG_MELS, WG_MELS, 1024, stride=256)
+            self.convinv, self.wn = nn.ModuleList(), nn.ModuleList()
+            remaining = WG_GROUP
+            for k in range(WG_FLOWS):
+                if k % WG_EARLY_EVERY == 0 and k > 0:
+                    remaining -= WG_EARLY_SIZE
+                w = torch.linalg.qr(torch.randn(remaining, remaining))[0]
+                conv = nn.Conv1d(remaining, remaining, 1, bias=False)
+                conv.weight.data = w.unsqueeze(-1)
+                self.convinv.append(conv)
+                self.wn.append(WN(remaining // 2))
+
+        def forward(self, spect, audio):
+            spect = self.upsample(spect)[:, :, :audio.size(1)]
+            spect = spect.unfold(2, WG_GROUP, WG_GROUP).permute(0, 2, 1, 3)
+            spect = spect.contiguous().view(spect.size(0), spect.size(1), -1).permute(0, 2, 1)
+            audio = audio.unfold(1, WG_GROUP, WG_GROUP).permute(0, 2, 1)
+            out, log_s_total, log_det_total = [], 0, 0
+            for k in range(WG_FLOWS):
+                if k % WG_EARLY_EVERY == 0 and k > 0:
+                    out.append(audio[:, :WG_EARLY_SIZE])
+                    audio = audio[:, WG_EARLY_SIZE:]
+                conv = self.convinv[k]
+                audio = conv(audio)  # invertible 1x1 convolution, its log-determinant below
+                log_det_total = log_det_total + (audio.size(0) * audio.size(2)
+                                                 * torch.logdet(conv.weight.squeeze(-1)))
+                half = audio.size(1) // 2
+                a0, a1 = audio[:, :half], audio[:, half:]
+                o = self.wn[k](a0, spect)
+                log_s, b = o[:, half:], o[:, :half]
+                audio = torch.cat((a0, torch.exp(log_s) * a1 + b), 1)
+                log_s_total = log_s_total + log_s.sum()
+            z = torch.cat((*out, audio), 1)
+            # WaveGlowLoss, sigma 1.0
+            return (0.5 * (z * z).sum() - log_s_total - log_det_total) / z.numel()
+
+    torch.manual_seed(0)
+    model = WaveGlow().train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    b = CPU_BATCH["waveglow"]
+    mels = torch.randn(b, WG_MELS, WG_FRAMES)
+    audio = 0.1 * torch.randn(b, WG_SEGMENT)
+
+    def step() -> None:
+        model(mels, audio).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
+# SSD300 v1.1 as DLE's PyTorch/Detection/SSD builds it (src/model.py): ResNet-50 up to
+# conv4 (layer3) with conv4's first block at stride 1 (38x38 maps at 300x300), five extra
+# feature blocks, 3x3 loc/conf heads on six maps (8,732 default boxes, 81 COCO labels);
+# its loss: smooth-L1 on the positives' boxes, cross-entropy with 3:1 hard negative mining.
+SSD_IMAGE, SSD_LABELS, SSD_DEFAULTS = 300, 81, (4, 6, 6, 6, 4, 4)
+SSD_CHANNELS, SSD_MID = (1024, 512, 512, 256, 256, 256), (256, 256, 128, 128, 128)
+
+
+def _ssd300(channels_last: bool) -> tuple:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as nnf
+    from measure_gemm_kernels import EXPANSION, RESNET_LAYERS, RESNET_WIDTHS, Bottleneck
+
+    class SSD300(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            blocks, c_in = [], 64
+            for stage, (n, width) in enumerate(zip(RESNET_LAYERS[:3], RESNET_WIDTHS[:3],
+                                                   strict=True)):
+                for i in range(n):
+                    blocks.append(Bottleneck(c_in, width, 2 if i == 0 and stage == 1 else 1))
+                    c_in = width * EXPANSION
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
+                nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1), *blocks)
+            self.extra = nn.ModuleList(
+                nn.Sequential(nn.Conv2d(a, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                              nn.Conv2d(mid, b, 3, padding=1 if i < 3 else 0,
+                                        stride=2 if i < 3 else 1, bias=False),
+                              nn.BatchNorm2d(b), nn.ReLU())
+                for i, (a, b, mid) in enumerate(zip(SSD_CHANNELS[:-1], SSD_CHANNELS[1:],
+                                                    SSD_MID, strict=True)))
+            self.loc = nn.ModuleList(nn.Conv2d(c, d * 4, 3, padding=1)
+                                     for d, c in zip(SSD_DEFAULTS, SSD_CHANNELS, strict=True))
+            self.conf = nn.ModuleList(nn.Conv2d(c, d * SSD_LABELS, 3, padding=1)
+                                      for d, c in zip(SSD_DEFAULTS, SSD_CHANNELS, strict=True))
+
+        def forward(self, x):
+            feeds = [self.features(x)]
+            for block in self.extra:
+                feeds.append(block(feeds[-1]))
+            n = x.size(0)
+            locs = torch.cat([h(f).reshape(n, 4, -1) for h, f in zip(self.loc, feeds,
+                                                                   strict=True)], 2)
+            confs = torch.cat([h(f).reshape(n, SSD_LABELS, -1) for h, f in zip(self.conf, feeds,
+                                                                             strict=True)], 2)
+            return locs.contiguous(), confs.contiguous()
+
+    def loss_fn(ploc, plabel, gloc, glabel):
+        mask = glabel > 0
+        pos = mask.sum(dim=1)
+        sl1 = (mask.float() * nnf.smooth_l1_loss(ploc, gloc, reduction="none").sum(1)).sum(1)
+        con = nnf.cross_entropy(plabel, glabel, reduction="none")
+        con_neg = con.clone()
+        con_neg[mask] = 0
+        rank = con_neg.sort(dim=1, descending=True)[1].sort(dim=1)[1]
+        neg = rank < torch.clamp(3 * pos, max=mask.size(1)).unsqueeze(-1)
+        closs = (con * (mask | neg).float()).sum(1)
+        return ((sl1 + closs) * (pos > 0).float() / pos.float().clamp(min=1e-6)).mean()
+
+    torch.manual_seed(0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = SSD300().train().to(memory_format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=2.6e-3, momentum=0.9, weight_decay=5e-4)
+    b = CPU_BATCH["ssd300"]
+    images = torch.randn(b, 3, SSD_IMAGE, SSD_IMAGE).contiguous(memory_format=fmt)
+    boxes = 8732
+    gloc = torch.randn(b, 4, boxes)
+    glabel = torch.where(torch.rand(b, boxes) < 0.01,  # ~1 % of default boxes matched
+                         torch.randint(1, SSD_LABELS, (b, boxes)), torch.zeros(b, boxes).long())
+
+    def step() -> None:
+        loss_fn(*model(images), gloc, glabel).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
 JOBS = {
     "resnet50_v1.5": (Job("resnet50_v1.5", lambda: _resnet(False), "contiguous"),
                       Job("resnet50_v1.5", lambda: _resnet(True), "channels_last")),
@@ -238,6 +419,8 @@ JOBS = {
     "gnmt": (Job("gnmt", _gnmt),),
     "bert_large_pretrain_seq128": (Job("bert_large_pretrain_seq128", lambda: _bert(128)),),
     "bert_large_pretrain_seq512": (Job("bert_large_pretrain_seq512", lambda: _bert(512)),),
+    "waveglow": (Job("waveglow", _waveglow),),
+    "ssd300": (Job("ssd300", lambda: _ssd300(True), "channels_last"),),
 }
 
 
