@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE / "workloads"))
 #: Samples per CPU training step (small: the profile is per sample).
 CPU_BATCH = {"resnet50_v1.5": 2, "ncf": 4096, "tacotron2": 2, "gnmt": 4,
              "bert_large_pretrain_seq128": 2, "bert_large_pretrain_seq512": 1,
-             "waveglow": 1, "ssd300": 2}
+             "waveglow": 1, "ssd300": 2, "transformerxl_base": 1}
 #: Steps tracked: the profiled one (``profile_step`` 0) and two timed after a warm-up of one.
 STEPS = 3
 
@@ -411,6 +411,126 @@ def _ssd300(channels_last: bool) -> tuple:
     return model, opt, step
 
 
+# Transformer-XL base as DLE's PyTorch/LanguageModeling/Transformer-XL trains it on WT103
+# (wt103_base.yaml; train.py's defaults: relative attention attn_type 0, post-LayerNorm,
+# tied adaptive embedding and softmax, div_val 1, cutoffs 19997/39997/199997).
+TXL_VOCAB, TXL_CUTOFFS = 267735, (19997, 39997, 199997)
+TXL_LAYERS, TXL_D, TXL_HEADS, TXL_DHEAD, TXL_INNER = 16, 512, 8, 64, 2048
+TXL_TGT, TXL_MEM, TXL_DROPOUT = 192, 192, 0.1
+
+
+def _transformerxl() -> tuple:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as nnf
+
+    n, dh, d = TXL_HEADS, TXL_DHEAD, TXL_D
+
+    class RelLayer(nn.Module):
+        """``RelPartialLearnableDecoderLayer``: relative multi-head attention over memory and
+        segment (content term AC, position term BD after the relative shift), then the FFN,
+        each with a residual and a LayerNorm after it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * n * dh, bias=False)
+            self.r_net = nn.Linear(d, n * dh, bias=False)
+            self.o_net = nn.Linear(n * dh, d, bias=False)
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.ff1, self.ff2 = nn.Linear(d, TXL_INNER), nn.Linear(TXL_INNER, d)
+
+        def forward(self, w, r, r_w_bias, r_r_bias, mask, mem):
+            qlen, b = w.shape[:2]
+            heads = self.qkv(torch.cat((mem, w), 0))
+            q, k, v = heads.chunk(3, dim=-1)
+            klen = k.size(0)
+            q = q[-qlen:].view(qlen, b, n, dh)
+            k, v = k.view(klen, b, n, dh), v.view(klen, b, n, dh)
+            rk = self.r_net(r).view(klen, n, dh)
+            ac = torch.einsum("ibnd,jbnd->bnij", q + r_w_bias, k)
+            bd = torch.einsum("ibnd,jnd->bnij", q + r_r_bias, rk)
+            pad = torch.zeros(b, n, qlen, 1, dtype=bd.dtype)  # _rel_shift
+            bd = torch.cat((pad, bd), 3).view(b, n, klen + 1, qlen)[:, :, 1:].view_as(ac)
+            score = ((ac + bd) * dh ** -0.5).masked_fill(mask, float("-inf"))
+            vec = torch.einsum("bnij,jbnd->ibnd", nnf.softmax(score, dim=3), v)
+            out = nnf.dropout(self.o_net(vec.reshape(qlen, b, n * dh)), TXL_DROPOUT,
+                              self.training)
+            w = self.norm1(w + out)
+            ff = nnf.dropout(nnf.relu(self.ff1(w)), TXL_DROPOUT, self.training)
+            return self.norm2(w + nnf.dropout(self.ff2(ff), TXL_DROPOUT, self.training))
+
+    class TransformerXL(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(TXL_VOCAB, d)  # the softmax's weight too (tied)
+            self.out_bias = nn.Parameter(torch.zeros(TXL_VOCAB))
+            self.cluster_weight = nn.Parameter(torch.zeros(len(TXL_CUTOFFS), d))
+            self.cluster_bias = nn.Parameter(torch.zeros(len(TXL_CUTOFFS)))
+            self.r_w_bias = nn.Parameter(torch.zeros(n, dh))
+            self.r_r_bias = nn.Parameter(torch.zeros(n, dh))
+            self.layers = nn.ModuleList(RelLayer() for _ in range(TXL_LAYERS))
+
+        def forward(self, tokens, target, mems):
+            qlen, b = tokens.shape
+            klen = qlen + TXL_MEM
+            x = nnf.dropout(self.embed(tokens) * d ** 0.5, TXL_DROPOUT, self.training)
+            mask = torch.triu(torch.ones(qlen, klen, dtype=torch.bool), 1 + TXL_MEM)
+            pos = torch.arange(klen - 1, -1, -1.0)
+            inv = 1 / 10000 ** (torch.arange(0.0, d, 2.0) / d)
+            r = torch.outer(pos, inv)
+            r = nnf.dropout(torch.cat((r.sin(), r.cos()), -1), TXL_DROPOUT, self.training)
+            hids = [x]
+            for layer, mem in zip(self.layers, mems, strict=False):
+                x = layer(x, r, self.r_w_bias, self.r_r_bias, mask, mem)
+                hids.append(x)
+            new_mems = [torch.cat((m, h), 0)[-TXL_MEM:].detach()
+                        for m, h in zip(mems, hids, strict=False)]
+            return self._adaptive_nll(nnf.dropout(x, TXL_DROPOUT, self.training)
+                                      .reshape(-1, d), target.reshape(-1)), new_mems
+
+        def _adaptive_nll(self, hidden, target):
+            """``ProjectedAdaptiveLogSoftmax`` at div_val 1: the head (the first cutoff's
+            words and one logit per tail cluster) for every token, each tail cluster's
+            words only for the tokens whose target is in it."""
+            w, bias, head = self.embed.weight, self.out_bias, TXL_CUTOFFS[0]
+            head_logp = nnf.log_softmax(
+                hidden @ torch.cat((w[:head], self.cluster_weight)).t()
+                + torch.cat((bias[:head], self.cluster_bias)), dim=1)
+            nll = torch.zeros_like(target, dtype=hidden.dtype)
+            edges = (0, *TXL_CUTOFFS, TXL_VOCAB)
+            for i in range(len(edges) - 1):
+                lo, hi = edges[i], edges[i + 1]
+                idx = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
+                if idx.numel() == 0:
+                    continue
+                t = target.index_select(0, idx) - lo
+                h_logp = head_logp.index_select(0, idx)
+                if i == 0:
+                    logp = h_logp.gather(1, t[:, None]).squeeze(1)
+                else:
+                    tail = nnf.log_softmax(hidden.index_select(0, idx) @ w[lo:hi].t()
+                                           + bias[lo:hi], dim=1)
+                    logp = h_logp[:, head + i - 1] + tail.gather(1, t[:, None]).squeeze(1)
+                nll = nll.index_copy(0, idx, -logp)
+            return nll.mean()
+
+    torch.manual_seed(0)
+    model = TransformerXL().train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    b = CPU_BATCH["transformerxl_base"]
+    # WT103's words are Zipf-distributed (~80 % of tokens in the 19,997-word head cluster)
+    zipf = 1 / torch.arange(1, TXL_VOCAB + 1, dtype=torch.float64)
+    stream = torch.multinomial(zipf, (TXL_TGT + 1) * b, replacement=True).view(b, -1).t()
+    state = {"mems": [torch.zeros(TXL_MEM, b, d) for _ in range(TXL_LAYERS + 1)]}
+
+    def step() -> None:
+        loss, state["mems"] = model(stream[:-1], stream[1:], state["mems"])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, step
+
+
 JOBS = {
     "resnet50_v1.5": (Job("resnet50_v1.5", lambda: _resnet(False), "contiguous"),
                       Job("resnet50_v1.5", lambda: _resnet(True), "channels_last")),
@@ -421,6 +541,7 @@ JOBS = {
     "bert_large_pretrain_seq512": (Job("bert_large_pretrain_seq512", lambda: _bert(512)),),
     "waveglow": (Job("waveglow", _waveglow),),
     "ssd300": (Job("ssd300", lambda: _ssd300(True), "channels_last"),),
+    "transformerxl_base": (Job("transformerxl_base", _transformerxl),),
 }
 
 
