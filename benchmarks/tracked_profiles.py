@@ -42,7 +42,8 @@ sys.path.insert(0, str(HERE / "workloads"))
 #: Samples per CPU training step (small: the profile is per sample).
 CPU_BATCH = {"resnet50_v1.5": 2, "ncf": 4096, "tacotron2": 2, "gnmt": 4,
              "bert_large_pretrain_seq128": 2, "bert_large_pretrain_seq512": 1,
-             "waveglow": 1, "ssd300": 2, "transformerxl_base": 1}
+             "waveglow": 1, "ssd300": 2, "transformerxl_base": 1,
+             "transformerxl_large": 1}
 #: Steps tracked: the profiled one (``profile_step`` 0) and two timed after a warm-up of one.
 STEPS = 3
 
@@ -411,20 +412,42 @@ def _ssd300(channels_last: bool) -> tuple:
     return model, opt, step
 
 
-# Transformer-XL base as DLE's PyTorch/LanguageModeling/Transformer-XL trains it on WT103
-# (wt103_base.yaml; train.py's defaults: relative attention attn_type 0, post-LayerNorm,
-# tied adaptive embedding and softmax, div_val 1, cutoffs 19997/39997/199997).
-TXL_VOCAB, TXL_CUTOFFS = 267735, (19997, 39997, 199997)
-TXL_LAYERS, TXL_D, TXL_HEADS, TXL_DHEAD, TXL_INNER = 16, 512, 8, 64, 2048
-TXL_TGT, TXL_MEM, TXL_DROPOUT = 192, 192, 0.1
+# Transformer-XL as DLE's PyTorch/LanguageModeling/Transformer-XL trains it on WT103
+# (wt103_base.yaml, wt103_large.yaml; train.py's defaults: relative attention attn_type 0,
+# post-LayerNorm, adaptive embedding and softmax at cutoffs 19997/39997/199997 with tied
+# weights, tie_projs False for the head cluster and True for the tails).
+TXL_VOCAB, TXL_CUTOFFS, TXL_DHEAD = 267735, (19997, 39997, 199997), 64
 
 
-def _transformerxl() -> tuple:
+@dataclass(frozen=True)
+class TxlShape:
+    """One wt103 configuration: layers, d_model, heads (of 64), d_inner, tgt_len (tokens per
+    batch item), mem_len, dropout, dropatt, div_val (cluster i's embedding is d_model ÷
+    div_val**i wide, projected to d_model)."""
+
+    layers: int
+    d_model: int
+    heads: int
+    d_inner: int
+    tgt_len: int
+    mem_len: int
+    dropout: float
+    dropatt: float
+    div_val: int
+
+
+TXL = {"transformerxl_base": TxlShape(16, 512, 8, 2048, 192, 192, 0.1, 0.0, 1),
+       "transformerxl_large": TxlShape(18, 1024, 16, 4096, 384, 384, 0.2, 0.2, 4)}
+
+
+def _transformerxl(name: str) -> tuple:
     import torch
     import torch.nn as nn
     import torch.nn.functional as nnf
 
-    n, dh, d = TXL_HEADS, TXL_DHEAD, TXL_D
+    c = TXL[name]
+    n, dh, d, p = c.heads, TXL_DHEAD, c.d_model, c.dropout
+    edges = (0, *TXL_CUTOFFS, TXL_VOCAB)
 
     class RelLayer(nn.Module):
         """``RelPartialLearnableDecoderLayer``: relative multi-head attention over memory and
@@ -437,7 +460,7 @@ def _transformerxl() -> tuple:
             self.r_net = nn.Linear(d, n * dh, bias=False)
             self.o_net = nn.Linear(n * dh, d, bias=False)
             self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.ff1, self.ff2 = nn.Linear(d, TXL_INNER), nn.Linear(TXL_INNER, d)
+            self.ff1, self.ff2 = nn.Linear(d, c.d_inner), nn.Linear(c.d_inner, d)
 
         def forward(self, w, r, r_w_bias, r_r_bias, mask, mem):
             qlen, b = w.shape[:2]
@@ -452,52 +475,78 @@ def _transformerxl() -> tuple:
             pad = torch.zeros(b, n, qlen, 1, dtype=bd.dtype)  # _rel_shift
             bd = torch.cat((pad, bd), 3).view(b, n, klen + 1, qlen)[:, :, 1:].view_as(ac)
             score = ((ac + bd) * dh ** -0.5).masked_fill(mask, float("-inf"))
-            vec = torch.einsum("bnij,jbnd->ibnd", nnf.softmax(score, dim=3), v)
-            out = nnf.dropout(self.o_net(vec.reshape(qlen, b, n * dh)), TXL_DROPOUT,
-                              self.training)
+            prob = nnf.dropout(nnf.softmax(score, dim=3), c.dropatt, self.training)
+            vec = torch.einsum("bnij,jbnd->ibnd", prob, v)
+            out = nnf.dropout(self.o_net(vec.reshape(qlen, b, n * dh)), p, self.training)
             w = self.norm1(w + out)
-            ff = nnf.dropout(nnf.relu(self.ff1(w)), TXL_DROPOUT, self.training)
-            return self.norm2(w + nnf.dropout(self.ff2(ff), TXL_DROPOUT, self.training))
+            ff = nnf.dropout(nnf.relu(self.ff1(w)), p, self.training)
+            return self.norm2(w + nnf.dropout(self.ff2(ff), p, self.training))
 
     class TransformerXL(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embed = nn.Embedding(TXL_VOCAB, d)  # the softmax's weight too (tied)
+            widths = [d // c.div_val ** i for i in range(len(edges) - 1)]
+            # one table at div_val 1, else one per cluster
+            self.embeds = nn.ModuleList(
+                [nn.Embedding(TXL_VOCAB, d)] if c.div_val == 1 else
+                [nn.Embedding(hi - lo, e)
+                 for lo, hi, e in zip(edges, edges[1:], widths, strict=False)])
+            # (d_model, d_emb) projections where div_val > 1; the tails' are the softmax's too
+            self.emb_projs = nn.ParameterList(nn.Parameter(0.01 * torch.randn(d, e))
+                                              for e in widths) if c.div_val > 1 else None
+            self.head_proj = nn.Parameter(0.01 * torch.randn(d, d)) if c.div_val > 1 else None
             self.out_bias = nn.Parameter(torch.zeros(TXL_VOCAB))
-            self.cluster_weight = nn.Parameter(torch.zeros(len(TXL_CUTOFFS), d))
+            self.cluster_weight = nn.Parameter(torch.zeros(len(TXL_CUTOFFS), widths[0]))
             self.cluster_bias = nn.Parameter(torch.zeros(len(TXL_CUTOFFS)))
             self.r_w_bias = nn.Parameter(torch.zeros(n, dh))
             self.r_r_bias = nn.Parameter(torch.zeros(n, dh))
-            self.layers = nn.ModuleList(RelLayer() for _ in range(TXL_LAYERS))
+            self.layers = nn.ModuleList(RelLayer() for _ in range(c.layers))
+
+        def embed(self, tokens):
+            if self.emb_projs is None:
+                return self.embeds[0](tokens)
+            flat = tokens.reshape(-1)
+            out = torch.zeros(flat.numel(), d)
+            for i, emb in enumerate(self.embeds):
+                idx = ((flat >= edges[i]) & (flat < edges[i + 1])).nonzero().squeeze(1)
+                if idx.numel():
+                    e = nnf.linear(emb(flat.index_select(0, idx) - edges[i]), self.emb_projs[i])
+                    out = out.index_copy(0, idx, e)
+            return out.view(*tokens.shape, d)
 
         def forward(self, tokens, target, mems):
             qlen, b = tokens.shape
-            klen = qlen + TXL_MEM
-            x = nnf.dropout(self.embed(tokens) * d ** 0.5, TXL_DROPOUT, self.training)
-            mask = torch.triu(torch.ones(qlen, klen, dtype=torch.bool), 1 + TXL_MEM)
+            klen = qlen + c.mem_len
+            x = nnf.dropout(self.embed(tokens) * d ** 0.5, p, self.training)
+            mask = torch.triu(torch.ones(qlen, klen, dtype=torch.bool), 1 + c.mem_len)
             pos = torch.arange(klen - 1, -1, -1.0)
-            inv = 1 / 10000 ** (torch.arange(0.0, d, 2.0) / d)
-            r = torch.outer(pos, inv)
-            r = nnf.dropout(torch.cat((r.sin(), r.cos()), -1), TXL_DROPOUT, self.training)
+            r = torch.outer(pos, 1 / 10000 ** (torch.arange(0.0, d, 2.0) / d))
+            r = nnf.dropout(torch.cat((r.sin(), r.cos()), -1), p, self.training)
             hids = [x]
             for layer, mem in zip(self.layers, mems, strict=False):
                 x = layer(x, r, self.r_w_bias, self.r_r_bias, mask, mem)
                 hids.append(x)
-            new_mems = [torch.cat((m, h), 0)[-TXL_MEM:].detach()
+            new_mems = [torch.cat((m, h), 0)[-c.mem_len:].detach()
                         for m, h in zip(mems, hids, strict=False)]
-            return self._adaptive_nll(nnf.dropout(x, TXL_DROPOUT, self.training)
-                                      .reshape(-1, d), target.reshape(-1)), new_mems
+            return self._adaptive_nll(nnf.dropout(x, p, self.training).reshape(-1, d),
+                                      target.reshape(-1)), new_mems
+
+        def _logits(self, hidden, i, weight, bias):
+            """A cluster's logits: through its projection where div_val > 1 (the head's its
+            own, untied), then its (tied) embedding table."""
+            if self.emb_projs is not None:
+                hidden = hidden @ (self.head_proj if i == 0 else self.emb_projs[i])
+            return nnf.linear(hidden, weight, bias)
 
         def _adaptive_nll(self, hidden, target):
-            """``ProjectedAdaptiveLogSoftmax`` at div_val 1: the head (the first cutoff's
-            words and one logit per tail cluster) for every token, each tail cluster's
-            words only for the tokens whose target is in it."""
-            w, bias, head = self.embed.weight, self.out_bias, TXL_CUTOFFS[0]
-            head_logp = nnf.log_softmax(
-                hidden @ torch.cat((w[:head], self.cluster_weight)).t()
-                + torch.cat((bias[:head], self.cluster_bias)), dim=1)
+            """``ProjectedAdaptiveLogSoftmax``: the head (the first cutoff's words and one
+            logit per tail cluster) for every token, each tail cluster's words only for the
+            tokens whose target is in it."""
+            head = TXL_CUTOFFS[0]
+            head_logp = nnf.log_softmax(self._logits(
+                hidden, 0, torch.cat((self.table(0), self.cluster_weight)),
+                torch.cat((self.out_bias[:head], self.cluster_bias))), dim=1)
             nll = torch.zeros_like(target, dtype=hidden.dtype)
-            edges = (0, *TXL_CUTOFFS, TXL_VOCAB)
             for i in range(len(edges) - 1):
                 lo, hi = edges[i], edges[i + 1]
                 idx = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
@@ -508,20 +557,28 @@ def _transformerxl() -> tuple:
                 if i == 0:
                     logp = h_logp.gather(1, t[:, None]).squeeze(1)
                 else:
-                    tail = nnf.log_softmax(hidden.index_select(0, idx) @ w[lo:hi].t()
-                                           + bias[lo:hi], dim=1)
+                    tail = nnf.log_softmax(self._logits(hidden.index_select(0, idx), i,
+                                                        self.table(i),
+                                                        self.out_bias[lo:hi]), dim=1)
                     logp = h_logp[:, head + i - 1] + tail.gather(1, t[:, None]).squeeze(1)
                 nll = nll.index_copy(0, idx, -logp)
             return nll.mean()
 
+        def table(self, i):
+            """Cluster ``i``'s embedding rows (the softmax's weight: tied)."""
+            if self.emb_projs is None:
+                return self.embeds[0].weight[edges[i]:edges[i + 1]]
+            return self.embeds[i].weight
+
     torch.manual_seed(0)
     model = TransformerXL().train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    b = CPU_BATCH["transformerxl_base"]
+    b = CPU_BATCH[name]
     # WT103's words are Zipf-distributed (~80 % of tokens in the 19,997-word head cluster)
     zipf = 1 / torch.arange(1, TXL_VOCAB + 1, dtype=torch.float64)
-    stream = torch.multinomial(zipf, (TXL_TGT + 1) * b, replacement=True).view(b, -1).t()
-    state = {"mems": [torch.zeros(TXL_MEM, b, d) for _ in range(TXL_LAYERS + 1)]}
+    stream = torch.multinomial(zipf, (c.tgt_len + 1) * b, replacement=True).view(b, -1).t()
+    # the memory of a run past its first segment: mem_len positions of every layer's input
+    state = {"mems": [torch.zeros(c.mem_len, b, d) for _ in range(c.layers + 1)]}
 
     def step() -> None:
         loss, state["mems"] = model(stream[:-1], stream[1:], state["mems"])
@@ -529,7 +586,6 @@ def _transformerxl() -> tuple:
         opt.step()
         opt.zero_grad()
     return model, opt, step
-
 
 JOBS = {
     "resnet50_v1.5": (Job("resnet50_v1.5", lambda: _resnet(False), "contiguous"),
@@ -541,7 +597,7 @@ JOBS = {
     "bert_large_pretrain_seq512": (Job("bert_large_pretrain_seq512", lambda: _bert(512)),),
     "waveglow": (Job("waveglow", _waveglow),),
     "ssd300": (Job("ssd300", lambda: _ssd300(True), "channels_last"),),
-    "transformerxl_base": (Job("transformerxl_base", _transformerxl),),
+    **{name: (Job(name, lambda name=name: _transformerxl(name)),) for name in TXL},
 }
 
 
