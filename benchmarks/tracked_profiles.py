@@ -22,6 +22,22 @@ shape (no torchvision, not installable here; no download: BERT from its config):
   cross-entropy, Adam; 27 source and 27 target tokens (the workload file's ~54 per pair);
 - ``bert_large_pretrain_seq128`` / ``seq512``: ``transformers``' ``BertForPreTraining`` from a
   BERT-large ``BertConfig`` with eager attention (as DLE's BERT runs it), MLM + NSP, AdamW.
+- ``waveglow``: WaveGlow as DLE's ``PyTorch/SpeechSynthesis/Tacotron2`` trains it
+  (``waveglow/arg_parser.py`` defaults: 12 flows, groups of 8, an early output of 2 channels
+  every 4 flows, WN of 8 weight-normed layers of 512 channels, kernel 3; the mel upsampled by
+  a 1024-wide transposed convolution of stride 256), 8000-sample segments
+  (``train_waveglow.sh``) conditioned on 32 mel frames, its flow loss (sigma 1), Adam; 268.3 M
+  parameters;
+- ``ssd300``: SSD300 v1.1 as DLE's ``PyTorch/Detection/SSD`` builds it (ResNet-50 to conv4,
+  its first block at stride 1: 38x38 maps; five extra blocks; 3x3 box and 81-label heads on
+  six maps, 8,732 default boxes), 300x300, smooth-L1 plus hard-negative-mined (3:1)
+  cross-entropy, SGD with momentum; channels-last (``--data-layout``'s default); 22.9 M;
+- ``transformerxl_base`` / ``large``: Transformer-XL as DLE's
+  ``PyTorch/LanguageModeling/Transformer-XL`` trains it on WT103 (``wt103_base.yaml`` 16 x
+  512, 8 heads, d_inner 2048, tgt/mem 192; ``wt103_large.yaml`` 18 x 1024, 16 heads, 4096,
+  384, div_val 4): relative attention with its shift, a full memory, the tied adaptive
+  softmax at cutoffs 19,997/39,997/199,997 over Zipf-distributed targets; Adam for DLE's
+  LAMB (the same two moments per parameter); 192.0 M and 285.2 M parameters.
 
 Each run trains a few steps at a small CPU batch (``CPU_BATCH``) into a temporary sqlite
 store; the profile is per sample, so the batch of a DLE row is given to ``predict`` (with
