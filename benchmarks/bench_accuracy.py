@@ -447,7 +447,7 @@ def _tracked_result(t: Row, units: int, p: dict) -> Result:
     actual = t.throughput / units  # the run's samples are batch items (clips, sentences)
     return Result(t.model, abs(p["throughput_samples_per_s"] / actual - 1),
                   p["low"] <= actual <= p["high"], math.nan, p["high"] / p["low"],
-                  math.log(actual / p["throughput_samples_per_s"]))
+                  log_error=math.log(actual / p["throughput_samples_per_s"]))
 
 
 def task_tracked_prior(rows, wl, runs) -> list[Result]:

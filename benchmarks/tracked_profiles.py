@@ -531,6 +531,8 @@ def _transformerxl(name: str) -> tuple:
             return out.view(*tokens.shape, d)
 
         def forward(self, tokens, target, mems):
+            # batch-major in (a sample is one tgt_len segment), time-major inside as DLE's
+            tokens, target = tokens.t(), target.t()
             qlen, b = tokens.shape
             klen = qlen + c.mem_len
             x = nnf.dropout(self.embed(tokens) * d ** 0.5, p, self.training)
@@ -592,12 +594,12 @@ def _transformerxl(name: str) -> tuple:
     b = CPU_BATCH[name]
     # WT103's words are Zipf-distributed (~80 % of tokens in the 19,997-word head cluster)
     zipf = 1 / torch.arange(1, TXL_VOCAB + 1, dtype=torch.float64)
-    stream = torch.multinomial(zipf, (c.tgt_len + 1) * b, replacement=True).view(b, -1).t()
+    stream = torch.multinomial(zipf, (c.tgt_len + 1) * b, replacement=True).view(b, -1)
     # the memory of a run past its first segment: mem_len positions of every layer's input
     state = {"mems": [torch.zeros(c.mem_len, b, d) for _ in range(c.layers + 1)]}
 
     def step() -> None:
-        loss, state["mems"] = model(stream[:-1], stream[1:], state["mems"])
+        loss, state["mems"] = model(stream[:, :-1], stream[:, 1:], state["mems"])
         loss.backward()
         opt.step()
         opt.zero_grad()
