@@ -56,7 +56,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cli_path import OBSERVATION_COLUMNS, run_predict
+from cli_path import observations_args, run_predict
 from scores import explain_widths
 
 from mlflow_gpuopt.catalog import load_gpus
@@ -261,12 +261,8 @@ def cli_predict(path: Path, units: int, given: list[Row], t: Row) -> dict:
                          f"formats {sorted(map(str, formats))}")
     args = ["--workload", str(workload_path(path, t.precision))]
     if given:
-        obs = _tmp() / "observations.csv"
-        with obs.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(OBSERVATION_COLUMNS)
-            writer.writerows(observation_line(r, units) for r in given)
-        args += ["--observations", str(obs)]
+        args += observations_args(_tmp() / "observations.csv",
+                                  (observation_line(r, units) for r in given))
     args += ["--gpu", SYSTEMS[t.gpu][0], "--gpus", str(t.gpus), "--nodes", str(nodes_for_cli(t)),
              "--strategy", "single" if t.gpus == 1 else "ddp",
              "--micro-batch", str(t.micro_batch_items * units),
@@ -476,16 +472,31 @@ def task_tracked_cross_gpu(rows, wl, runs) -> list[Result]:
                     != memory_format(wl[t.model][0], src.precision)):
                 continue
             units = wl[t.model][1]
-            obs = _tmp() / "tracked_observations.csv"
-            with obs.open("w", newline="") as f:
-                writer = csv.writer(f)
-                writer.writerow(OBSERVATION_COLUMNS)
-                writer.writerow(observation_line(replace(src, throughput=src.throughput / units),
-                                                 1))
-            p = run_predict(["--workload", str(_profile_file(_run_for(runs, wl, t))),
-                             "--observations", str(obs), *_target_args(t)])
+            obs = observations_args(
+                _tmp() / "tracked_observations.csv",
+                [observation_line(replace(src, throughput=src.throughput / units), 1)])
+            p = run_predict(["--workload", str(_profile_file(_run_for(runs, wl, t))), *obs,
+                             *_target_args(t)])
             out.append(_tracked_result(t, units, p))
     return out
+
+
+def _print_lomo_coverage(logs: dict[str, list[float]], per_class: dict[str, float],
+                         digits: int) -> None:
+    """For each model held out: the width is the root-mean-square of the other models'
+    ``per_class`` figure (each model weighted once), and how many of the held-out model's
+    log errors fall inside ±1.645 of it; then the coverage over every row."""
+    from mlflow_gpuopt.perfmodel.uncertainty import Z90
+
+    covered = 0
+    for held in sorted(logs):
+        width = math.sqrt(statistics.fmean(c * c for m, c in per_class.items() if m != held))
+        inside = sum(abs(x) <= Z90 * width for x in logs[held])
+        covered += inside
+        print(f"  without {held:28s} width {width:.{digits}f}, mean log error "
+              f"{statistics.fmean(logs[held]):+.{digits}f}, covers {inside}/{len(logs[held])}")
+    print(f"  leave-one-model-out coverage "
+          f"{100 * covered / sum(len(v) for v in logs.values()):.1f}%")
 
 
 def lomo_tracked_prior_width(results: list[Result], wl) -> None:
@@ -493,8 +504,6 @@ def lomo_tracked_prior_width(results: list[Result], wl) -> None:
     transformers described by their architecture (those keep their own width): for each, the
     root-mean-square of log(published / predicted) over the other models (each weighted
     once) as the width, and how many of its rows fall inside ±1.645 of it."""
-    from mlflow_gpuopt.perfmodel.uncertainty import Z90
-
     logs = defaultdict(list)
     for r in results:
         if not described(wl[r.model][2]):
@@ -502,20 +511,12 @@ def lomo_tracked_prior_width(results: list[Result], wl) -> None:
     if len(logs) < 2:
         print("  fewer than two such models tracked: nothing to leave out")
         return
-    means = {m: statistics.fmean(v) for m, v in logs.items()}
     every = [x for v in logs.values() for x in v]
     per_class = {m: math.sqrt(statistics.fmean(x * x for x in v)) for m, v in logs.items()}
     print(f"  RMS log(published / predicted): "
           f"{math.sqrt(statistics.fmean(x * x for x in every)):.3f} over {len(every)} rows, "
           f"{math.sqrt(statistics.fmean(c * c for c in per_class.values())):.3f} per class")
-    covered = 0
-    for held in sorted(logs):
-        width = math.sqrt(statistics.fmean(c * c for m, c in per_class.items() if m != held))
-        inside = sum(abs(x) <= Z90 * width for x in logs[held])
-        covered += inside
-        print(f"  without {held:28s} width {width:.3f}, mean log error {means[held]:+.3f}, "
-              f"covers {inside}/{len(logs[held])}")
-    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+    _print_lomo_coverage(logs, per_class, digits=3)
 
 
 def tracked_models(argv: list[str]) -> list[str] | None:
@@ -572,7 +573,7 @@ def lomo_prior_width(rows, wl, hw) -> None:
     """Task 3's interval width checked leave-one-model-out: for each workload class, the
     root-mean-square of log(measured / prior) over the other classes (each class weighted
     once) as the width, and whether the held-out class's rows fall inside ±1.645 of it."""
-    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_PRIOR_ONLY, Z90
+    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_PRIOR_ONLY
 
     logs = defaultdict(list)
     for t in rows:
@@ -588,14 +589,7 @@ def lomo_prior_width(rows, wl, hw) -> None:
     rms_classes = math.sqrt(statistics.fmean(v * v for v in means.values()))
     print(f"  RMS log(measured / prior): {rms_rows:.2f} over {len(every)} rows, "
           f"{rms_classes:.2f} per class; shipped width {SIGMA_PRIOR_ONLY}")
-    covered = 0
-    for held in sorted(logs):
-        width = math.sqrt(statistics.fmean(v * v for m, v in means.items() if m != held))
-        inside = sum(abs(x) <= Z90 * width for x in logs[held])
-        covered += inside
-        print(f"  without {held:28s} width {width:.2f}, mean log error {means[held]:+.2f}, "
-              f"covers {inside}/{len(logs[held])}")
-    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+    _print_lomo_coverage(logs, means, digits=2)
 
 
 def lomo_other_gpu_width(rows, wl, hw) -> None:

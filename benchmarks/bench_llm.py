@@ -111,7 +111,9 @@ from pathlib import Path
 from llm_table import DATA, attention_kernel, note, num, tp_comm_overlap, tp_overlap
 from scores import explain_widths, summary_line
 
-from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
+from cli_path import PredictError, observations_args, run_predict
+
+from mlflow_gpuopt.perfmodel.layout import with_degree
 
 
 DERIVATION_SOURCES = ("megatron_readme_2024_h100", "nemo_24.07_perf")
@@ -372,11 +374,7 @@ def observed_strategy(row: Row) -> str:
     """The observations CSV's ``strategy`` of a measured row: :func:`strategy` with the
     interleaved schedule's virtual stages (``vpN``), which the command takes as
     ``--virtual-stages`` for the target but the CSV only in the layout string."""
-    if row.vp <= 1:
-        return strategy(row)
-    parts = strategy(row).split("x")
-    at = next(i for i, p in enumerate(parts) if p.startswith("pp")) + 1
-    return "x".join(parts[:at] + [f"vp{row.vp}"] + parts[at:])
+    return with_degree(strategy(row), "vp", row.vp) if row.vp > 1 else strategy(row)
 
 
 def grad_accum(row: Row) -> int:
@@ -427,12 +425,7 @@ def predict_json(target: Row, refs: list[Row], tmp: Path) -> dict:
     wl.write_text(json.dumps(workload_doc(target)))
     args = ["--workload", str(wl)]
     if refs:
-        obs = tmp / "observations.csv"
-        with obs.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(OBSERVATION_COLUMNS)
-            writer.writerows(observation_line(r) for r in refs)
-        args += ["--observations", str(obs)]
+        args += observations_args(tmp / "observations.csv", map(observation_line, refs))
     return run_predict(args + cli_args(target))
 
 

@@ -8,8 +8,11 @@ snapshot again); nothing else is shared with the model's Python API.
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
+from collections.abc import Iterable
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -17,7 +20,7 @@ import mlflow_gpuopt.catalog as catalog_module
 from mlflow_gpuopt.cli.predict import predict as predict_command
 from mlflow_gpuopt.workload_files import OBSERVATION_COLUMNS
 
-__all__ = ["OBSERVATION_COLUMNS", "PredictError", "run_predict"]
+__all__ = ["OBSERVATION_COLUMNS", "PredictError", "observations_args", "run_predict"]
 
 _load_catalog = catalog_module.load_catalog
 
@@ -25,6 +28,16 @@ _load_catalog = catalog_module.load_catalog
 @functools.lru_cache(maxsize=1)
 def _cached_catalog(*args, **kwargs):
     return _load_catalog(*args, **kwargs)
+
+
+def observations_args(path: Path, lines: Iterable[list]) -> list[str]:
+    """Write ``lines`` (rows of :data:`OBSERVATION_COLUMNS`) as the observations CSV a user
+    writes at ``path``; the ``--observations`` arguments that pass it."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(OBSERVATION_COLUMNS)
+        writer.writerows(lines)
+    return ["--observations", str(path)]
 
 
 class PredictError(RuntimeError):

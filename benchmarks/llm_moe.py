@@ -33,7 +33,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli_path import OBSERVATION_COLUMNS, PredictError, run_predict
+from cli_path import PredictError, observations_args, run_predict
+
+from mlflow_gpuopt.perfmodel.layout import with_degree
 from scores import summary_line
 
 HERE = Path(__file__).resolve().parent
@@ -164,11 +166,8 @@ def observation_line(row: MoeRow) -> list:
     """The measured run as a row of the observations CSV, its interleaved schedule as
     ``vpN`` in the layout (the CSV has no column for it)."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
-    # The CSV's layout string carries the interleaved schedule (--virtual-stages is the
-    # target's flag only).
-    strategy = row.strategy
-    if row.vp > 1 and row.pp > 1:
-        strategy = strategy.replace(f"pp{row.pp}", f"pp{row.pp}xvp{row.vp}", 1)
+    strategy = (with_degree(row.strategy, "vp", row.vp) if row.vp > 1 and row.pp > 1
+                else row.strategy)
     return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, strategy,
             row.precision, row.accum, row.recompute or "", ""]
 
@@ -178,12 +177,7 @@ def predict(target: MoeRow, refs: list[MoeRow], tmp: Path) -> tuple[float, float
     """(tokens/s per GPU, low, high, fits, the command's JSON) for ``target``."""
     args = cli_args(target)
     if refs:
-        obs = tmp / "moe_observations.csv"
-        with obs.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(OBSERVATION_COLUMNS)
-            writer.writerows(observation_line(r) for r in refs)
-        args += ["--observations", str(obs)]
+        args += observations_args(tmp / "moe_observations.csv", map(observation_line, refs))
     out = run_predict(args)
     k = target.seq / target.gpus
     return (out["throughput_samples_per_s"] * k, out["low"] * k, out["high"] * k,
