@@ -74,8 +74,11 @@ in micro-batch); it prints n = 0 rather than borrowing derivation rows.
 
 Derivation set vs report set, for every constant the model takes from published LLM data:
 ``compute.GENERATION_MFU`` and ``uncertainty.TRANSFORMER_MFU_SPREAD`` come from the derivation
-rows above; ``compute.FP8_RECIPE_EFFICIENCY`` from torchao's README (not in this table); nothing
-is set from a report row.
+rows above; ``compute.FP8_RECIPE_EFFICIENCY`` from torchao's README (not in this table);
+``uncertainty.SIGMA_TRANSFORMER_GENERATION_PAIR`` and ``SIGMA_TRANSFORMER_PRECISION_PAIR`` (the
+same model's spread carried to another GPU type or precision) from pairs outside this table
+(DeepLearningExamples' BERT-large on V100 and A100; dgxc-benchmarking's NeMo BF16/FP8 tables,
+``llm_pairs.py``); nothing is set from a report row.
 
 Mixture-of-experts rows (``llm_moe.py``, ``data/moe_training_throughput.tsv``: Megatron-Bridge,
 NeMo AutoModel and torchtitan's DeepEP page, each model's Hugging Face config.json as the
@@ -84,11 +87,13 @@ workload) print after the dense ones, with their own summary; ``--moe`` runs the
 Run: ``python benchmarks/bench_llm.py`` (minutes, CPU only); ``--tasks 2,5`` runs only
 those tasks (seconds; no infeasible count, no MoE rows); ``--moe``, ``--derive-fp8`` and
 ``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and
-``uncertainty.SIGMA_PRIOR_TRANSFORMER``. ``--derive-gemm-efficiency`` inverts the whole model
-on the derivation rows for the GEMMs' own efficiency per GPU generation and precision (the
-rate at which the predicted step reproduces each published whole-step MFU), scores task 5 with
-it and leaves one source out at a time; ``--derived-gemm`` runs every task with that prior
-(docs/accuracy.md, "Large-language-model training", says what it changes).
+``uncertainty.SIGMA_PRIOR_TRANSFORMER``; ``--derive-transfer-width`` (seconds) that of the two
+pair spreads above (:func:`derive_transfer_width` states the method).
+``--derive-gemm-efficiency`` inverts the whole model on the derivation rows for the GEMMs' own
+efficiency per GPU generation and precision (the rate at which the predicted step reproduces
+each published whole-step MFU), scores task 5 with it and leaves one source out at a time;
+``--derived-gemm`` runs every task with that prior (docs/accuracy.md, "Large-language-model
+training", says what it changes).
 ``--explain-width`` prints, per task, the pieces each interval combines (``predict --json``'s
 ``width_terms``) grouped by which were assumed, with each group's RMS log error and coverage.
 ``--shape-gemm`` (also on ``bench_accuracy.py`` and ``bench_proxy.py``) runs any of these with
@@ -575,6 +580,101 @@ def derive_prior_width(rows: list[Row]) -> None:
           f"(rms over {len(every)} derivation rows)")
 
 
+
+def generation_pair_errors() -> dict[str, list[float]]:
+    """Per described transformer of ``bench_accuracy.py`` (BERT-large: pre-training at
+    sequence 128 and 512, SQuAD fine-tuning), log(published / predicted) of one V100's amp
+    row predicted from one A100's and back, through ``predict`` as ``bench_accuracy.py``'s
+    task 2 runs it (each table's own micro-batch on each GPU type)."""
+    import bench_accuracy as acc
+
+    rows, wl = acc.load_rows(), acc.workloads()
+    singles = [r for r in rows if r.gpus == 1 and not r.multinode_table
+               and acc.FAMILY[r.precision] == "amp"]
+    out: dict[str, list[float]] = defaultdict(list)
+    for src in singles:
+        path, units, workload = wl[src.model]
+        if not acc.described(workload):
+            continue
+        for t in singles:
+            if t.model == src.model and t.gpu[:4] != src.gpu[:4]:
+                got = acc.cli_predict(path, units, [src], t)["throughput_samples_per_s"]
+                out[t.model].append(math.log(t.throughput / got))
+    return out
+
+
+def dgxc_rows() -> list[tuple[Row, Row]]:
+    """(bf16 row, fp8 row) of each configuration of ``llm_pairs.DGXC_H100_BF16_FP8`` as this
+    benchmark's rows (NVIDIA's stack: Transformer Engine, its attention kernel, overlapped
+    tensor-parallel communication; the distributed optimizer; recomputation not stated, so
+    none, as for the NeMo rows of the table)."""
+    from llm_pairs import DGXC_H100_BF16_FP8
+
+    out = []
+    for (model, params, layers, hidden, seq, vocab, heads, tp, pp, vp, mb, ga, gpus, bf16,
+         fp8) in DGXC_H100_BF16_FP8:
+        base = Row(source="dgxc_benchmarking", model=model, params=params, layers=layers,
+                   hidden=hidden, seq=seq, gpu="H100-SXM-80GB", gpus=gpus, tp=tp, pp=pp,
+                   dp=gpus // (tp * pp), micro_batch=mb, global_batch=None, precision="bf16",
+                   recompute="none", tokens_per_s_per_gpu=bf16 / gpus, variant="", cp=1,
+                   variant_notes=f"heads={heads}", grad_accum=ga, vocab=vocab, vp=vp)
+        out.append((base, replace(base, precision="fp8", tokens_per_s_per_gpu=fp8 / gpus)))
+    return out
+
+
+def pair_spread(name: str, logs: dict[str, list[float]]) -> float:
+    """Print each model's log errors and the root-mean-square over the rows and over the
+    models (each model's own RMS, weighted equally); return the larger."""
+    for model, v in logs.items():
+        print(f"  {model:28s} {len(v):2d} rows  log(published/predicted) "
+              + " ".join(f"{x:+.3f}" for x in v))
+    every = rms([x for v in logs.values() for x in v])
+    per_model = rms([rms(v) for v in logs.values()])
+    print(f"  {name}: RMS {every:.3f} over the rows, {per_model:.3f} over the {len(logs)} "
+          "models")
+    return max(every, per_model)
+
+
+def derive_transfer_width() -> None:
+    """``--derive-transfer-width``: the same transformer's pair spreads behind
+    ``uncertainty.SIGMA_TRANSFORMER_GENERATION_PAIR`` and ``SIGMA_TRANSFORMER_PRECISION_PAIR``.
+    Method: a pair is one model, one software stack, measured on two GPU types at one
+    precision (or at two precisions on one GPU type); the second is predicted from the first
+    through ``predict`` with the first as its observation, and the piece is the
+    root-mean-square of log(published / predicted), over the rows or over the models
+    weighted equally, whichever is larger; gross, since the fit's own piece stands beside it
+    in the intervals. Neither set is scored here: the generation pairs are
+    DeepLearningExamples' BERT-large on V100 and A100 (bench_accuracy's rows), the precision
+    pairs dgxc-benchmarking's NeMo tables (``llm_pairs.py``; no Llama 3). Then the
+    correlation ``rho`` each implies between the groups of ``TRANSFORMER_MFU_SPREAD``:
+    sd_A² + sd_B² - 2·rho·sd_A·sd_B = piece²."""
+    from mlflow_gpuopt.perfmodel import uncertainty as unc
+
+    print("Same model, another GPU type, same precision (DeepLearningExamples BERT-large, "
+          "amp, V100 <-> A100, 1 GPU):")
+    generation = pair_spread("generation pair", generation_pair_errors())
+    print("Same model, same GPU type, bf16 -> fp8 (dgxc-benchmarking, NeMo + Transformer "
+          "Engine on H100, the bf16 row of the same layout and GPU count as the observation):")
+    tmp = Path(tempfile.mkdtemp(prefix="bench_llm_pairs_"))
+    logs: dict[str, list[float]] = defaultdict(list)
+    for base, target in dgxc_rows():
+        got = predict(target, [base], tmp)[0]
+        logs[target.model].append(math.log(target.tokens_per_s_per_gpu / got))
+    precision = pair_spread("precision pair", logs)
+    spread = unc.TRANSFORMER_MFU_SPREAD
+    for piece, pairs in ((generation, ((("ampere", "bf16"), ("hopper", "bf16")),
+                                       (("hopper", "fp8"), ("blackwell", "fp8")))),
+                         (precision, ((("hopper", "bf16"), ("hopper", "fp8")),))):
+        for a, b in pairs:
+            sa, sb = spread[a], spread[b]
+            rho = (sa * sa + sb * sb - piece * piece) / (2 * sa * sb)
+            print(f"  {a[0]} {a[1]} <-> {b[0]} {b[1]}: independent "
+                  f"{math.hypot(sa, sb):.3f}, pair {piece:.3f}, rho {rho:.2f}")
+    print(f"SIGMA_TRANSFORMER_GENERATION_PAIR = {generation:.3f} (shipped "
+          f"{unc.SIGMA_TRANSFORMER_GENERATION_PAIR})")
+    print(f"SIGMA_TRANSFORMER_PRECISION_PAIR = {precision:.3f}")
+
+
 #: The GEMM-efficiency groups ``derive_gemm_efficiency`` solves, in order: Hopper fp8 after
 #: Hopper bf16, whose figure its rows' bf16 parts take.
 GEMM_GROUPS = (("ampere", "bf16"), ("hopper", "bf16"), ("hopper", "fp8"))
@@ -766,6 +866,9 @@ def main() -> None:
         return
     if "--derive-prior-width" in sys.argv[1:]:
         derive_prior_width(load_rows()[0])
+        return
+    if "--derive-transfer-width" in sys.argv[1:]:
+        derive_transfer_width()
         return
     if "--derive-gemm-efficiency" in sys.argv[1:]:
         derive_gemm_report(load_rows()[0])

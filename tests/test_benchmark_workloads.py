@@ -89,7 +89,10 @@ def test_bench_llm_writes_only_user_supplied_keys(benches):
     allowed = user_keys()
     rows, _ = bench_llm.load_rows()
     assert len(rows) > 20
-    for row in rows:
+    # and the unscored pairs of --derive-transfer-width
+    pairs = [r for pair in bench_llm.dgxc_rows() for r in pair]
+    assert {r.precision for r in pairs} == {"bf16", "fp8"}
+    for row in rows + pairs:
         extra = set(bench_llm.workload_doc(row)) - allowed
         assert not extra, f"{row.source} {row.model}: {sorted(extra)}"
 

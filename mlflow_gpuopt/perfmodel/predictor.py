@@ -16,6 +16,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     attention_term,
     kernel_count,
     matmul_efficiency,
+    normalize_fp8_recipe,
     operator_class_times_s,
     traffic_source,
     transformer_mfu_group,
@@ -114,8 +115,11 @@ class Predictor:
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
         self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}
         self._calib_cache: dict[Key, tuple[Calibration, float, WidthTerms, bool]] = {}
-        # Described by its transformer architecture: GENERATION_MFU's spread applies to
-        # transfers (uncertainty.TRANSFORMER_MFU_SPREAD).
+        # Per target key carried as a described transformer: the independent bound of its
+        # transfer piece (uncertainty.transformer_transfer_bound).
+        self._transformer_bound: dict[Key, float] = {}
+        # Described by its transformer architecture: its transfers take the same model's pair
+        # spreads, bounded by GENERATION_MFU's (uncertainty.transformer_transfer_sigma).
         self._transformer = bool(transformer_dims(workload) is not None and workload.num_heads
                                  and workload.vocab_size)
         self._batches_cache: dict[Key, frozenset[float]] = {}
@@ -212,11 +216,14 @@ class Predictor:
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
         extra = unc.other_gpu_terms(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:
-            spreads = [unc.transformer_transfer_sigma((architecture(k[0]), k[1]),
-                                                      (architecture(key[0]), key[1]))
-                       for k in pool]
+            pairs = [((architecture(k[0]), k[1]), (architecture(key[0]), key[1])) for k in pool]
+            te = normalize_fp8_recipe(self.workload.fp8_recipe) == "te"
+            spreads = [unc.transformer_transfer_sigma(*p, other_gpu=not same_gpu,
+                                                      precision_pair=te) for p in pairs]
             if spreads and all(v is not None for v in spreads):
                 extra = ((unc.TERM_TRANSFORMER_TRANSFER, max(spreads)),)
+                self._transformer_bound[key] = max(
+                    unc.transformer_transfer_bound(*p) for p in pairs)
         logk = sum(res.log_compute_scale[k] for k in pool) / len(pool)
         sd = max(res.log_compute_sd[k] for k in pool)
         return logk, sd, tuple(extra) + moe_terms, 0.0, not same_gpu
@@ -306,14 +313,13 @@ class Predictor:
                           else 0.0))
         # The scaling pieces apply to a calibration carried beyond what it measured. Not to
         # a prediction without any GPU measurement (nothing carried: its prior's width is
-        # the spread of whole published runs, their layouts and node counts included), nor
-        # to a transformer's calibration carried at TRANSFORMER_MFU_SPREAD (the spread of
-        # whole runs of other sizes, layouts, GPU counts and micro-batches within each
-        # generation and precision, so the changes of layout and scale are inside it).
-        scaling = bool(res.log_compute_scale) and not any(
-            name == unc.TERM_TRANSFORMER_TRANSFER for name, _ in transfer)
-        widths = [
-            *fit_terms, *transfer,
+        # the spread of whole published runs, their layouts and node counts included). A
+        # transformer's calibration carried to another GPU type or precision adds them beside
+        # its transfer piece, up to that transfer's independent bound, which holds every
+        # change of layout and scale (uncertainty.transformer_transfer_terms).
+        scaling = bool(res.log_compute_scale)
+        carried = any(name == unc.TERM_TRANSFORMER_TRANSFER for name, _ in transfer)
+        scaling_terms = (
             (unc.TERM_BEYOND, unc.scale_beyond(layout.dp, res.max_observed_dp)
              if scaling and res.max_observed_dp else 0.0),
             (unc.TERM_BATCH, unc.batch_away(m, self._reference_batches(key),
@@ -324,7 +330,18 @@ class Predictor:
              and layout.gpus_total() > 1 else 0.0),
             (unc.TERM_MULTINODE, unc.SIGMA_UNOBSERVED_MULTINODE
              if scaling and config.nodes > 1 and not res.observed_multinode else 0.0),
-        ]
+        )
+        if carried:
+            # Another GPU type: the generation pairs changed micro-batch, so that piece is
+            # inside the transfer's; the precision pairs kept it, so it stands beside.
+            other_gpu = hardware.gpu not in self._observed_gpus
+            piece = dict(transfer)[unc.TERM_TRANSFORMER_TRANSFER]
+            rest = tuple(t for t in transfer if t[0] != unc.TERM_TRANSFORMER_TRANSFER)
+            transfer = rest + unc.transformer_transfer_terms(
+                piece, self._transformer_bound[key],
+                tuple(t for t in scaling_terms if not (other_gpu and t[0] == unc.TERM_BATCH)))
+            scaling_terms = ()
+        widths = [*fit_terms, *transfer, *scaling_terms]
         if key not in res.log_compute_scale and res.log_compute_scale:
             # FLOPs-only fallbacks (architecture unknown) widen a prediction carried from
             # another GPU or precision: each default's spread times how far it moves this

@@ -101,16 +101,50 @@ SIGMA_OTHER_GPU_SAME_PRECISION = 0.06
 #: ``shared/data/llm_training_throughput.tsv`` that ``benchmarks/bench_llm.py`` never scores:
 #: Ampere bf16 0.077 (torchtitan Llama 2 13B/70B on A100, 5 rows), Hopper bf16 0.063
 #: (Megatron-LM README 2024, 9 rows with their layout), Hopper fp8 0.126 (NeMo 24.07, 12 rows,
-#: linear-layer efficiency). Blackwell takes Hopper's (as GENERATION_MFU does). A calibration
-#: of such a transformer carried from (generation, precision) A to B through
-#: ``GENERATION_MFU`` strays by both groups' spreads: ``sqrt(sd_A² + sd_B²)`` (bf16 A100 ->
-#: H100 0.10, bf16 -> fp8 on Hopper 0.14), used instead of ``SIGMA_OTHER_GPU`` /
-#: ``SIGMA_OTHER_PRECISION`` for workloads described by their transformer architecture
-#: (layers, hidden size, sequence, heads and vocabulary: what the generation figures were
-#: measured on). Pairs with a group not listed keep the generic widths.
+#: linear-layer efficiency). Blackwell takes Hopper's (as GENERATION_MFU does). Taken as
+#: independent between two groups, ``sqrt(sd_A² + sd_B²)`` (bf16 A100 -> H100 0.10, bf16 ->
+#: fp8 on Hopper 0.14, fp8 H100 -> B200 0.18) is how far a calibration of such a transformer
+#: carried from (generation, precision) A to B strays when nothing of the model's own
+#: deviation is kept: whole runs of other models, sizes, layouts, GPU counts and micro-batches,
+#: so it bounds any transfer between the two groups (:func:`transformer_transfer_bound`). It
+#: is used instead of ``SIGMA_OTHER_GPU`` / ``SIGMA_OTHER_PRECISION`` for workloads described
+#: by their transformer architecture (layers, hidden size, sequence, heads and vocabulary: what
+#: the generation figures were measured on). Pairs with a group not listed keep the generic
+#: widths.
 TRANSFORMER_MFU_SPREAD = {("ampere", "bf16"): 0.077, ("hopper", "bf16"): 0.063,
                           ("hopper", "fp8"): 0.126, ("blackwell", "bf16"): 0.063,
                           ("blackwell", "fp8"): 0.126}
+#: The same transformer, the same software stack, carried to another GPU type: its deviation
+#: from the generation median is mostly its own (GEMM shapes, attention kernel, layout) and
+#: stays with it on the new GPU, so what the carried calibration strays by is
+#: Var(d_A - d_B) = sd_A² + sd_B² - 2·rho·sd_A·sd_B, not the independent sum. Measured
+#: directly as the spread of such pairs through the CLI path (``bench_llm.py
+#: --derive-transfer-width`` prints every figure here): NVIDIA's DeepLearningExamples
+#: BERT-large (pre-training at sequence 128 and 512, SQuAD fine-tuning: the described
+#: transformers of ``shared/data/nvidia_dle_benchmarks.csv``, rows ``bench_llm.py`` never
+#: scores), one V100's amp row predicted from one A100's and back (each table's own
+#: micro-batch on each GPU type): log(published / predicted) ∓0.013, ∓0.071, +0.067/−0.087,
+#: root-mean-square 0.061 over the 6 rows and over the 3 models. Gross: those intervals' other
+#: pieces (fit 0.03, micro-batch 0.05-0.10) are as large as the errors, so netting them out
+#: leaves nothing the sample can resolve; the piece keeps the fit's noise and the micro-batch
+#: change inside it. It implies rho 0.63 between Ampere bf16 and Hopper bf16, 0.88 between
+#: Hopper fp8 and Blackwell fp8. Three models on one generation pair is a thin sample: the
+#: figure is what they show, not a bound. Each pair was one GPU, so a change of layout,
+#: replicas or nodes adds its own pieces beside it, never beyond the independent bound
+#: (:func:`transformer_transfer_terms`).
+SIGMA_TRANSFORMER_GENERATION_PAIR = 0.061
+#: The same transformer, the same software stack, at another precision (bf16 <-> FP8) with
+#: Transformer Engine's recipe (``fp8_recipe`` ``te``, the default): dgxc-benchmarking's NeMo
+#: tables of one recipe run in BF16 and in FP8 on H100 (``benchmarks/llm_pairs.py``: GPT-3
+#: 175B at 128-2048 GPUs, Nemotron-4 15B at 16-2048 in two layouts, Nemotron-4 340B at 256;
+#: none in the LLM table, no Llama 3), each FP8 row predicted from the BF16 row of the same
+#: layout and GPU count: log(published / predicted) −0.008 to −0.037 (GPT-3), −0.092 to
+#: −0.115 (Nemotron-4 15B), −0.016 (340B); root-mean-square 0.080 over the 15 rows, 0.061
+#: over the 3 models, the larger taken (rho 0.84 between Hopper bf16 and fp8). Gross, as the
+#: generation pair. Only Transformer Engine's recipe has such pairs: the torchao recipes
+#: (``tensorwise``, ``rowwise``) keep the independent bound, their one published bf16/FP8
+#: pair outside the scored rows being the one ``compute.FP8_RECIPE_EFFICIENCY`` was solved on.
+SIGMA_TRANSFORMER_PRECISION_PAIR = 0.080
 #: Spreads (standard deviation of log value) of the defaults the models take where a workload
 #: does not give a quantity (:mod:`.defaults`), each argued from the range the quantity
 #: physically takes, not fitted:
@@ -180,19 +214,59 @@ TERM_DEFAULT_PREFIX = "carried default: "
 TERM_MOE = "mixture-of-experts layers, unmeasured on this GPU type and precision"
 
 
-def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str]
+def _transformer_group(key: tuple[str, str]) -> tuple[str, str]:
+    arch, precision = key
+    return arch, "bf16" if precision == "fp16" else precision
+
+
+def transformer_transfer_bound(source: tuple[str, str], target: tuple[str, str]
                                ) -> float | None:
-    """Width of carrying a transformer's calibration from ``source`` to ``target``, each an
-    (architecture, precision) pair: both groups' spreads in quadrature
-    (``TRANSFORMER_MFU_SPREAD``); None where either group has no measured spread."""
-    def group(key: tuple[str, str]) -> tuple[str, str]:
-        arch, precision = key
-        return arch, "bf16" if precision == "fp16" else precision
-    a = TRANSFORMER_MFU_SPREAD.get(group(source))
-    b = TRANSFORMER_MFU_SPREAD.get(group(target))
+    """Width of carrying a described transformer's calibration from ``source`` to
+    ``target`` (each an (architecture, precision) pair) when none of the model's own
+    deviation is kept: both groups' spreads in quadrature (``TRANSFORMER_MFU_SPREAD``); None
+    where either group has no measured spread."""
+    a = TRANSFORMER_MFU_SPREAD.get(_transformer_group(source))
+    b = TRANSFORMER_MFU_SPREAD.get(_transformer_group(target))
     if a is None or b is None:
         return None
     return combine(a, b)
+
+
+def transformer_transfer_sigma(source: tuple[str, str], target: tuple[str, str], *,
+                               other_gpu: bool | None = None, precision_pair: bool = True
+                               ) -> float | None:
+    """The transfer piece of a described transformer's calibration carried from ``source``
+    to ``target`` (each an (architecture, precision) pair): the same model's pair spreads,
+    ``SIGMA_TRANSFORMER_GENERATION_PAIR`` for another GPU type (``other_gpu``; None: the
+    architectures differ, or the precision is the same) and
+    ``SIGMA_TRANSFORMER_PRECISION_PAIR`` for another precision, in quadrature and never above
+    :func:`transformer_transfer_bound`; the bound itself for a precision change whose recipe
+    has no measured pairs (``precision_pair`` false). None where either group has no
+    measured spread."""
+    bound = transformer_transfer_bound(source, target)
+    if bound is None:
+        return None
+    other_precision = _transformer_group(source)[1] != _transformer_group(target)[1]
+    if other_precision and not precision_pair:
+        return bound
+    if other_gpu is None:
+        other_gpu = source[0] != target[0] or not other_precision
+    pieces = ((SIGMA_TRANSFORMER_GENERATION_PAIR,) if other_gpu else ()) + (
+        (SIGMA_TRANSFORMER_PRECISION_PAIR,) if other_precision else ())
+    return min(combine(*pieces), bound)
+
+
+def transformer_transfer_terms(piece: float, bound: float,
+                               scaling: tuple[tuple[str, float], ...]
+                               ) -> tuple[tuple[str, float], ...]:
+    """Named widths of a described transformer's transfer: its piece (``piece``, from
+    :func:`transformer_transfer_sigma`) beside the scaling pieces of what else changed
+    (``scaling``: more replicas, another strategy, nodes), or the independent ``bound`` alone
+    where those together would exceed it (the bound is the spread of whole runs of other
+    layouts and scales, so it holds every change a layout brings)."""
+    if combine(piece, *(v for _, v in scaling)) <= bound:
+        return ((TERM_TRANSFORMER_TRANSFER, piece), *scaling)
+    return ((TERM_TRANSFORMER_TRANSFER, bound), *((name, 0.0) for name, _ in scaling))
 
 
 def prior_transformer_terms(generation_measured: bool, precision_measured: bool

@@ -4,6 +4,8 @@ transformer transfer widths."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from mlflow_gpuopt.catalog import load_gpus
@@ -150,9 +152,50 @@ def test_mi300x_prediction_moves_with_vendor_factors_and_h100_does_not(monkeypat
     assert with_vendor["MI300X"] < 0.85 * without["MI300X"]
 
 
-def test_transformer_transfer_width_from_generation_spread():
+def test_transformer_transfer_width_keeps_the_models_own_deviation():
+    # Independent of each other the two groups' spreads add: Ampere bf16 0.077, Hopper bf16
+    # 0.063, Hopper fp8 0.126 (the derivation set's MFU spreads).
+    ampere_hopper = math.hypot(0.077, 0.063)
+    hopper_bf16_fp8 = math.hypot(0.063, 0.126)
+    assert unc.transformer_transfer_bound(("ampere", "bf16"), ("hopper", "bf16")) == \
+        pytest.approx(ampere_hopper)
+    # the same model on another generation keeps most of its deviation: the pair spread,
+    # below the independent sum
     bf16 = unc.transformer_transfer_sigma(("ampere", "bf16"), ("hopper", "bf16"))
-    assert bf16 == pytest.approx((0.077**2 + 0.063**2) ** 0.5)
-    assert unc.transformer_transfer_sigma(("hopper", "bf16"), ("hopper", "fp8")) > bf16
+    assert bf16 == pytest.approx(unc.SIGMA_TRANSFORMER_GENERATION_PAIR)
+    assert bf16 < ampere_hopper
+    # fp16 is bf16's group; another GPU type of the same generation is the same pair
+    assert unc.transformer_transfer_sigma(("hopper", "fp16"), ("hopper", "bf16")) == \
+        pytest.approx(bf16)
+    # bf16 -> fp8 on one GPU type: Transformer Engine's pair spread; a recipe without
+    # measured pairs keeps the independent bound
+    te = unc.transformer_transfer_sigma(("hopper", "bf16"), ("hopper", "fp8"))
+    assert te == pytest.approx(unc.SIGMA_TRANSFORMER_PRECISION_PAIR) and te < hopper_bf16_fp8
+    assert unc.transformer_transfer_sigma(("hopper", "bf16"), ("hopper", "fp8"),
+                                          precision_pair=False) == \
+        pytest.approx(hopper_bf16_fp8)
+    # both changes: both pairs in quadrature, below the bound of A100 bf16 -> H100 fp8
+    both = unc.transformer_transfer_sigma(("ampere", "bf16"), ("hopper", "fp8"))
+    assert both == pytest.approx(math.hypot(unc.SIGMA_TRANSFORMER_GENERATION_PAIR,
+                                            unc.SIGMA_TRANSFORMER_PRECISION_PAIR))
+    assert both < math.hypot(0.077, 0.126)
     assert unc.transformer_transfer_sigma(("volta", "fp16"), ("hopper", "bf16")) is None
     assert bf16 < unc.SIGMA_OTHER_GPU
+
+
+def test_transformer_transfer_never_exceeds_the_independent_bound(monkeypatch):
+    monkeypatch.setattr(unc, "SIGMA_TRANSFORMER_GENERATION_PAIR", 0.5)
+    assert unc.transformer_transfer_sigma(("ampere", "bf16"), ("hopper", "bf16")) == \
+        pytest.approx(math.hypot(0.077, 0.063))
+
+
+def test_transformer_transfer_terms_add_layout_pieces_up_to_the_bound():
+    beyond = (unc.TERM_BEYOND, 0.035)
+    kept = unc.transformer_transfer_terms(0.061, 0.0995, (beyond,))
+    assert kept == ((unc.TERM_TRANSFORMER_TRANSFER, 0.061), beyond)
+    # 0.061 ⊕ 0.07 ⊕ 0.1 ⊕ 0.08 = 0.158 > 0.0995: the bound alone, the others at zero
+    far = unc.transformer_transfer_terms(
+        0.061, 0.0995, ((unc.TERM_BEYOND, 0.07), (unc.TERM_STRATEGY, 0.1),
+                        (unc.TERM_MULTINODE, 0.08)))
+    assert far == ((unc.TERM_TRANSFORMER_TRANSFER, 0.0995), (unc.TERM_BEYOND, 0.0),
+                   (unc.TERM_STRATEGY, 0.0), (unc.TERM_MULTINODE, 0.0))

@@ -25,10 +25,11 @@ LLAMA = Workload(params=6.7e9, flops_per_sample=6 * 6.7e9 * 4096 + 12 * 32 * 409
                  mlp="swiglu", vocab_size=32000, dropout=0.0)
 
 
-def test_a_transformer_carried_at_its_mfu_spread_adds_no_layout_or_scale_piece():
+def test_a_transformer_carried_far_in_layout_takes_the_independent_bound_alone():
     # Measured on 8 A100s (one node, DDP, micro-batch 1); predicted on 32 H100s on 4 nodes
-    # with FSDP at micro-batch 2. The Ampere -> Hopper MFU spread is that of whole runs of
-    # other sizes, layouts and GPU counts: the layout, batch and node pieces are inside it.
+    # with FSDP at micro-batch 2. The pair spread with the layout, replica and node pieces
+    # beside it would exceed the Ampere -> Hopper bound, the spread of whole runs of other
+    # sizes, layouts and GPU counts (which holds those changes): the bound alone.
     obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=8, throughput_samples_per_s=8 * 0.7,
                        micro_batch=1, strategy="fsdp", precision="bf16")]
     cfg = ParallelConfig(gpus_per_node=8, nodes=4, strategy="ddp", micro_batch=2,
@@ -52,6 +53,34 @@ def test_a_transformer_carried_at_its_mfu_spread_adds_no_layout_or_scale_piece()
     for pred in (p, same):
         assert pred.log_sigma == pytest.approx(
             math.sqrt(sum(v * v for _, v in pred.width_terms)))
+
+
+def test_a_transformer_carried_to_another_gpu_keeps_its_pair_spread():
+    # Measured on 4 A100s of one node (DDP, micro-batch 1); predicted on 8 H100s of one node,
+    # DDP, micro-batch 2: the same model's pair spread, one doubling of replicas beside it
+    # (0.061 ⊕ 0.035 < the 0.0995 bound), no micro-batch piece (the generation pairs
+    # changed micro-batch themselves).
+    obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=4, throughput_samples_per_s=4 * 0.7,
+                       micro_batch=1, strategy="ddp", precision="bf16")]
+    cfg = ParallelConfig(gpus_per_node=8, nodes=1, strategy="ddp", micro_batch=2,
+                         precision="bf16")
+    terms = dict(fit(LLAMA, obs, HW).predict(cfg, H100).width_terms)
+    assert terms[unc.TERM_TRANSFORMER_TRANSFER] == pytest.approx(
+        unc.SIGMA_TRANSFORMER_GENERATION_PAIR)
+    assert terms[unc.TERM_BEYOND] == pytest.approx(unc.SIGMA_PER_DOUBLING_BEYOND * 1.0)
+    assert not {unc.TERM_BATCH, unc.TERM_STRATEGY, unc.TERM_MULTINODE} & set(terms)
+    # on the measured GPU type at FP8 (Transformer Engine): the precision pair, and the
+    # micro-batch piece beside it (one doubling), since those pairs kept their micro-batch
+    fp8 = fit(LLAMA, [dataclasses.replace(obs[0], gpu="H100-SXM5-80GB")], HW)
+    terms = dict(fp8.predict(dataclasses.replace(cfg, precision="fp8"), H100).width_terms)
+    assert terms[unc.TERM_TRANSFORMER_TRANSFER] == pytest.approx(
+        unc.SIGMA_TRANSFORMER_PRECISION_PAIR)
+    assert terms[unc.TERM_BATCH] == pytest.approx(unc.SIGMA_PER_BATCH_DOUBLING * 1.0)
+    # a torchao recipe has no measured pairs: the independent Hopper bf16 -> fp8 bound
+    rowwise = dataclasses.replace(LLAMA, fp8_recipe="rowwise")
+    terms = dict(fit(rowwise, [dataclasses.replace(obs[0], gpu="H100-SXM5-80GB")], HW)
+                 .predict(dataclasses.replace(cfg, precision="fp8"), H100).width_terms)
+    assert terms[unc.TERM_TRANSFORMER_TRANSFER] == pytest.approx(math.hypot(0.063, 0.126))
 
 
 def test_narrowed_prior_cov_is_the_posterior_under_the_narrower_prior():
