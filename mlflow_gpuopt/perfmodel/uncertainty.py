@@ -172,8 +172,9 @@ SIGMA_KERNELS_ARCHITECTURE = 0.5
 SIGMA_KERNELS_FLAT = 1.5
 SIGMA_SHAPE_ESTIMATE = 0.3
 #: Calibrated on the same GPU at another precision (tensor-core efficiency differs): set, not
-#: derived (no table here measures one workload at two precisions on one GPU apart from the
-#: rows it would be scored on).
+#: derived (outside the rows it would be scored on, the only tables here of one workload at
+#: two precisions on one GPU are ``SIGMA_TRANSFORMER_PRECISION_PAIR``'s, Transformer Engine's
+#: FP8 on described transformers alone).
 SIGMA_OTHER_PRECISION = 0.2
 #: A mixture-of-experts workload predicted without a run of it on the target's GPU type and
 #: precision: its MoE layers' terms (dispatcher rates from DeepEP's README, the grouped expert
