@@ -1,7 +1,8 @@
 """One transformer, one software stack, measured at two precisions on one GPU type: the pairs
-``bench_llm.py --derive-transfer-width`` derives ``uncertainty.SIGMA_TRANSFORMER_PRECISION_PAIR``
-from. None of these rows is in ``data/llm_training_throughput.tsv``, so ``bench_llm.py`` scores
-none of them, and none is a Llama 3 (the report set's models).
+``bench_llm.py --derive-transfer-width`` checks a precision change's pair spread on (not used:
+leave-one-model-out it covers 40 % of them; ``uncertainty.SIGMA_TRANSFORMER_GENERATION_PAIR``'s
+comment). None of these rows is in ``data/llm_training_throughput.tsv``, so ``bench_llm.py``
+scores none of them, and none is a Llama 3 (the report set's models).
 
 Source: NVIDIA/dgxc-benchmarking (DGX Cloud benchmarking recipes, NeMo on DGX H100, the
 same recipe run in BF16 and in FP8 with Transformer Engine; tokens/s for the whole job):

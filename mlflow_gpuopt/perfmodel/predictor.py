@@ -16,7 +16,6 @@ from mlflow_gpuopt.perfmodel.compute import (
     attention_term,
     kernel_count,
     matmul_efficiency,
-    normalize_fp8_recipe,
     operator_class_times_s,
     traffic_source,
     transformer_mfu_group,
@@ -217,9 +216,7 @@ class Predictor:
         extra = unc.other_gpu_terms(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:
             pairs = [((architecture(k[0]), k[1]), (architecture(key[0]), key[1])) for k in pool]
-            te = normalize_fp8_recipe(self.workload.fp8_recipe) == "te"
-            spreads = [unc.transformer_transfer_sigma(*p, other_gpu=not same_gpu,
-                                                      precision_pair=te) for p in pairs]
+            spreads = [unc.transformer_transfer_sigma(*p) for p in pairs]
             if spreads and all(v is not None for v in spreads):
                 extra = ((unc.TERM_TRANSFORMER_TRANSFER, max(spreads)),)
                 self._transformer_bound[key] = max(
@@ -332,14 +329,13 @@ class Predictor:
              if scaling and config.nodes > 1 and not res.observed_multinode else 0.0),
         )
         if carried:
-            # Another GPU type: the generation pairs changed micro-batch, so that piece is
-            # inside the transfer's; the precision pairs kept it, so it stands beside.
-            other_gpu = hardware.gpu not in self._observed_gpus
+            # The generation pairs changed micro-batch (and the bound holds every change), so
+            # the micro-batch piece is inside the transfer's.
             piece = dict(transfer)[unc.TERM_TRANSFORMER_TRANSFER]
             rest = tuple(t for t in transfer if t[0] != unc.TERM_TRANSFORMER_TRANSFER)
             transfer = rest + unc.transformer_transfer_terms(
                 piece, self._transformer_bound[key],
-                tuple(t for t in scaling_terms if not (other_gpu and t[0] == unc.TERM_BATCH)))
+                tuple(t for t in scaling_terms if t[0] != unc.TERM_BATCH))
             scaling_terms = ()
         widths = [*fit_terms, *transfer, *scaling_terms]
         if key not in res.log_compute_scale and res.log_compute_scale:

@@ -167,18 +167,15 @@ def test_transformer_transfer_width_keeps_the_models_own_deviation():
     # fp16 is bf16's group; another GPU type of the same generation is the same pair
     assert unc.transformer_transfer_sigma(("hopper", "fp16"), ("hopper", "bf16")) == \
         pytest.approx(bf16)
-    # bf16 -> fp8 on one GPU type: Transformer Engine's pair spread; a recipe without
-    # measured pairs keeps the independent bound
-    te = unc.transformer_transfer_sigma(("hopper", "bf16"), ("hopper", "fp8"))
-    assert te == pytest.approx(unc.SIGMA_TRANSFORMER_PRECISION_PAIR) and te < hopper_bf16_fp8
-    assert unc.transformer_transfer_sigma(("hopper", "bf16"), ("hopper", "fp8"),
-                                          precision_pair=False) == \
+    # another precision: no pair set pins the same model's spread down, so the two groups'
+    # spreads stay independent (bf16 -> fp8 on Hopper; and A100 bf16 -> H100 fp8)
+    assert unc.transformer_transfer_sigma(("hopper", "bf16"), ("hopper", "fp8")) == \
         pytest.approx(hopper_bf16_fp8)
-    # both changes: both pairs in quadrature, below the bound of A100 bf16 -> H100 fp8
-    both = unc.transformer_transfer_sigma(("ampere", "bf16"), ("hopper", "fp8"))
-    assert both == pytest.approx(math.hypot(unc.SIGMA_TRANSFORMER_GENERATION_PAIR,
-                                            unc.SIGMA_TRANSFORMER_PRECISION_PAIR))
-    assert both < math.hypot(0.077, 0.126)
+    assert unc.transformer_transfer_sigma(("ampere", "bf16"), ("hopper", "fp8")) == \
+        pytest.approx(math.hypot(0.077, 0.126))
+    # Blackwell takes Hopper's spreads: H100 -> B200 at fp8 is the same pair spread
+    assert unc.transformer_transfer_sigma(("hopper", "fp8"), ("blackwell", "fp8")) == \
+        pytest.approx(unc.SIGMA_TRANSFORMER_GENERATION_PAIR)
     assert unc.transformer_transfer_sigma(("volta", "fp16"), ("hopper", "bf16")) is None
     assert bf16 < unc.SIGMA_OTHER_GPU
 
