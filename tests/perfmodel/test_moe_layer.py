@@ -41,19 +41,61 @@ def test_permutation_traffic_is_sixteen_passes_over_the_routed_copies():
         parts["permute"] / 2)  # a stage holds half the layers
 
 
-def test_expert_gemms_lose_efficiency_at_small_m():
+def test_expert_gemms_lose_efficiency_at_small_m_and_shallow_k():
     # Mixtral's 8 experts on 8 ranks: each expert takes 4096 x 2 x 8 / 8 = 8192 rows, more
-    # than the dense layers' 4096: no penalty
+    # than the dense layers' 4096, and reduces over 4096-28672: no penalty
     assert moe.tokens_per_expert(MIXTRAL, EP8, 1, SEQ) == 8192
     assert moe.layer_parts_s(MIXTRAL, EP8, H100, "bf16", 1, SEQ)["expert_gemm"] == 0.0
     # 64 experts: 4096 x 2 x 8 / 64 = 1024 rows per expert
     fine = replace(MIXTRAL, num_experts=64)
     assert moe.tokens_per_expert(fine, EP8, 1, SEQ) == 1024
-    ratio = (1024 / (1024 + 128)) / (4096 / (4096 + 128))
+    # K0 at bf16 on this H100 (its SMs x clock are the reference's): 720 x 989.4 / 1978.9
+    k0 = 720.0 * 989.4 / 1978.9
+
+    def eff(m, k):  # rows term x depth term, written out
+        return (1.0 if m is None else m / (m + 128.0)) * k / (k + k0)
+
+    # gate+up (2/3 of the FLOPs): forward K 4096, input gradient K 28672, weight gradient K =
+    # the 1024 rows; down (1/3): forward K 14336, input gradient K 4096, weight gradient 1024
+    expert_time = (2 / 3 / 3 * (1 / eff(1024, 4096) + 1 / eff(1024, 28672) + 1 / eff(None, 1024))
+                   + 1 / 3 / 3 * (1 / eff(1024, 14336) + 1 / eff(1024, 4096)
+                                  + 1 / eff(None, 1024)))
+    # dense layers: 4096 rows at K 6656 (forward, input gradient), weight gradient over 4096
+    dense_time = (2 / eff(4096, 6656) + 1 / eff(None, 4096)) / 3
+    ratio = dense_time / expert_time
+    assert moe.expert_gemm_ratio(fine, EP8, H100, "bf16", 1, SEQ) == pytest.approx(ratio)
     flops = 6 * 4096 * 2 * 3 * 4096 * 14336 * 32
     got = moe.layer_parts_s(fine, EP8, H100, "bf16", 1, SEQ)["expert_gemm"]
     assert got == pytest.approx(flops / BF16_RATE * (1 / ratio - 1))
     assert moe.gemm_efficiency(128) == pytest.approx(0.5)
+    assert moe.gemm_efficiency(128, 720.0, 720.0) == pytest.approx(0.25)
+
+
+def test_half_depth_scales_with_the_tensor_rate_per_sm_and_clock():
+    # the reference is H800 / H100 SXM FP8 (1978.9 TFLOP/s over 66.9 x 64 / 128 TFLOP/s)
+    assert moe.half_efficiency_k(H100, "fp8") == pytest.approx(720.0)
+    assert moe.half_efficiency_k(H100, "bf16") == pytest.approx(720.0 * 989.4 / 1978.9)
+    b200 = replace(H100, gpu="B200", peak_flops_per_s={"fp32": 75e12, "bf16": 2250e12,
+                                                       "fp8": 4500e12})
+    # 148 SMs at 1.98 GHz: FP32 75 TFLOP/s at 128 lanes -> 37.5 at the latency rate
+    assert moe.half_efficiency_k(b200, "bf16") == pytest.approx(
+        720.0 * (2250 / 37.5) / (1978.9 / 33.45))
+
+
+def test_half_depth_fits_deepgemm_table():
+    # DeepGEMM README (first release, FP8 on H800), M = 4096, N filling whole waves:
+    # 1/rate = 1/peak + K0 / (peak K): least squares by hand over (1/K, 1/rate)
+    ks = [512.0, 1536.0, 2048.0, 7168.0, 16384.0]
+    rates = [590.0, 990.0, 1025.0, 1304.0, 1358.0]
+    xs, ys = [1 / k for k in ks], [1 / r for r in rates]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+             / sum((x - mx) ** 2 for x in xs))
+    peak = 1 / (my - slope * mx)
+    assert slope * peak == pytest.approx(moe.GEMM_HALF_EFFICIENCY_K, rel=0.01)
+    for k, r in zip(ks, rates, strict=True):
+        assert peak * k / (k + moe.GEMM_HALF_EFFICIENCY_K) == pytest.approx(r, rel=0.03)
 
 
 def test_launches_count_the_router_and_each_local_experts_gemms():
