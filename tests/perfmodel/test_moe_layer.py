@@ -139,3 +139,57 @@ def test_the_step_adds_it_to_every_micro_steps_compute(monkeypatch):
     monkeypatch.setattr(moe, "layer_time_s", lambda *a, **k: 0.0)
     without = step.step_terms(MIXTRAL, H100, "bf16", EP8, 1, 4, shape, 12.0, calib)
     assert with_moe.compute_s - without.compute_s == pytest.approx(4 * own)
+
+
+def _measured(workload, strategy, gpus, micro_batch, slower):
+    """A run of ``workload`` on 8 H100s ``slower`` × the prior's step time."""
+    from mlflow_gpuopt.perfmodel.predictor import fit
+    from mlflow_gpuopt.perfmodel.types import Observation
+
+    config = ParallelConfig(gpus_per_node=gpus, strategy=strategy, micro_batch=micro_batch,
+                            grad_accum=4)
+    prior = fit(workload, [], {}).predict(config, H100).throughput_samples_per_s
+    obs = Observation(gpu=H100.gpu, gpu_count=gpus, throughput_samples_per_s=prior / slower,
+                      micro_batch=micro_batch, strategy=strategy, precision="bf16",
+                      grad_accum=4)
+    return config, obs
+
+
+@pytest.mark.parametrize("strategy", ["ep8xfsdp", "pp2xep4xzero1"])
+def test_a_slow_moe_run_is_reproduced_by_its_own_fit(strategy):
+    """The fit's split into roofline and latency-bound work counts the MoE layers' own terms
+    (fitting.moe_split_terms) and the weights ep keeps off the GPU, so the measured
+    configuration predicts what was measured (a 64-expert Mixtral shape, 1.8× slower than
+    its prior: the split applies)."""
+    from mlflow_gpuopt.perfmodel.predictor import fit
+
+    fine = replace(MIXTRAL, num_experts=64)
+    config, obs = _measured(fine, strategy, 8, 1, 1.8)
+    got = fit(fine, [obs], {H100.gpu: H100}).predict(config, H100).throughput_samples_per_s
+    assert got == pytest.approx(obs.throughput_samples_per_s, rel=1e-3)
+
+
+def test_the_split_puts_the_moe_layers_into_the_roofline():
+    """By hand: with the MoE terms the split's excess is what the fitted scale adds to the
+    dense roofline and to the MoE layers' host (× pp) and GPU (× tp·pp·cp) seconds."""
+    from mlflow_gpuopt.perfmodel import compute, fitting
+
+    fine = replace(MIXTRAL, num_experts=64)
+    layout = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="pp2xep4xzero1"))
+    parts = moe.layer_parts_s(fine, layout, H100, "bf16", 1, SEQ)
+    host, gpu = fitting.moe_split_terms(fine, layout, H100, "bf16", 1.0, SEQ)
+    weights = (compute.weight_traffic_time_s(moe.params_per_shard(fine, layout) * 2, H100,
+                                             "bf16", fine)
+               - compute.weight_traffic_time_s(fine.params, H100, "bf16", fine))
+    assert host == pytest.approx((parts["dispatch"] + parts["sync"]) * 2 + weights)
+    assert gpu == pytest.approx((parts["permute"] + parts["expert_gemm"]) * 2)
+    a = compute.fixed_time_prior_s(fine.params, H100, "bf16",
+                                   compute.kernel_count(fine)[0], fine) + host
+    b = compute.per_sample_time_prior_s(fine, H100, "bf16") + gpu
+    k, r, (x_fixed, x_sample) = fitting.split_latency_bound(fine, H100, "bf16", 1.0, 2.0, 1.0,
+                                                            False, (host, gpu))
+    rate = compute.latency_rate_flops_per_s(H100)
+    assert (k, r) == (1.0, 1.0)
+    assert (x_fixed + x_sample) / rate == pytest.approx(a + b)  # (2 - 1) x the roofline
+    assert fitting.moe_split_terms(replace(fine, num_experts=None), layout, H100, "bf16",
+                                   1.0, SEQ) == (0.0, 0.0)
