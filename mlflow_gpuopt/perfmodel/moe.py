@@ -320,7 +320,7 @@ def expert_gemm_ratio(workload: Workload, layout: Layout, hardware: Hardware, pr
         return 1.0
     k0 = half_efficiency_k(hardware, precision)
     rows = tokens_per_expert(workload, layout, micro_batch, seq_len)
-    tokens = micro_batch * seq_len / layout.tp
+    tokens = micro_batch * seq_len  # the dense GEMMs' rows: sequence parallel gathers them
     gated = (workload.mlp or "swiglu") != "gelu"
     up = 2.0 * width if gated else float(width)
     # (share of the expert FLOPs, K of the forward, K of the input gradient)
