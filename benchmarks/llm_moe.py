@@ -14,10 +14,12 @@ part); an expert-parallel degree that does not divide the data-parallel one (Meg
 the expert group over tp × dp with expert tensor parallel 1; the model's ``ep`` comes from the
 data-parallel ranks); token-dropping runs whose capacity factor the source does not state;
 a run with DeepSeek-V3's multi-token-prediction layer (not in the ``transformers`` model, so
-not in the config.json count). The attention kernel and tensor-parallel overlap are the
-defaults (a ``config.json`` has no keys for them); recomputation is what the run's
-configuration states (AutoModel's: full), else the default (Megatron-Bridge's table does not
-state it).
+not in the config.json count). The attention kernel is the stack's, as for the dense rows
+(``llm_table.attention_kernel``, ``--attention-kernel``): Transformer Engine's (``te``) for
+Megatron-Bridge (``transformer_impl = "transformer_engine"``) and AutoModel (its configs'
+``backend: attn: te``), PyTorch SDPA's default for torchtitan; tensor-parallel overlap is
+the default; recomputation is what the run's configuration states (AutoModel's: full), else
+the default (Megatron-Bridge's table does not state it).
 
 Tasks (tokens/s per GPU; the dense rows' goals): scaling (the same source, model, GPU, layout
 and micro-batch measured at its smallest GPU count), across GPU types (the same model and
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli_path import PredictError, observations_args, run_predict
+from llm_table import attention_kernel
 
 from mlflow_gpuopt.perfmodel.layout import with_degree
 from scores import summary_line
@@ -152,6 +155,9 @@ def cli_args(row: MoeRow) -> list[str]:
             "--grad-accum", str(row.accum), "--precision", row.precision,
             "--inter-node-gbps", str(GPUS[row.gpu][1]),
             "--moe-dispatcher", row.dispatcher, "--moe-routing", row.gate]
+    kernel = attention_kernel(row.source)
+    if kernel:
+        args += ["--attention-kernel", kernel]
     if row.vp > 1 and row.pp > 1:
         args += ["--virtual-stages", str(row.vp)]
     if row.recompute:

@@ -569,6 +569,10 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
     if shape.kv_lora_rank:
         # latent attention's Q, K, V per token, as the attention kernel keeps them
         out["qkv_width"] = shape.num_heads * (2 * shape.head_dim + shape.value_head_dim)
+    elif shape.head_dim * shape.num_heads != shape.hidden_size:
+        # heads wider (or narrower) than the hidden size: Q at heads × head_dim, K and V at
+        # key/value heads × head_dim (the attention's share of the FLOPs, the activations)
+        out["qkv_width"] = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
     if shape.moe_layers:
         dense = shape.num_layers - shape.moe_layers
         active_width = shape.experts_per_token * shape.expert_ffn_hidden_size \
@@ -621,6 +625,8 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
                          "are not in the transformers model and not counted")
     elif shape.head_dim * shape.num_heads != shape.hidden_size:
         notes.append(f"heads × head_dim ({shape.num_heads} × {shape.head_dim}) is not "
-                     f"hidden_size ({shape.hidden_size}): FLOPs count the heads' width, the "
-                     "activation memory formula takes hidden_size")
+                     f"hidden_size ({shape.hidden_size}): FLOPs and attention's share of them "
+                     "count the heads' width, the activation formula Q, K and V at "
+                     f"{(shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim} per "
+                     "token (qkv_width)")
     return out, tuple(notes)

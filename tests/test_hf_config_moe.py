@@ -227,3 +227,23 @@ def test_latent_attention_qkv_width_sets_the_activation_formula(tmp_path):
     plain = layer_bytes_per_token(transformer_dims(dc_replace(w, qkv_width=None)), 2.0, 0.0,
                                   "flash", False)
     assert with_mla - plain == pytest.approx(2.0 * (65536 - 3 * 7168))
+
+
+def test_heads_wider_than_hidden_give_qkv_width_and_attention_share(tmp_path):
+    """Qwen3-30B-A3B: 32 query heads of 128 (4,096 wide, twice its hidden size of 2,048) and 4
+    key/value heads: Q, K and V are (32 + 2 × 4) × 128 = 5,120 per token, and attention's two
+    batched matmuls are 12 · L · T² · 4,096 of the config's FLOPs (its own count: 6 · L · T² ·
+    heads · (head_dim + head_dim)), not 12 · L · T² · 2,048."""
+    from mlflow_gpuopt.perfmodel.compute import attention_flops_share
+
+    doc, _, _ = PUBLISHED["Qwen3-30B-A3B"]
+    w = read_workload(_write(tmp_path, doc), seq_len=4096).workload
+    assert w.qkv_width == (32 + 2 * 4) * 128
+    attention = 6.0 * 48 * 4096 * 4096 * 32 * (128 + 128)
+    assert attention_flops_share(w) == pytest.approx(attention / w.flops_per_sample)
+    # a config whose heads make up the hidden size keeps the formula and no qkv_width
+    mixtral, _, _ = PUBLISHED["Mixtral-8x7B-v0.1"]
+    m = read_workload(_write(tmp_path, mixtral, "m.json"), seq_len=4096).workload
+    assert m.qkv_width is None
+    assert attention_flops_share(m) == pytest.approx(
+        12.0 * 32 * 4096 * 4096 * 4096 / m.flops_per_sample)

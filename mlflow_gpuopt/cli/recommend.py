@@ -81,6 +81,9 @@ from mlflow_gpuopt.validation import BOUNDS
                    "hybridep).")
 @click.option("--moe-routing", default=None, metavar="NAME",
               help="Mixture of experts: random (default) or round_robin.")
+@click.option("--attention-kernel", default=None, metavar="NAME",
+              help="The fused attention kernel the job runs: fa2 (default) or fa3 (te, "
+                   "cudnn).")
 @click.option("--recompute", type=click.Choice(list(RECOMPUTE_MODES)), default=None,
               help="Activation recomputation the plans run with (default: the run's own, else "
                    "none); plans that fit only with full recomputation still get it.")
@@ -95,7 +98,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
               recompute, activation_checkpointing, memory_headroom, emit, plan_rank, out_path,
-              force, script, seq_len, pp_microbatches, moe_dispatcher, moe_routing):
+              force, script, seq_len, pp_microbatches, moe_dispatcher, moe_routing,
+              attention_kernel):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -137,7 +141,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
         keep_micro_batch=keep_micro_batch,
         recompute=recompute or ("full" if activation_checkpointing else None),
         pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
-        moe_routing=moe_routing, memory_headroom=memory_headroom, log=not no_log,
+        moe_routing=moe_routing, attention_kernel=attention_kernel,
+        memory_headroom=memory_headroom, log=not no_log,
         emit=check_request(emit, plan_rank, out_path, force, script, top))
 
     result = plan(request, load_catalog_or_fail())

@@ -446,12 +446,19 @@ def tensor_efficiency(gpu: str, precision: str) -> float:
 
 def attention_flops_share(workload: Workload) -> float:
     """Share of a transformer's FLOPs in attention's two batched matmuls (``QKᵀ``, ``AV``):
-    ``12·L·h·s`` per token forward+backward over the workload's FLOPs per token; 0 where the
-    shape (layers, hidden size, sequence length) is not known. Capped at 0.5."""
+    ``12·L·w·s`` per token forward+backward over the workload's FLOPs per token, ``w`` the
+    query heads' width: the hidden size, or where ``qkv_width`` gives Q, K and V apart from
+    it (heads × head_dim wider than the hidden size, latent attention) its query share
+    ``qkv_width × a / (a + 2·k)`` (``a`` heads, ``k`` key/value heads); 0 where the shape
+    (layers, hidden size, sequence length) is not known. Capped at 0.5."""
     layers, h, s = workload.num_layers, workload.hidden_size, workload.tokens_per_sample
     if not (layers and h and s) or workload.flops_per_sample <= 0:
         return 0.0
-    return min(0.5, 12.0 * layers * h * s * s / workload.flops_per_sample)
+    width = float(h)
+    if workload.qkv_width and workload.num_heads:
+        a = float(workload.num_heads)
+        width = workload.qkv_width * a / (a + 2.0 * float(workload.num_kv_heads or a))
+    return min(0.5, 12.0 * layers * width * s * s / workload.flops_per_sample)
 
 
 def attention_kernel(workload: Workload) -> str | None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlflow_gpuopt.perfmodel import comm
+from mlflow_gpuopt.perfmodel import comm, moe
 from mlflow_gpuopt.perfmodel.compute import (
     KERNEL_DISPATCH_S,
     KERNELS_PER_LAYER_STEP,
@@ -41,6 +41,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     latency_rate_flops_per_s,
     per_sample_time_prior_s,
     power_capped,
+    weight_traffic_time_s,
 )
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
@@ -286,11 +287,14 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     log_opt = dict(log_k)
     latency: dict[Key, tuple[float, float]] = {}
     hw_of = {o.key: o.hardware for o in prepared}
+    layout_of = {o.key: o.layout for o in prepared}
     for key in keys:
         m_ref = math.exp(float(np.mean([math.log(m) for m in batches[key]])))
         new_k, new_r, flops = split_latency_bound(
             workload, hw_of[key], key[1], m_ref, math.exp(log_k[key]),
-            math.exp(log_r.get(key, 0.0)), key in log_r)
+            math.exp(log_r.get(key, 0.0)), key in log_r,
+            moe_split_terms(workload, layout_of[key], hw_of[key], key[1], m_ref,
+                            shape.seq_len))
         log_k[key] = math.log(new_k)
         if key in log_r:
             log_r[key] = math.log(new_r)
@@ -321,7 +325,9 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
 
 def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
                         micro_batch: float, compute_scale: float, fixed_scale: float,
-                        split_identified: bool) -> tuple[float, float, tuple[float, float]]:
+                        split_identified: bool,
+                        moe_s: tuple[float, float] = (0.0, 0.0)
+                        ) -> tuple[float, float, tuple[float, float]]:
     """Split a fitted ``T_grad(m) = k·(r·a + b·m)`` into the roofline ``k'·(r'·a + b·m)``
     (``k' ≤ 1``, ``r'`` as needed) and latency-bound work ``(X_fixed + X_sample·m) / P_fp32``.
 
@@ -331,11 +337,14 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     ``LATENCY_FIXED_SHARE`` per micro-step (at most :func:`dispatch_bound_s`), the rest per
     sample; with two, ``a`` and ``b`` are each split at what the roofline allows. At every
     micro-batch (two measured) or at the measured one (one measured) the result equals the fit
-    on ``hardware``.
+    on ``hardware``. ``moe_s`` is a mixture of experts' own work at ``micro_batch`` on the
+    measured layout (:func:`moe_split_terms`: host seconds with ``a``, GPU seconds with
+    ``b·m``), which the fit scaled as the step does and which the roofline has too.
     """
     a = fixed_time_prior_s(workload.params, hardware, precision, kernel_count(workload)[0],
-                           workload)
-    b = per_sample_time_prior_s(workload, hardware, precision)
+                           workload) + moe_s[0]
+    b = (per_sample_time_prior_s(workload, hardware, precision)
+         + (moe_s[1] / micro_batch if micro_batch > 0 else 0.0))
     fitted_a, fitted_b = compute_scale * fixed_scale * a, compute_scale * b
     excess = fitted_a + fitted_b * micro_batch - (a + b * micro_batch)
     if excess <= 0 or not math.isfinite(excess):
@@ -347,6 +356,27 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
         return k_new, r_new, (max(0.0, fitted_a - a) * rate, max(0.0, fitted_b - b) * rate)
     fixed = min(LATENCY_FIXED_SHARE * excess, dispatch_bound_s(workload))
     return 1.0, fixed_scale, (fixed * rate, (excess - fixed) * rate / micro_batch)
+
+
+def moe_split_terms(workload: Workload, layout: Layout, hardware: Hardware, precision: str,
+                    micro_batch: float, seq_len: float) -> tuple[float, float]:
+    """(per micro-step, GPU per micro-batch) seconds that a mixture of experts' step on
+    ``layout`` has beyond :func:`split_latency_bound`'s dense ``a`` and ``b·m``, in their
+    whole-model units (the step divides the latency-bound work per micro-step by ``pp``, per
+    sample by ``tp × pp × cp``): the MoE layers' launches and host sync
+    (:func:`.moe.layer_parts_s`, per pipeline stage) × ``pp``, less the traffic of the
+    weights this GPU does not read (``pp`` stages of :func:`.moe.params_per_shard`, the
+    experts over ``ep``, against the whole model's in ``a``); their permutation and expert
+    GEMMs (on ``1/tp`` of the tokens) × ``tp × pp × cp``. (0, 0) for a dense model."""
+    if not moe.is_moe(workload):
+        return 0.0, 0.0
+    p = moe.layer_parts_s(workload, layout, hardware, precision, micro_batch,
+                          seq_len / layout.cp)
+    weights = (weight_traffic_time_s(moe.params_per_shard(workload, layout) * layout.pp,
+                                     hardware, precision, workload)
+               - weight_traffic_time_s(workload.params, hardware, precision, workload))
+    return ((p["dispatch"] + p["sync"]) * layout.pp + weights,
+            (p["permute"] + p["expert_gemm"]) * layout.tp * layout.pp * layout.cp)
 
 
 def dispatch_bound_s(workload: Workload) -> float:

@@ -29,6 +29,7 @@ import math
 from mlflow_gpuopt.perfmodel import comm
 from mlflow_gpuopt.perfmodel.compute import (
     KERNEL_DISPATCH_S,
+    latency_rate_flops_per_s,
     matmul_efficiency,
     memory_efficiency,
 )
@@ -53,6 +54,28 @@ PERMUTE_PASSES = 16
 #: 533, 932, 1040, 1233 of 1304 TFLOP/s, N 7168 × K 2048 295, 510, 815, 916, 925 of 1025;
 #: solving ``M / (M + M0)`` for each gives M0 of 60-230, median about 120.
 GEMM_HALF_EFFICIENCY_M = 128.0
+#: Reduction depth ``K`` at which a GEMM's main loop reaches half its large-``K`` rate, at the
+#: tensor rate per SM and clock of DeepGEMM's measurement (H800 FP8): each output tile pays
+#: a fixed prologue (filling the operand pipeline) and epilogue (converting and storing the
+#: accumulators) against a main loop that grows with ``K``, so a GEMM reaches
+#: ``K / (K + K0)`` of its large-``K`` rate. From the same README table (first release, FP8
+#: on H800) at M = 4096, the shapes whose ``N`` fills whole waves: K 512, 1536, 2048, 7168,
+#: 16384 reach 590, 990, 1025, 1304, 1358 TFLOP/s; ``1/rate`` is linear in ``1/K`` (least
+#: squares: large-``K`` rate ~1,420 TFLOP/s, ``K0`` ~720, every row within 3 %).
+GEMM_HALF_EFFICIENCY_K = 720.0
+#: The tensor rate per SM and clock of that measurement: the H800's (H100 SXM's) dense FP8
+#: peak over its SM count × clock as ``compute.latency_rate_flops_per_s`` counts them
+#: (1,978.9 TFLOP/s over 66.9 TFLOP/s × 64 / 128). The fixed part of a tile is cycles, and a
+#: GPU or precision that does more FLOPs per SM and cycle (Blackwell; FP8 against 16-bit)
+#: runs the same ``K`` loop in fewer of them, so ``K0`` scales with this rate
+#: (:func:`half_efficiency_k`).
+GEMM_HALF_EFFICIENCY_K_RATE = 1978.9e12 / (66.9e12 * 64 / 128)
+#: ``K`` of the GEMMs ``compute.GENERATION_MFU`` was derived on, the share of it the dense
+#: layers of any model are timed at: the median hidden size of bench_llm's 26 derivation rows
+#: (2,048-18,432: Megatron-LM's GPT 1.7B-462B, NeMo 24.07's GPT-3 / Llama 2 / Llama 3 /
+#: Nemotron, torchtitan's Llama 2 13B and 70B), the ``K`` of their column-parallel
+#: projections (QKV, the MLP's up and gate), which hold most of their FLOPs.
+GEMM_REFERENCE_K = 6656.0
 #: Host-side launches of one MoE layer beyond its dense part (``compute.KERNELS_PER_LAYER_STEP``
 #: counts the dense layer): the router (its linear layer, score function, top-k, the
 #: normalisation and load-balancing loss: ~12 operators), the dispatcher (the token counts,
@@ -258,10 +281,59 @@ def tokens_per_expert(workload: Workload, layout: Layout, micro_batch: float,
             / max(1, workload.num_experts or 1))
 
 
-def gemm_efficiency(rows: float) -> float:
-    """Share of its large-``M`` efficiency a GEMM of ``rows`` rows reaches:
-    ``M / (M + GEMM_HALF_EFFICIENCY_M)``."""
-    return rows / (rows + GEMM_HALF_EFFICIENCY_M) if rows > 0 else 0.0
+def gemm_efficiency(rows: float, depth: float | None = None, half_depth: float = 0.0) -> float:
+    """Share of its large-shape efficiency a GEMM of ``rows`` output rows and reduction depth
+    ``depth`` reaches: ``M / (M + GEMM_HALF_EFFICIENCY_M)``, times ``K / (K + half_depth)``
+    where a depth is given (:func:`half_efficiency_k`)."""
+    if rows <= 0:
+        return 0.0
+    eff = 1.0 if math.isinf(rows) else rows / (rows + GEMM_HALF_EFFICIENCY_M)
+    if depth is not None and half_depth > 0:
+        eff *= depth / (depth + half_depth) if depth > 0 else 0.0
+    return eff
+
+
+def half_efficiency_k(hardware: Hardware, precision: str) -> float:
+    """``K0`` of :func:`gemm_efficiency` on ``hardware`` at ``precision``:
+    ``GEMM_HALF_EFFICIENCY_K`` × the GPU's dense tensor peak of the precision per SM and clock
+    (over ``compute.latency_rate_flops_per_s``) / ``GEMM_HALF_EFFICIENCY_K_RATE``: 720 for
+    H100 FP8, 360 at bf16; B200 1,440 and 720."""
+    rate = latency_rate_flops_per_s(hardware)
+    if rate <= 0:
+        return GEMM_HALF_EFFICIENCY_K
+    peak = peak_flops_per_s(hardware.peak_flops_per_s, precision)
+    return GEMM_HALF_EFFICIENCY_K * peak / rate / GEMM_HALF_EFFICIENCY_K_RATE
+
+
+def expert_gemm_ratio(workload: Workload, layout: Layout, hardware: Hardware, precision: str,
+                      micro_batch: float, seq_len: float) -> float:
+    """Efficiency of a MoE layer's expert GEMMs over the dense layers' (what
+    ``compute.GENERATION_MFU`` times every matmul at), forward and backward: each expert
+    linear layer (the gate and up projections as one, ``K`` = hidden, ``N`` = 2 × expert
+    width; the down projection, ``K`` = expert width, ``N`` = hidden) runs a forward GEMM
+    (``M`` = :func:`tokens_per_expert` rows, reduction ``K``), an input-gradient GEMM (``M``
+    rows, reduction ``N``) and a weight-gradient GEMM (reduction over the ``M`` rows), equal
+    in FLOPs, timed at :func:`gemm_efficiency`; the dense layers at the micro-batch's tokens
+    as rows and ``GEMM_REFERENCE_K`` (their weight gradients reducing over the tokens)."""
+    width, hidden = workload.expert_ffn_hidden_size, workload.hidden_size
+    if not width or not hidden:
+        return 1.0
+    k0 = half_efficiency_k(hardware, precision)
+    rows = tokens_per_expert(workload, layout, micro_batch, seq_len)
+    tokens = micro_batch * seq_len  # the dense GEMMs' rows: sequence parallel gathers them
+    gated = (workload.mlp or "swiglu") != "gelu"
+    up = 2.0 * width if gated else float(width)
+    # (share of the expert FLOPs, K of the forward, K of the input gradient)
+    linears = ((up / (up + width), float(hidden), up), (width / (up + width), float(width),
+                                                         float(hidden)))
+    time = 0.0
+    for share, k_fwd, k_dgrad in linears:
+        time += share / 3.0 * (1.0 / gemm_efficiency(rows, k_fwd, k0)
+                               + 1.0 / gemm_efficiency(rows, k_dgrad, k0)
+                               + 1.0 / gemm_efficiency(math.inf, rows, k0))
+    dense = 3.0 / (2.0 / gemm_efficiency(tokens, GEMM_REFERENCE_K, k0)
+                   + 1.0 / gemm_efficiency(math.inf, tokens, k0))
+    return (1.0 / time) / dense if time > 0 else 1.0
 
 
 def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precision: str,
@@ -291,8 +363,7 @@ def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precis
     if width:
         matrices = 2 if (workload.mlp or "swiglu") == "gelu" else 3
         flops = 6.0 * tokens * k * capacity * matrices * hidden * width * layers
-        ratio = (gemm_efficiency(tokens_per_expert(workload, layout, micro_batch, seq_len))
-                 / gemm_efficiency(micro_batch * seq_len))
+        ratio = expert_gemm_ratio(workload, layout, hardware, precision, micro_batch, seq_len)
         if 0 < ratio < 1:
             rate = (peak_flops_per_s(hardware.peak_flops_per_s, precision)
                     * matmul_efficiency(hardware, precision)[0])

@@ -52,6 +52,7 @@ class RecommendRequest:
     pp_microbatches: int | None = None
     moe_dispatcher: str | None = None
     moe_routing: str | None = None
+    attention_kernel: str | None = None
     #: share of each GPU's usable memory a plan leaves free at its predicted peak
     memory_headroom: float = 0.10
     log: bool = True
@@ -105,7 +106,8 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
                          catalog=catalog).with_recompute(request.recompute)
     inputs = replace(inputs, workload=with_run_options(
         inputs.workload, moe_dispatcher=request.moe_dispatcher,
-        moe_routing=request.moe_routing, pp_microbatches=request.pp_microbatches))
+        moe_routing=request.moe_routing, pp_microbatches=request.pp_microbatches,
+        attention_kernel=request.attention_kernel))
     logged_row = emitting.check_logged_plan(request.emit, inputs.workload)
     target = make_target(inputs, request.target, deadline_hours=request.deadline_hours,
                          confidence=request.confidence, global_batch=request.global_batch,
