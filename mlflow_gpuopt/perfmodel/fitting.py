@@ -114,6 +114,12 @@ class FitResult:
     #: narrowed (``uncertainty.narrowed_prior_cov``), not narrowed with them.
     carried_variance: dict[Key, float] = field(default_factory=dict, hash=False,
                                                 compare=False)
+    #: (compute scale, batch-independent scale) per key as fitted, before
+    #: :func:`split_latency_bound` moved their excess into ``latency_flops``: the other
+    #: hypothesis of that excess, throughput work the roofline under-counts
+    #: (:func:`unexplained_both_ways`); only keys with latency-bound work.
+    fitted_scales: dict[Key, tuple[float, float]] = field(default_factory=dict, hash=False,
+                                                          compare=False)
 
 
 def is_cpu(name: str) -> bool:
@@ -286,6 +292,7 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     log_r = {key: float(x[n_k + j]) for j, key in enumerate(split_keys)}
     log_opt = dict(log_k)
     latency: dict[Key, tuple[float, float]] = {}
+    fitted: dict[Key, tuple[float, float]] = {}
     hw_of = {o.key: o.hardware for o in prepared}
     layout_of = {o.key: o.layout for o in prepared}
     for key in keys:
@@ -295,11 +302,12 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
             math.exp(log_r.get(key, 0.0)), key in log_r,
             moe_split_terms(workload, layout_of[key], hw_of[key], key[1], m_ref,
                             shape.seq_len))
+        if flops != (0.0, 0.0):
+            latency[key] = flops
+            fitted[key] = (math.exp(log_k[key]), math.exp(log_r.get(key, 0.0)))
         log_k[key] = math.log(new_k)
         if key in log_r:
             log_r[key] = math.log(new_r)
-        if flops != (0.0, 0.0):
-            latency[key] = flops
     comm_sd = 0.0
     param_index: dict[tuple, int] = {}
     param_cov: tuple[tuple[float, ...], ...] = ()
@@ -313,6 +321,7 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     return FitResult(
         log_compute_scale=log_k, log_compute_sd=sd, log_fixed_scale=log_r,
         latency_flops=latency, log_optimizer_scale=log_opt, log_comm_sd=comm_sd,
+        fitted_scales=fitted,
         param_index=param_index, param_cov=param_cov,
         comm_scale=math.exp(x[n_k + n_r]) if fit_kappa else 1.0,
         gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
@@ -356,6 +365,34 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
         return k_new, r_new, (max(0.0, fitted_a - a) * rate, max(0.0, fitted_b - b) * rate)
     fixed = min(LATENCY_FIXED_SHARE * excess, dispatch_bound_s(workload))
     return 1.0, fixed_scale, (fixed * rate, (excess - fixed) * rate / micro_batch)
+
+
+def unexplained_halfway(split: tuple[float, float, tuple[float, float]],
+                        fitted: tuple[float, float]) -> tuple[float, float, tuple[float, float]]:
+    """``(k, r, (X_fixed, X_sample))`` halfway between the two hypotheses of a measurement's
+    time beyond the roofline: ``split`` (:func:`split_latency_bound`'s answer, the excess as
+    latency-bound work) and ``fitted`` (the fit's own ``(k, r)``, the excess as throughput
+    work the roofline under-counts). Half the excess's seconds each way: ``k`` and ``k·r`` the
+    means of the two, the latency-bound work halved. On the measured GPU it reproduces the fit
+    as both do; on another it lands between their predictions (docs/models.md#latency-bound-work).
+    """
+    k_split, r_split, (x_fixed, x_sample) = split
+    k_fit, r_fit = fitted
+    k = (k_split + k_fit) / 2.0
+    r = (k_split * r_split + k_fit * r_fit) / 2.0 / k
+    return k, r, (x_fixed / 2.0, x_sample / 2.0)
+
+
+def unexplained_nature_unknown(workload: Workload) -> bool:
+    """Whether a measurement's time beyond the roofline is carried to another GPU type both
+    ways (:func:`unexplained_halfway`, the width ``uncertainty.TERM_UNEXPLAINED``) rather
+    than as latency-bound work alone: for a mixture of experts. One measured micro-batch
+    cannot tell latency-bound work (moves with SM count × clock) from throughput work the
+    roofline under-counts (moves with the peaks); a MoE step's GEMMs take thousands of rows
+    per expert (many waves) and its layers' terms come from kernel sources with no whole-run
+    check, so neither is preferred. Dense workloads keep the latency-bound reading that
+    ``benchmarks/bench_accuracy.py``'s V100 ↔ A100 transfers check (docs/models.md#latency-bound-work)."""
+    return moe.is_moe(workload)
 
 
 def moe_split_terms(workload: Workload, layout: Layout, hardware: Hardware, precision: str,

@@ -207,6 +207,7 @@ TERM_STRATEGY = "strategy never observed"
 TERM_MULTINODE = "multi-node never observed"
 TERM_DEFAULT_PREFIX = "carried default: "
 TERM_MOE = "mixture-of-experts layers, unmeasured on this GPU type and precision"
+TERM_UNEXPLAINED = "unexplained time, nature unknown"
 
 
 def _transformer_group(key: tuple[str, str]) -> tuple[str, str]:
