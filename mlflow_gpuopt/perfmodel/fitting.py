@@ -374,8 +374,8 @@ def unexplained_halfway(split: tuple[float, float, tuple[float, float]],
     latency-bound work) and ``fitted`` (the fit's own ``(k, r)``, the excess as throughput
     work the roofline under-counts). Half the excess's seconds each way: ``k`` and ``k·r`` the
     means of the two, the latency-bound work halved. On the measured GPU it reproduces the fit
-    as both do; on another it lands between their predictions (docs/models.md#latency-bound-work).
-    """
+    as both do; on another it lands between their predictions
+    (docs/models.md#latency-bound-work)."""
     k_split, r_split, (x_fixed, x_sample) = split
     k_fit, r_fit = fitted
     k = (k_split + k_fit) / 2.0
@@ -391,7 +391,8 @@ def unexplained_nature_unknown(workload: Workload) -> bool:
     roofline under-counts (moves with the peaks); a MoE step's GEMMs take thousands of rows
     per expert (many waves) and its layers' terms come from kernel sources with no whole-run
     check, so neither is preferred. Dense workloads keep the latency-bound reading that
-    ``benchmarks/bench_accuracy.py``'s V100 ↔ A100 transfers check (docs/models.md#latency-bound-work)."""
+    ``benchmarks/bench_accuracy.py``'s V100 ↔ A100 transfers check
+    (docs/models.md#latency-bound-work)."""
     return moe.is_moe(workload)
 
 
