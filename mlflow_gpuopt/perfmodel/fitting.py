@@ -15,7 +15,9 @@ latency-bound work beyond it (:func:`split_latency_bound`): a measurement slower
 roofline at library-level efficiency keeps the roofline at scale 1 and carries the rest as
 FP32-rate work, which transfers to another GPU type at its SM count × clock
 (``compute.latency_rate_flops_per_s``), not its tensor peak. On the measured GPU the split
-reproduces the fit exactly.
+reproduces the fit exactly. For a mixture of experts the fit's own scales are kept beside it
+(``FitResult.fitted_scales``): another GPU type takes the excess halfway between the two
+readings (:func:`unexplained_halfway`, :func:`unexplained_nature_unknown`).
 
 Every parameter also has a weak prior residual, so a fit never runs away with one run's
 noise. Observations on a CPU tell nothing about GPU speed: they are set aside and the
