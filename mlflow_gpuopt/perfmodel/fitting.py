@@ -119,7 +119,7 @@ class FitResult:
     #: (compute scale, batch-independent scale) per key as fitted, before
     #: :func:`split_latency_bound` moved their excess into ``latency_flops``: the other
     #: hypothesis of that excess, throughput work the roofline under-counts
-    #: (:func:`unexplained_both_ways`); only keys with latency-bound work.
+    #: (:func:`unexplained_halfway`); only keys with latency-bound work.
     fitted_scales: dict[Key, tuple[float, float]] = field(default_factory=dict, hash=False,
                                                           compare=False)
 
