@@ -65,3 +65,15 @@ def mean_padded_tokens(workload: Workload) -> float | None:
     if not bins:
         return None
     return sum(t * s for t, s in bins) / sum(s for _, s in bins)
+
+
+def notes(workload: Workload) -> tuple[str, ...]:
+    """The prediction's note on the padded lengths it averaged over; () without bins."""
+    mean = mean_padded_tokens(workload)
+    if mean is None:
+        return ()
+    lengths = [t for t, _ in workload.sequence_bins or ()]
+    return (f"sequence bins: {len(lengths)} padded lengths of {min(lengths):g}-"
+            f"{max(lengths):g} tokens, mean {mean:.0f} (tokens_per_sample "
+            f"{workload.tokens_per_sample:g}): the per-sample compute is their share-weighted "
+            "mean, memory is planned for the longest",)

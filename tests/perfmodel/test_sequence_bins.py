@@ -118,6 +118,12 @@ def test_predict_runs_faster_on_binned_batches_with_the_longest_batch_in_memory(
     ratio = (sum(share * compute.per_sample_time_prior_s(bert(s), A100, "fp16")
                  for s, share in BINS) / compute.per_sample_time_prior_s(bert(S), A100, "fp16"))
     assert 1.0 / ratio > b["throughput_samples_per_s"] / a["throughput_samples_per_s"] > 1.3
+    # tokens that run: the mean padded length (64·0.2 + 256·0.3 + 512·0.5 = 345.6)
+    assert b["tokens_per_s"] == pytest.approx(b["throughput_samples_per_s"] * 345.6, rel=1e-9)
+    assert a["tokens_per_s"] == pytest.approx(a["throughput_samples_per_s"] * 512, rel=1e-9)
+    note = [n for n in b["assumptions"] if n.startswith("sequence bins:")]
+    assert note and "mean 346" in note[0] and "64-512" in note[0]
+    assert not [n for n in a["assumptions"] if n.startswith("sequence bins:")]
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc(sequence_bins={"1024": 1.0})))
