@@ -201,6 +201,8 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
             kwargs[key] = _number(value, key, where, float)
         elif key in _STR_KEYS:
             kwargs[key] = str(value)
+        elif key == "sequence_bins":
+            kwargs[key] = value  # checked once tokens_per_sample is known (_sequence_bins)
         elif key in _BOOL_KEYS:
             if not isinstance(value, bool):
                 raise WorkloadFileError(f"{where}: {key!r} must be true or false, got "
@@ -213,6 +215,9 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
     except PerfModelError as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     _check_words(kwargs, where)
+    if "sequence_bins" in kwargs:
+        kwargs["sequence_bins"] = _sequence_bins(kwargs["sequence_bins"],
+                                                 kwargs.get("tokens_per_sample"), where)
     _check_kv_heads(kwargs, where)
     _check_moe(kwargs, where)
     if kwargs.get("micro_batch") == 0:
@@ -252,6 +257,46 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
     if kwargs.get("dropout") is not None and kwargs["dropout"] >= 1:
         raise WorkloadFileError(f"{where}: 'dropout' is a probability below 1, got "
                                 f"{kwargs['dropout']!r}")
+
+
+#: Most padded lengths ``sequence_bins`` takes (one per token position of a long context).
+MAX_SEQUENCE_BINS = 4096
+
+
+def _sequence_bins(value: Any, longest: float | None,
+                   where: str) -> tuple[tuple[float, float], ...]:
+    """``sequence_bins`` ({padded tokens: share or sample count}, or [[tokens, share], ...]) as
+    ((tokens, share), ...) by length, shares normalised to sum to 1; each length above 0 and
+    at most ``tokens_per_sample`` (the longest, which it needs), each share >= 0, some > 0."""
+    key = "sequence_bins"
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        pairs = [tuple(p) for p in value]
+    else:
+        raise WorkloadFileError(f"{where}: {key!r} must be an object of padded tokens -> share "
+                                f"of samples (e.g. {{\"128\": 0.4, \"512\": 0.6}}), got "
+                                f"{short_repr(value)}")
+    if not pairs or len(pairs) > MAX_SEQUENCE_BINS:
+        raise WorkloadFileError(f"{where}: {key!r} takes 1 to {MAX_SEQUENCE_BINS} padded "
+                                f"lengths, got {len(pairs)}")
+    if not longest:
+        raise WorkloadFileError(f"{where}: {key!r} needs 'tokens_per_sample' (the longest "
+                                "padded length, which sets memory)")
+    bins: dict[float, float] = {}
+    for tokens, share in pairs:
+        t = _number(tokens, f"{key} length", where, float)
+        w = _number(share, f"{key} share", where, float)
+        if t <= 0 or t > longest:
+            raise WorkloadFileError(f"{where}: {key!r} lengths must be above 0 and at most "
+                                    f"'tokens_per_sample' ({longest:g}), got {short_repr(tokens)}")
+        bins[t] = bins.get(t, 0.0) + w
+    total = sum(bins.values())
+    if total <= 0:
+        raise WorkloadFileError(f"{where}: {key!r} shares must not all be 0")
+    if abs(total - 1.0) < 1e-9:  # already shares: kept as given (a round trip stays equal)
+        total = 1.0
+    return tuple((t, w / total) for t, w in sorted(bins.items()))
 
 
 def _check_kv_heads(kwargs: dict[str, Any], where: str) -> None:
@@ -455,7 +500,7 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
     for f in fields(Workload):
         value = getattr(workload, f.name)
         if value is not None:
-            doc[f.name] = value
+            doc[f.name] = [list(b) for b in value] if f.name == "sequence_bins" else value
     return doc
 
 

@@ -28,7 +28,7 @@ from mlflow_gpuopt.perfmodel.precision import (
     peak_flops_per_s,
     uses_tensor_cores,
 )
-from mlflow_gpuopt.perfmodel import vendor
+from mlflow_gpuopt.perfmodel import sequence_bins, vendor
 from mlflow_gpuopt.perfmodel.types import Hardware, Workload
 
 #: Share of dense peak reached by the FLOP-heavy kernels: plain FP32 (SIMT) units get closer
@@ -607,13 +607,28 @@ def transpose_time_s(workload: Workload, hardware: Hardware, precision: str) -> 
             / (hardware.memory_bandwidth_bytes_per_s * memory_efficiency(hardware)))
 
 
+def at_length(workload: Workload, tokens: float) -> Workload:
+    """``workload`` as one sample padded to ``tokens`` costs (``sequence_bins``:
+    :func:`.sequence_bins.rescaled`), with attention's FLOP share and the activation
+    formula's bytes ratio between the two lengths from the architecture."""
+    plain = replace(workload, sequence_bins=None)
+    shorter = replace(plain, tokens_per_sample=float(tokens))
+    full, part = (formula_activation_bytes_per_sample(w, w.precision) for w in (plain, shorter))
+    return sequence_bins.rescaled(plain, tokens, attention_flops_share(plain),
+                                  part / full if full and part else None)
+
+
 def per_sample_time_prior_s(workload: Workload, hardware: Hardware, precision: str) -> float:
     """``b``: seconds per sample per GPU from the roofline, uncalibrated:
     ``max(T_matmul, h·T_traffic) + (1 − h)·T_traffic + T_transpose`` with ``h`` the share of
     traffic the matmul kernels do themselves (hidden under their arithmetic when they are
     compute-bound) and ``T_transpose`` the layout transposes of NCHW tensor-core
-    convolutions (:func:`transpose_time_s`, 0 for most workloads).
+    convolutions (:func:`transpose_time_s`, 0 for most workloads). With
+    ``sequence_bins``, the share-weighted mean over the padded lengths (:mod:`.sequence_bins`).
     """
+    if workload.sequence_bins:
+        return sequence_bins.binned(
+            lambda w: per_sample_time_prior_s(w, hardware, precision), workload, at_length)
     compute = matmul_time_s(workload, hardware, precision)
     memory = traffic_time_s(workload, hardware, precision)
     hidden = MATMUL_HIDDEN_TRAFFIC_SHARE
@@ -797,7 +812,18 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
     convolutions (:func:`transpose_time_s`); the FP8 casts (:func:`fp8_cast_time_s`); the
     calibration's latency-bound work and the
     host dispatch. The classes sum to the
-    micro-step's compute (``T_grad``) at that calibration."""
+    micro-step's compute (``T_grad``) at that calibration. With ``sequence_bins``, each class
+    is the share-weighted mean over the padded lengths (:mod:`.sequence_bins`)."""
+    if workload.sequence_bins:
+        total = sum(share for _, share in workload.sequence_bins)
+        out = dict.fromkeys(OPERATOR_CLASSES, 0.0)
+        for tokens, share in workload.sequence_bins:
+            part = operator_class_times_s(at_length(workload, tokens), hardware, precision,
+                                          micro_batch, compute_scale, fixed_scale,
+                                          overhead_scale, latency_flops)
+            for key, value in part.items():
+                out[key] += share / total * value
+        return out
     p = normalize_precision(precision)
     m = float(micro_batch)
     mm = matmul_time_s(workload, hardware, p)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from mlflow_gpuopt.perfmodel import context, moe, vendor
+from mlflow_gpuopt.perfmodel import context, moe, sequence_bins, vendor
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
     GENERATION_MFU,
@@ -424,7 +424,10 @@ class Predictor:
                       "memory estimate exceeds the GPU",)
         if extrapolated or (key not in res.log_compute_scale and res.log_compute_scale):
             notes += self._class_notes(key, hardware, m) + self._operator_notes(key, hardware)
-        tokens = self.workload.tokens_per_sample
+        # tokens that run, padding included: the mean padded length where batches are binned
+        tokens = (sequence_bins.mean_padded_tokens(self.workload)
+                  or self.workload.tokens_per_sample)
+        notes += sequence_bins.notes(self.workload)
         notes += self._shape_notes(layout, recompute == "full")
         notes += moe.notes(self.workload, layout, terms.alltoall_s)
         notes += context.notes(self.workload, layout, terms.cp_exchange_total_s,

@@ -130,6 +130,11 @@ class Workload:
     #: the pipeline micro-batch, filling and draining the pipeline each time; None: all of
     #: the optimizer step's (Megatron: one schedule per step)
     pp_microbatches: int | None = None
+    #: Padded lengths the batches run at, where each batch is padded to its own longest
+    #: sequence (sequence binning, dynamic padding): ((tokens, share of samples), ...),
+    #: tokens at most ``tokens_per_sample`` (the longest, which sets memory), shares summing
+    #: to 1; None: every sample runs at ``tokens_per_sample`` (``.sequence_bins``).
+    sequence_bins: tuple[tuple[float, float], ...] | None = None
 
 
 @dataclass(frozen=True)
