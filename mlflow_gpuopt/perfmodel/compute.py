@@ -65,8 +65,8 @@ _SAME_AS = {"blackwell": "hopper"}
 #: (reading inputs and weights, writing outputs), which overlaps their arithmetic; the rest
 #: is normalisation and element-wise kernels, which are bandwidth-bound and add. The default
 #: where the share was not measured; a tracked run's profile measures it
-#: (``matmul_traffic_bytes_per_sample`` of ``memory_traffic_bytes_per_sample``, 0.25-0.36 on
-#: the DeepLearningExamples models ``bench_accuracy.py --tracked`` tracks:
+#: (``matmul_traffic_bytes_per_sample`` of ``memory_traffic_bytes_per_sample``, 0.26-0.34 on
+#: the not-described DeepLearningExamples models ``bench_accuracy.py --tracked`` tracks:
 #: :func:`hidden_traffic_share`).
 MATMUL_HIDDEN_TRAFFIC_SHARE = 0.5
 #: Share of latency-bound work (time a measurement shows beyond the roofline) that does not
