@@ -517,6 +517,7 @@ def _transformerxl(name: str) -> tuple:
             self.r_w_bias = nn.Parameter(torch.zeros(n, dh))
             self.r_r_bias = nn.Parameter(torch.zeros(n, dh))
             self.layers = nn.ModuleList(RelLayer() for _ in range(c.layers))
+            self.tgt_len = c.tgt_len  # DLE's MemTransformerLM's: its inputs are time-major
 
         def embed(self, tokens):
             if self.emb_projs is None:
@@ -531,8 +532,7 @@ def _transformerxl(name: str) -> tuple:
             return out.view(*tokens.shape, d)
 
         def forward(self, tokens, target, mems):
-            # batch-major in (a sample is one tgt_len segment), time-major inside as DLE's
-            tokens, target = tokens.t(), target.t()
+            # time-major, (tgt_len, batch), as DLE's: track() counts the batch (self.tgt_len)
             qlen, b = tokens.shape
             klen = qlen + c.mem_len
             x = nnf.dropout(self.embed(tokens) * d ** 0.5, p, self.training)
@@ -599,7 +599,7 @@ def _transformerxl(name: str) -> tuple:
     state = {"mems": [torch.zeros(c.mem_len, b, d) for _ in range(c.layers + 1)]}
 
     def step() -> None:
-        loss, state["mems"] = model(stream[:, :-1], stream[:, 1:], state["mems"])
+        loss, state["mems"] = model(stream[:, :-1].t(), stream[:, 1:].t(), state["mems"])
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -1,7 +1,7 @@
 """Compute time of one micro-step on one GPU: ``T_grad(m) = a + b·m`` (Pollux).
 
 The priors are a roofline over matmul FLOPs (dense peak for the precision), DRAM traffic
-(half hidden under the matmuls, ``MATMUL_HIDDEN_TRAFFIC_SHARE``), the layout transposes of
+(the matmuls' own share hidden under them, :func:`hidden_traffic_share`), the layout transposes of
 NCHW convolutions on tensor cores (:func:`transpose_time_s`) and latency-bound work (which
 scales with SM count × clock, Habitat's wave scaling; ``LATENCY_FIXED_SHARE`` of it is
 batch-independent). ``a`` adds the weight and gradient traffic and the host's kernel launches
@@ -63,7 +63,11 @@ ARCHITECTURE_PREFIXES = (
 _SAME_AS = {"blackwell": "hopper"}
 #: Share of a sample's DRAM traffic done by the matmul/convolution kernels themselves
 #: (reading inputs and weights, writing outputs), which overlaps their arithmetic; the rest
-#: is normalisation and element-wise kernels, which are bandwidth-bound and add.
+#: is normalisation and element-wise kernels, which are bandwidth-bound and add. The default
+#: where the share was not measured; a tracked run's profile measures it
+#: (``matmul_traffic_bytes_per_sample`` of ``memory_traffic_bytes_per_sample``, 0.26-0.34 on
+#: the not-described DeepLearningExamples models ``bench_accuracy.py --tracked`` tracks:
+#: :func:`hidden_traffic_share`).
 MATMUL_HIDDEN_TRAFFIC_SHARE = 0.5
 #: Share of latency-bound work (time a measurement shows beyond the roofline) that does not
 #: grow with the micro-batch, until two measured micro-batches say otherwise.
@@ -618,20 +622,36 @@ def at_length(workload: Workload, tokens: float) -> Workload:
                                   part / full if full and part else None)
 
 
+def hidden_traffic_share(workload: Workload) -> float:
+    """``h``, the share of the sample's traffic the matmul and convolution kernels move
+    themselves (hidden under their arithmetic): measured where the workload gives both its
+    matmul traffic and its whole traffic (a tracked run's profile; a ratio, the same at any
+    precision) and is not a transformer described by its architecture, else
+    ``MATMUL_HIDDEN_TRAFFIC_SHARE``. A described transformer keeps the default: its matmul
+    efficiency (``GENERATION_MFU``) is a whole-step figure derived with it."""
+    total = workload.memory_traffic_bytes_per_sample
+    matmul = workload.matmul_traffic_bytes_per_sample
+    if (total and total > 0 and matmul is not None and matmul >= 0
+            and formula_activation_bytes_per_sample(workload, "bf16") is None):
+        return min(1.0, matmul / total)
+    return MATMUL_HIDDEN_TRAFFIC_SHARE
+
+
 def per_sample_time_prior_s(workload: Workload, hardware: Hardware, precision: str) -> float:
     """``b``: seconds per sample per GPU from the roofline, uncalibrated:
     ``max(T_matmul, h·T_traffic) + (1 − h)·T_traffic + T_transpose`` with ``h`` the share of
-    traffic the matmul kernels do themselves (hidden under their arithmetic when they are
-    compute-bound) and ``T_transpose`` the layout transposes of NCHW tensor-core
-    convolutions (:func:`transpose_time_s`, 0 for most workloads). With
-    ``sequence_bins``, the share-weighted mean over the padded lengths (:mod:`.sequence_bins`).
+    traffic the matmul kernels do themselves (:func:`hidden_traffic_share`: hidden under
+    their arithmetic when they are compute-bound) and ``T_transpose`` the layout transposes
+    of NCHW tensor-core convolutions (:func:`transpose_time_s`, 0 for most workloads).
+    With ``sequence_bins``, the share-weighted mean over the padded lengths
+    (:mod:`.sequence_bins`).
     """
     if workload.sequence_bins:
         return sequence_bins.binned(
             lambda w: per_sample_time_prior_s(w, hardware, precision), workload, at_length)
     compute = matmul_time_s(workload, hardware, precision)
     memory = traffic_time_s(workload, hardware, precision)
-    hidden = MATMUL_HIDDEN_TRAFFIC_SHARE
+    hidden = hidden_traffic_share(workload)
     return (max(compute, hidden * memory) + (1.0 - hidden) * memory
             + transpose_time_s(workload, hardware, precision))
 
@@ -834,7 +854,7 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
         attention = workload.flops_per_sample * attn_share / (
             peak_flops_per_s(hardware.peak_flops_per_s, "bf16" if p == "fp8" else p) * eff)
     traffic = traffic_time_s(workload, hardware, p)
-    hidden = MATMUL_HIDDEN_TRAFFIC_SHARE
+    hidden = hidden_traffic_share(workload)
     k = compute_scale
     out = dict.fromkeys(OPERATOR_CLASSES, 0.0)
     # The matmul kernels take their arithmetic or their own operands' traffic, whichever is

@@ -32,6 +32,9 @@ class Workload:
     largest_layer_params: int | None = None
     hidden_size: int | None = None
     memory_traffic_bytes_per_sample: float | None = None  # DRAM bytes moved per sample (roofline)
+    #: the part of ``memory_traffic_bytes_per_sample`` the matmul and convolution kernels
+    #: move (their activation operands and outputs), measured; None: not measured
+    matmul_traffic_bytes_per_sample: float | None = None
     #: bytes of weights and their gradients one micro-step's operators move, measured (a
     #: recurrent cell reads its weights once per time step); None: 3 passes over the params
     weight_traffic_bytes_per_micro_step: float | None = None

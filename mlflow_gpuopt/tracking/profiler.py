@@ -24,6 +24,7 @@ import contextlib
 import logging
 from typing import Any
 
+from mlflow_gpuopt.tracking.batch_dim import sample_dim, samples_in, sequence_length_of
 from mlflow_gpuopt.tracking.dispatch_count import (
     ReplayedFlops,
     TotalOnly,
@@ -119,9 +120,10 @@ class WorkloadProfiler:
         self._device_type = device_type
         self.batch_is_dtensor = hasattr(batch, "placements")
         if batch is not None and batch.dim() >= 1:
-            self._forward_batch = int(batch.shape[0])
+            dim = sample_dim(self.model)  # time-major inputs: (sequence, batch, ...)
+            self._forward_batch = samples_in(batch, dim)
             if batch.dim() == 2 and not batch.is_floating_point():
-                self.tokens_per_sample = int(batch.shape[1])  # token ids (batch, sequence)
+                self.tokens_per_sample = sequence_length_of(batch, dim)  # token ids
         self._param_storages = {ptr for ptr in map(storage_ptr, self.model.parameters()) if ptr}
         self._saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_ctx.__enter__()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.aggregate import StepAggregator, StepWindow
+from mlflow_gpuopt.tracking.batch_dim import sample_dim
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.guard import suppress
 from mlflow_gpuopt.tracking.rank_report import RankFigures
@@ -34,7 +35,7 @@ class StepTiming:
                                maxlen=config.max_step_records, on_error=self._hook_error,
                                comm_meter=comm_meter, warn=warn,
                                samples_per_step=config.samples_per_step,
-                               has_model=model is not None)
+                               has_model=model is not None, sample_dim=sample_dim(model))
         self.clock.input_wait_from_step = config.warmup_steps  # as the steady state does
         self.agg = StepAggregator(self.clock.start_time, config.warmup_steps,
                                   self.clock.start_event)

@@ -36,6 +36,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from mlflow_gpuopt.tracking.batch_dim import samples_in
 from mlflow_gpuopt.tracking.optimizers import unwrap_optimizer
 from mlflow_gpuopt.tracking.profiler import WorkloadProfiler, first_tensor
 
@@ -115,7 +116,8 @@ class StepClock:
                  on_error: Callable[[str, BaseException], None] | None = None,
                  comm_meter: CommMeter | None = None,
                  warn: Callable[..., None] | None = None,
-                 samples_per_step: int | None = None, has_model: bool = True) -> None:
+                 samples_per_step: int | None = None, has_model: bool = True,
+                 sample_dim: int = 0) -> None:
         # plain tuples in StepRecord's field order (see _mark)
         self.records: deque[tuple] = deque(maxlen=maxlen)
         self.dropped = 0  # step records pushed out of a full ``records`` (more than maxlen
@@ -145,6 +147,7 @@ class StepClock:
         self._warn = warn
         self._samples_per_step = samples_per_step
         self._has_model = has_model
+        self._sample_dim = sample_dim  # the model input's samples dimension (batch_dim.py)
         self._data_seen = False  # a DataLoader batch was seen
         self._forwards_match_data = False  # a step's micro-batches were its loader batches
         self._profiled_index = -1  # the step the profile was taken on
@@ -240,8 +243,7 @@ class StepClock:
                 self._backward_seen = False
                 self._counted_in_step = self._in_step
                 if x is not None and x.dim() >= 1:
-                    n = x.shape[0]
-                    self.pending_samples += n
+                    self.pending_samples += samples_in(x, self._sample_dim)
                     if x.dim() == 2 and not x.is_floating_point():
                         self._count_tokens(x, kwargs)
                 self.pending_forwards += 1

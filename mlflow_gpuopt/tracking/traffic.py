@@ -18,8 +18,8 @@ micro-step-computepy):
   sample, so they are kept out of ``memory_traffic_bytes_per_sample``;
 * **activations** (everything else): per sample, ``memory_traffic_bytes_per_sample``. The
   matrix-product and convolution operators' share of it is kept too (``matmul_bytes``):
-  the model takes half of a sample's traffic as done by those kernels
-  (``compute.MATMUL_HIDDEN_TRAFFIC_SHARE``), so their operand bytes belong in the total.
+  the model hides that share under those kernels' arithmetic
+  (``compute.hidden_traffic_share``), so their operand bytes belong in the total.
 
 A gradient is known only once the backward has stored it in ``.grad``, after the operator
 that wrote it ran: the bytes charged to each storage since it was last allocated are kept
