@@ -25,7 +25,8 @@ a naive baseline, and in the summary the median interval width, high / low):
 
 With ``--tracked [--models a,b]`` it also trains the models ``tracked_profiles.py`` builds
 for three CPU steps under ``gpuopt.track()`` (a temporary sqlite store; ~7 minutes for all
-on one thread, most of it Tacotron 2, BERT-large, WaveGlow and Transformer-XL large) and
+on one thread, most of it Tacotron 2, BERT-large, WaveGlow and Transformer-XL large, whose
+profiled CPU step held 18-24 GB when OOM-killed on a shared 23 GB machine) and
 adds the tracked path's tasks beside tasks 3 and 2 on the same rows: 3t, no GPU run,
 ``predict --run-id`` with the row's batch and precision (with its leave-one-model-out width
 check), and 2t, the GPU row with the run's ``profile.json`` as the workload file.
