@@ -37,7 +37,9 @@ a forward (autocast caches its cast), an activation at every forward use; the ba
 the copy its forward saved and casts only gradients. The float32 list (``AMP_FP32_OPS``:
 softmax, log_softmax, layer/group norm, the losses, exp/log/pow, sum/prod/cumsum, norms,
 upsampling, and their backward operators) casts 16-bit inputs up (read 2, write 4, read 4;
-the backward reads the saved fp32 copy) and writes fp32. Every other operator reads each
+the backward reads the saved fp32 copy) and writes fp32; autocast is off in the backward,
+so there only their backward operators do (the others, a bias gradient's ``sum``, run at
+their inputs' type). Every other operator reads each
 input at its own width and writes the widest floating input's (type promotion; 0-dim
 scalars do not promote; batch norm writes its input's, as cuDNN's mixed kernel does). Only
 fp32 tensors change width.
@@ -215,6 +217,8 @@ class TrafficCount:
         policy = ("lower" if name in AMP_LOWER_OPS else "fp32" if name in AMP_FP32_OPS
                   else "input" if name in AMP_INPUT_DTYPE_OPS else "promote")
         backward = policy in ("lower", "fp32") and _in_backward()
+        if backward and policy == "fp32" and "backward" not in name:
+            policy = "promote"  # autocast is off in the backward: a bias gradient's sum
         moved = 0
         amp_moved = 0.0
         for ptr, nbytes in ins.items():
@@ -262,6 +266,21 @@ class TrafficCount:
             # stores the total in .grad): what it took in joins it
             if ptr in ins or name in ACCUMULATING_OPS:
                 self._merge(ptr, [p for p in ins if p != ptr and p not in self._weights])
+
+    def allocated_like(self, src: Any, out: Any) -> None:
+        """``out`` was allocated like ``src`` (``empty_like``): under autocast it has
+        ``src``'s dtype, which the in-place operators that fill it keep."""
+        import torch
+
+        if self.paused or not isinstance(src, torch.Tensor) or not isinstance(
+                out, torch.Tensor):
+            return
+        ptr = out.untyped_storage().data_ptr()
+        self._copies.discard(ptr)
+        if out.dtype == torch.float32 and src.untyped_storage().data_ptr() in self._half:
+            self._half.add(ptr)
+        else:
+            self._half.discard(ptr)
 
     def _amp_read(self, ptr: int, nbytes: int, is_fp32: bool, policy: str,
                   backward: bool) -> float:
