@@ -313,7 +313,8 @@ class TrafficCount:
         if policy == "input":
             first = _first_storage(args)
             return first is not None and first in self._half
-        wide = [p for p, dims in fp32.items() if dims]  # 0-dim scalars do not promote
+        # 0-dim scalars do not promote tensors with dimensions (a loss's ones_like does)
+        wide = [p for p, dims in fp32.items() if dims] or list(fp32)
         return bool(wide) and all(p in self._half for p in wide)
 
     def _merge(self, ptr: int, others: list[int]) -> None:

@@ -134,3 +134,44 @@ def test_without_the_figure_the_prior_halves():
     # a 16-bit workload's own figure is already 16-bit: the autocast one is not read
     half = dataclasses.replace(FP32, precision="bf16")
     assert compute.memory_traffic_bytes_per_sample(half, "fp16") == pytest.approx(8e8)
+
+
+def expected_dropout_amp_bytes(b: int, i: int, h: int) -> tuple[int, int]:
+    """(activation bytes, their matmul part) under CUDA autocast of one forward+backward of
+    ``Linear2(dropout(Linear1(x))).mean()``, where everything after the first cast stays
+    16-bit: the CPU's dropout mask (``empty_like(y1).bernoulli_().div_()``) has ``y1``'s
+    dtype, ``mean`` and the backward's ``sum`` (not autocast: autocast is off in the
+    backward) run at their 16-bit inputs' type, and the loss's 0-dim gradient is 16-bit:
+
+    forward  addmm     x: cast 4+2, read 2 (8bi); writes y1 (2bh)
+             bernoulli_, div_   the mask in place: read and write (4bh each)
+             mul       y1, mask; writes d (6bh)
+             addmm     d; writes z (4bh)
+             mean      z; writes the loss (2bh + 2)
+    backward ones      the loss, its gradient (4); div spreads it: 2 + 2bh
+             mm        gz, writes gd (4bh); mm gzᵀ, d (4bh, dW2: weights); sum gz (2bh)
+             mul       gd, mask; writes gy1 (6bh)
+             mm        gy1ᵀ, x's saved copy (2bh + 2bi; dW1: weights); sum gy1 (2bh)
+    """
+    return 10 * b * i + 44 * b * h + 8, 10 * b * i + 16 * b * h
+
+
+def test_dropout_and_the_backward_stay_16_bit():
+    from mlflow_gpuopt.tracking.dispatch_count import kernel_count_mode
+    from mlflow_gpuopt.tracking.ops_seen import OpsSeen
+    from mlflow_gpuopt.tracking.traffic import TrafficCount
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(N_IN, H), nn.Linear(H, H)
+    params = [*first.parameters(), *second.parameters()]
+    ops = OpsSeen()
+    ops.traffic = count = TrafficCount({p.untyped_storage().data_ptr() for p in params})
+    x = torch.randn(B, N_IN)
+    with kernel_count_mode(ops):
+        second(nn.functional.dropout(first(x), 0.5, True)).mean().backward()
+    count.finish({p.grad.untyped_storage().data_ptr() for p in params})
+    total, matmul = expected_dropout_amp_bytes(B, N_IN, H)
+    assert count.amp_activation_bytes == pytest.approx(total)
+    assert count.amp_matmul_bytes == pytest.approx(matmul)
+    # all 16-bit after the input's cast: about half the fp32 bytes, the cast above it
+    assert count.amp_activation_bytes < 0.6 * count.activation_bytes
