@@ -245,9 +245,7 @@ class TrafficCount:
                 self._weights.discard(ptr)
             if from_weights:
                 self._weights.add(ptr)
-                self.weight_bytes += nbytes
-                self.amp_weight_bytes += amp
-            elif ptr in self._weights:
+            if ptr in self._weights:
                 self.weight_bytes += nbytes
                 self.amp_weight_bytes += amp
             else:
