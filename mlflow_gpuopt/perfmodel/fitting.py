@@ -455,7 +455,8 @@ def moe_split_terms(workload: Workload, layout: Layout, hardware: Hardware, prec
     (:func:`.moe.layer_parts_s`, per pipeline stage) × ``pp``, less the traffic of the
     weights this GPU does not read (``pp`` stages of :func:`.moe.params_per_shard`, the
     experts over ``ep``, against the whole model's in ``a``); their permutation and expert
-    GEMMs (on ``1/tp`` of the tokens) × ``tp × pp × cp``. (0, 0) for a dense model."""
+    GEMMs and FP8 casts (on ``1/tp`` of the tokens) × ``tp × pp × cp``. (0, 0) for a dense
+    model."""
     if not moe.is_moe(workload):
         return 0.0, 0.0
     p = moe.layer_parts_s(workload, layout, hardware, precision, micro_batch,
@@ -464,7 +465,8 @@ def moe_split_terms(workload: Workload, layout: Layout, hardware: Hardware, prec
                                      hardware, precision, workload)
                - weight_traffic_time_s(workload.params, hardware, precision, workload))
     return ((p["dispatch"] + p["sync"]) * layout.pp + weights,
-            (p["permute"] + p["expert_gemm"]) * layout.tp * layout.pp * layout.cp)
+            (p["permute"] + p["expert_gemm"] + p["fp8_cast"])
+            * layout.tp * layout.pp * layout.cp)
 
 
 def dispatch_bound_s(workload: Workload) -> float:
