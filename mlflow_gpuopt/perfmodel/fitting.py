@@ -116,12 +116,6 @@ class FitResult:
     #: narrowed (``uncertainty.narrowed_prior_cov``), not narrowed with them.
     carried_variance: dict[Key, float] = field(default_factory=dict, hash=False,
                                                 compare=False)
-    #: (compute scale, batch-independent scale) per key as fitted, before
-    #: :func:`split_latency_bound` moved their excess into ``latency_flops`` (the excess
-    #: spread over every term of the step, host launches included); only keys with
-    #: latency-bound work.
-    fitted_scales: dict[Key, tuple[float, float]] = field(default_factory=dict, hash=False,
-                                                          compare=False)
     #: (compute scale, batch-independent scale) per key with the split's latency-bound work
     #: read as GPU throughput work instead (:func:`excess_as_throughput`): the host's seconds
     #: stay at the split's, the excess goes on the GPU's per-sample work and its
@@ -300,7 +294,6 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     log_r = {key: float(x[n_k + j]) for j, key in enumerate(split_keys)}
     log_opt = dict(log_k)
     latency: dict[Key, tuple[float, float]] = {}
-    fitted: dict[Key, tuple[float, float]] = {}
     throughput: dict[Key, tuple[float, float]] = {}
     hw_of = {o.key: o.hardware for o in prepared}
     layout_of = {o.key: o.layout for o in prepared}
@@ -314,7 +307,6 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
         new_k, new_r, flops = split
         if flops != (0.0, 0.0):
             latency[key] = flops
-            fitted[key] = (math.exp(log_k[key]), math.exp(log_r.get(key, 0.0)))
             if moe.is_moe(workload):
                 throughput[key] = excess_as_throughput(
                     split, roofline_gpu_terms_s(workload, layout_of[key], hw_of[key], key[1],
@@ -336,7 +328,7 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     return FitResult(
         log_compute_scale=log_k, log_compute_sd=sd, log_fixed_scale=log_r,
         latency_flops=latency, log_optimizer_scale=log_opt, log_comm_sd=comm_sd,
-        fitted_scales=fitted, throughput_scales=throughput,
+        throughput_scales=throughput,
         param_index=param_index, param_cov=param_cov,
         comm_scale=math.exp(x[n_k + n_r]) if fit_kappa else 1.0,
         gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
