@@ -27,9 +27,9 @@ from mlflow_gpuopt.perfmodel.fitting import (
     SIGMA_PRIOR_COMPUTE,
     FitResult,
     Key,
+    excess_is_throughput,
     fit_calibration,
     is_cpu,
-    excess_is_throughput,
 )
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
 from mlflow_gpuopt.perfmodel.memory import (
