@@ -15,9 +15,9 @@ latency-bound work beyond it (:func:`split_latency_bound`): a measurement slower
 roofline at library-level efficiency keeps the roofline at scale 1 and carries the rest as
 FP32-rate work, which transfers to another GPU type at its SM count × clock
 (``compute.latency_rate_flops_per_s``), not its tensor peak. On the measured GPU the split
-reproduces the fit exactly. For a mixture of experts the fit's own scales are kept beside it
-(``FitResult.fitted_scales``): another GPU type takes the excess halfway between the two
-readings (:func:`unexplained_halfway`, :func:`unexplained_nature_unknown`).
+reproduces the fit exactly. For a mixture of experts the excess is also read as GPU
+throughput work (``FitResult.throughput_scales``, :func:`excess_as_throughput`), which is
+what another GPU type takes (:func:`excess_is_throughput`).
 
 Every parameter also has a weak prior residual, so a fit never runs away with one run's
 noise. Observations on a CPU tell nothing about GPU speed: they are set aside and the
@@ -116,12 +116,12 @@ class FitResult:
     #: narrowed (``uncertainty.narrowed_prior_cov``), not narrowed with them.
     carried_variance: dict[Key, float] = field(default_factory=dict, hash=False,
                                                 compare=False)
-    #: (compute scale, batch-independent scale) per key as fitted, before
-    #: :func:`split_latency_bound` moved their excess into ``latency_flops``: the other
-    #: hypothesis of that excess, throughput work the roofline under-counts
-    #: (:func:`unexplained_halfway`); only keys with latency-bound work.
-    fitted_scales: dict[Key, tuple[float, float]] = field(default_factory=dict, hash=False,
-                                                          compare=False)
+    #: (compute scale, batch-independent scale) per key with the split's latency-bound work
+    #: read as GPU throughput work instead (:func:`excess_as_throughput`): the host's seconds
+    #: stay at the split's, the excess goes on the GPU's per-sample work and its
+    #: batch-independent traffic; only keys with latency-bound work.
+    throughput_scales: dict[Key, tuple[float, float]] = field(default_factory=dict,
+                                                              hash=False, compare=False)
 
 
 def is_cpu(name: str) -> bool:
@@ -294,19 +294,24 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     log_r = {key: float(x[n_k + j]) for j, key in enumerate(split_keys)}
     log_opt = dict(log_k)
     latency: dict[Key, tuple[float, float]] = {}
-    fitted: dict[Key, tuple[float, float]] = {}
+    throughput: dict[Key, tuple[float, float]] = {}
     hw_of = {o.key: o.hardware for o in prepared}
     layout_of = {o.key: o.layout for o in prepared}
     for key in keys:
         m_ref = math.exp(float(np.mean([math.log(m) for m in batches[key]])))
-        new_k, new_r, flops = split_latency_bound(
+        moe_s = moe_split_terms(workload, layout_of[key], hw_of[key], key[1], m_ref,
+                                shape.seq_len)
+        split = split_latency_bound(
             workload, hw_of[key], key[1], m_ref, math.exp(log_k[key]),
-            math.exp(log_r.get(key, 0.0)), key in log_r,
-            moe_split_terms(workload, layout_of[key], hw_of[key], key[1], m_ref,
-                            shape.seq_len))
+            math.exp(log_r.get(key, 0.0)), key in log_r, moe_s)
+        new_k, new_r, flops = split
         if flops != (0.0, 0.0):
             latency[key] = flops
-            fitted[key] = (math.exp(log_k[key]), math.exp(log_r.get(key, 0.0)))
+            if moe.is_moe(workload):
+                throughput[key] = excess_as_throughput(
+                    split, roofline_gpu_terms_s(workload, layout_of[key], hw_of[key], key[1],
+                                                m_ref, shape.seq_len),
+                    latency_rate_flops_per_s(hw_of[key]), m_ref, key in log_r)
         log_k[key] = math.log(new_k)
         if key in log_r:
             log_r[key] = math.log(new_r)
@@ -323,7 +328,7 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     return FitResult(
         log_compute_scale=log_k, log_compute_sd=sd, log_fixed_scale=log_r,
         latency_flops=latency, log_optimizer_scale=log_opt, log_comm_sd=comm_sd,
-        fitted_scales=fitted,
+        throughput_scales=throughput,
         param_index=param_index, param_cov=param_cov,
         comm_scale=math.exp(x[n_k + n_r]) if fit_kappa else 1.0,
         gamma=float(x[-1]) if fit_gamma else comm.GAMMA_PRIOR,
@@ -369,31 +374,66 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     return 1.0, fixed_scale, (fixed * rate, (excess - fixed) * rate / micro_batch)
 
 
-def unexplained_halfway(split: tuple[float, float, tuple[float, float]],
-                        fitted: tuple[float, float]) -> tuple[float, float, tuple[float, float]]:
-    """``(k, r, (X_fixed, X_sample))`` halfway between the two hypotheses of a measurement's
-    time beyond the roofline: ``split`` (:func:`split_latency_bound`'s answer, the excess as
-    latency-bound work) and ``fitted`` (the fit's own ``(k, r)``, the excess as throughput
-    work the roofline under-counts). Half the excess's seconds each way: ``k`` and ``k·r`` the
-    means of the two, the latency-bound work halved. On the measured GPU it reproduces the fit
-    as both do; on another it lands between their predictions
+def roofline_gpu_terms_s(workload: Workload, layout: Layout, hardware: Hardware,
+                         precision: str, micro_batch: float,
+                         seq_len: float) -> tuple[float, float]:
+    """(batch-independent, per-sample) GPU seconds of :func:`split_latency_bound`'s ``a`` and
+    ``b`` at ``micro_batch`` on ``layout``, in its whole-model units: ``a``'s weight and
+    gradient traffic (the ``pp`` stages' :func:`.moe.params_per_shard`: what this GPU's
+    shard reads, as :func:`moe_split_terms` counts it) without the host's launches, and all
+    of ``b`` (the roofline per sample and a mixture of experts' permutation and expert
+    GEMMs)."""
+    params = (moe.params_per_shard(workload, layout) * layout.pp if moe.is_moe(workload)
+              else workload.params)
+    gpu_fixed = weight_traffic_time_s(params, hardware, precision, workload)
+    per_sample = per_sample_time_prior_s(workload, hardware, precision)
+    extra = moe_split_terms(workload, layout, hardware, precision, micro_batch, seq_len)[1]
+    return gpu_fixed, per_sample + (extra / micro_batch if micro_batch > 0 else 0.0)
+
+
+def excess_as_throughput(split: tuple[float, float, tuple[float, float]],
+                         gpu_terms_s: tuple[float, float], rate_flops_per_s: float,
+                         micro_batch: float, split_identified: bool) -> tuple[float, float]:
+    """``(k, r)`` that carry :func:`split_latency_bound`'s latency-bound work as throughput
+    work of the GPU instead: ``split`` = ``(k', r', (X_fixed, X_sample))``, ``gpu_terms_s`` =
+    (``A``, ``B``) the roofline's batch-independent GPU seconds (the weights' traffic) and
+    per-sample seconds (:func:`roofline_gpu_terms_s`), ``rate_flops_per_s`` the measuring
+    GPU's latency rate, ``micro_batch`` the measured one.
+
+    With two measured micro-batches (``split_identified``) each part stays where the fit put
+    it: the per-sample excess joins ``B`` (``k = k' + X_sample / (rate · B)``), the
+    batch-independent one joins ``A`` (``k·r·A = k'·r'·A + X_fixed / rate``). With one, the
+    whole excess at ``micro_batch`` joins ``B``, as the roofline's throughput terms grow
+    with the tokens (``LATENCY_FIXED_SHARE`` is a rule for launches, not for traffic or
+    arithmetic), and ``A`` keeps the split's seconds. The host's launches keep the split's
+    ``k'·r'`` (CPU seconds, carried as measured), so at the measured micro-batch the step is
+    the split's, and on another GPU type the excess moves with its roofline
     (docs/models.md#latency-bound-work)."""
     k_split, r_split, (x_fixed, x_sample) = split
-    k_fit, r_fit = fitted
-    k = (k_split + k_fit) / 2.0
-    r = (k_split * r_split + k_fit * r_fit) / 2.0 / k
-    return k, r, (x_fixed / 2.0, x_sample / 2.0)
+    gpu_fixed, per_sample = gpu_terms_s
+    if per_sample <= 0 or rate_flops_per_s <= 0:
+        return k_split, r_split
+    fixed_s = x_fixed / rate_flops_per_s
+    if not split_identified and micro_batch > 0:
+        k = k_split + (fixed_s / micro_batch + x_sample / rate_flops_per_s) / per_sample
+        return k, k_split * r_split / k
+    k = k_split + x_sample / (rate_flops_per_s * per_sample)
+    if gpu_fixed > 0:
+        return k, (k_split * r_split * gpu_fixed + fixed_s) / (k * gpu_fixed)
+    return k, r_split
 
 
-def unexplained_nature_unknown(workload: Workload) -> bool:
-    """Whether a measurement's time beyond the roofline is carried to another GPU type both
-    ways (:func:`unexplained_halfway`, the width ``uncertainty.TERM_UNEXPLAINED``) rather
-    than as latency-bound work alone: for a mixture of experts. One measured micro-batch
-    cannot tell latency-bound work (moves with SM count × clock) from throughput work the
-    roofline under-counts (moves with the peaks); a MoE step's GEMMs take thousands of rows
-    per expert (many waves) and its layers' terms come from kernel sources with no whole-run
-    check, so neither is preferred. Dense workloads keep the latency-bound reading that
-    ``benchmarks/bench_accuracy.py``'s V100 ↔ A100 transfers check
+def excess_is_throughput(workload: Workload) -> bool:
+    """Whether a measurement's time beyond the roofline is carried to another GPU type as GPU
+    throughput work (:func:`excess_as_throughput`, with the width
+    ``uncertainty.TERM_UNEXPLAINED`` half the log distance to the latency-bound reading)
+    rather than as latency-bound work: for a mixture of experts. Megatron-Bridge's dropless
+    Qwen3-30B-A3B runs, the MoE runs measured slower than their roofline on two GPU types,
+    show an excess that grows with the tokens (H100 at micro-batch 1 and 2: ~1 ms a layer
+    batch-independent, below the model's host launches alone) and is 2.8-2.9× longer on H100
+    than on B200, against B200's 2.3× the memory bandwidth and FP8 peak and 1.12× the SMs ×
+    clock (docs/accuracy.md#mixture-of-experts). Dense workloads keep the latency-bound
+    reading that ``benchmarks/bench_accuracy.py``'s V100 ↔ A100 transfers check
     (docs/models.md#latency-bound-work)."""
     return moe.is_moe(workload)
 
@@ -407,7 +447,8 @@ def moe_split_terms(workload: Workload, layout: Layout, hardware: Hardware, prec
     (:func:`.moe.layer_parts_s`, per pipeline stage) × ``pp``, less the traffic of the
     weights this GPU does not read (``pp`` stages of :func:`.moe.params_per_shard`, the
     experts over ``ep``, against the whole model's in ``a``); their permutation and expert
-    GEMMs (on ``1/tp`` of the tokens) × ``tp × pp × cp``. (0, 0) for a dense model."""
+    GEMMs and FP8 casts (on ``1/tp`` of the tokens) × ``tp × pp × cp``. (0, 0) for a dense
+    model."""
     if not moe.is_moe(workload):
         return 0.0, 0.0
     p = moe.layer_parts_s(workload, layout, hardware, precision, micro_batch,
@@ -416,7 +457,8 @@ def moe_split_terms(workload: Workload, layout: Layout, hardware: Hardware, prec
                                      hardware, precision, workload)
                - weight_traffic_time_s(workload.params, hardware, precision, workload))
     return ((p["dispatch"] + p["sync"]) * layout.pp + weights,
-            (p["permute"] + p["expert_gemm"]) * layout.tp * layout.pp * layout.cp)
+            (p["permute"] + p["expert_gemm"] + p["fp8_cast"])
+            * layout.tp * layout.pp * layout.cp)
 
 
 def dispatch_bound_s(workload: Workload) -> float:

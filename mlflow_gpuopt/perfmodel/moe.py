@@ -10,7 +10,8 @@ that many times its even share, and every rank waits for it. They are not overla
 Each MoE layer also costs, per micro-step, what a dense MLP does not (:func:`layer_time_s`):
 the permutation traffic (the routed copies of the hidden states read and written by the
 permute, local sort, unsort and unpermute kernels), the expert GEMMs' lower efficiency at
-``M`` = the tokens one expert takes, the host-side launches of the router, the dispatcher
+``M`` = the tokens one expert takes, under FP8 the casts of the experts' inputs and output
+gradients (:func:`expert_cast_bytes`), the host-side launches of the router, the dispatcher
 and each local expert's GEMMs, and in a dropless layer the device-to-host sync of the
 per-expert token counts (docs/models.md#mixture-of-experts).
 
@@ -93,6 +94,19 @@ GEMMS_PER_EXPERT_STEP = 6
 #: FP8's casts per local expert per micro-step: each linear layer's input quantised in the
 #: forward and its output gradient in the backward, per expert (the expert's token slice).
 FP8_CASTS_PER_EXPERT_STEP = 4
+#: DRAM bytes per element of FP8's casts of an expert linear layer's input (forward) and
+#: output gradient (backward): Transformer Engine's GroupedLinear, what Megatron-core's grouped
+#: GEMM runs, quantises each expert's slice in a kernel of its own
+#: (``tex.fused_multi_quantize`` over the input and, in the backward, over the output
+#: gradient: NVIDIA/TransformerEngine ``transformer_engine/pytorch/module/grouped_linear.py``),
+#: reading it at 16 bit (2) and writing it row-wise for one GEMM and column-wise for the weight
+#: gradient's (1 + 1): 4. Its weights are cast on the first micro-batch of a step only
+#: (``is_first_microbatch``), so per micro-step they are not counted; a current-scaling
+#: recipe's amax pass (2 more) is not counted either. The dense layers' casts (fused with
+#: their LayerNorm and activation, :data:`.compute.FP8_CAST_BYTES_PER_ELEMENT` ``te``) are in
+#: ``compute.GENERATION_MFU``; the experts' are timed beyond the same casts of dense GEMMs
+#: of the same FLOPs (``GEMM_REFERENCE_K`` deep and wide, :func:`layer_parts_s`).
+FP8_CAST_BYTES_PER_EXPERT_ELEMENT = 4.0
 #: A dropless layer's host sync: the per-expert token counts are copied to the host once per
 #: forward (the all-to-all's split sizes and the GEMMs' ``M``; the backward reuses them), the
 #: CPU waits for the queue to drain (the copy's launch) and the GPU then idles until the
@@ -341,10 +355,11 @@ def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precis
     """Seconds per micro-step on one GPU of this pipeline stage's MoE layers beyond their
     dense part, by cause (before calibration): ``permute`` (traffic), ``expert_gemm`` (the
     experts' GEMMs at ``M`` = :func:`tokens_per_expert` against the dense layers' ``M`` =
-    the micro-batch's tokens), ``dispatch`` (host launches, unless the profile counted the
-    kernels) and ``sync`` (dropless only).
+    the micro-batch's tokens), ``fp8_cast`` (FP8 only: :func:`expert_cast_bytes` at the
+    memory bandwidth), ``dispatch`` (host launches, unless the profile counted the kernels)
+    and ``sync`` (dropless only).
     ``seq_len`` is a sample's tokens on the GPU (``seq/cp``); all zero for a dense model."""
-    parts = dict.fromkeys(("permute", "expert_gemm", "dispatch", "sync"), 0.0)
+    parts = dict.fromkeys(("permute", "expert_gemm", "fp8_cast", "dispatch", "sync"), 0.0)
     layers = moe_layers(workload)
     if not layers or not workload.hidden_size:
         return parts
@@ -368,6 +383,10 @@ def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precis
             rate = (peak_flops_per_s(hardware.peak_flops_per_s, precision)
                     * matmul_efficiency(hardware, precision)[0])
             parts["expert_gemm"] = flops / rate * (1 / ratio - 1)
+        if precision == "fp8":
+            parts["fp8_cast"] = (expert_cast_bytes(workload, tokens * capacity) * layers
+                                 / (hardware.memory_bandwidth_bytes_per_s
+                                    * memory_efficiency(hardware)))
     if not (workload.kernels_per_micro_step and workload.kernels_per_micro_step > 0):
         # a profiled run's kernel count has them already (compute.kernel_count)
         local = max(1, (workload.num_experts or 1) // layout.ep)
@@ -380,15 +399,35 @@ def layer_parts_s(workload: Workload, layout: Layout, hardware: Hardware, precis
     return parts
 
 
+def expert_cast_bytes(workload: Workload, tokens: float) -> float:
+    """DRAM bytes of FP8's casts of one MoE layer's expert inputs and output gradients per
+    micro-step, ``tokens`` on the GPU (× the capacity factor), beyond what dense GEMMs of the
+    same FLOPs cast: ``FP8_CAST_BYTES_PER_EXPERT_ELEMENT`` × the routed rows (``tokens × top-k``)
+    × (the gate/up layer's input ``hidden`` and output gradient ``up``, the down layer's
+    ``width`` and ``hidden``), less ``FP8_CAST_BYTES_PER_EXPERT_ELEMENT / 6 × 2 /
+    GEMM_REFERENCE_K`` per FLOP (a GEMM's ``6·M·K·N`` FLOPs forward and backward cast
+    ``M·K + M·N`` elements). Qwen3-30B-A3B (hidden 2,048, width 768, top-8) at 4,096 tokens:
+    839 MB, 653 MB beyond. 0 without the expert width."""
+    width, hidden = workload.expert_ffn_hidden_size, workload.hidden_size
+    if not width or not hidden:
+        return 0.0
+    up = 2.0 * width if (workload.mlp or "swiglu") != "gelu" else float(width)
+    rows = tokens * (workload.experts_per_token or 1)
+    elements = rows * (hidden + up + width + hidden)
+    flops = 6.0 * rows * (hidden * up + width * hidden)
+    per_flop = FP8_CAST_BYTES_PER_EXPERT_ELEMENT / 6.0 * 2.0 / GEMM_REFERENCE_K
+    return max(0.0, FP8_CAST_BYTES_PER_EXPERT_ELEMENT * elements - per_flop * flops)
+
+
 def layer_time_s(workload: Workload, layout: Layout, hardware: Hardware, precision: str,
                  micro_batch: float, seq_len: float, compute_scale: float = 1.0,
                  overhead_scale: float = 1.0) -> float:
-    """:func:`layer_parts_s` summed: the GPU's work (permutation, expert GEMMs) at
+    """:func:`layer_parts_s` summed: the GPU's work (permutation, expert GEMMs, casts) at
     ``compute_scale``, the host's (launches, the sync) at ``overhead_scale``."""
     if not is_moe(workload):
         return 0.0
     p = layer_parts_s(workload, layout, hardware, precision, micro_batch, seq_len)
-    return (compute_scale * (p["permute"] + p["expert_gemm"])
+    return (compute_scale * (p["permute"] + p["expert_gemm"] + p["fp8_cast"])
             + overhead_scale * (p["dispatch"] + p["sync"]))
 
 

@@ -27,10 +27,9 @@ from mlflow_gpuopt.perfmodel.fitting import (
     SIGMA_PRIOR_COMPUTE,
     FitResult,
     Key,
+    excess_is_throughput,
     fit_calibration,
     is_cpu,
-    unexplained_halfway,
-    unexplained_nature_unknown,
 )
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout, validate_config
 from mlflow_gpuopt.perfmodel.memory import (
@@ -116,8 +115,8 @@ class Predictor:
         self._observed_gpus = {key[0] for key in result.log_compute_scale}
         self._observed_families = {_DP_FAMILY.get(s, s) for s in result.observed_strategies}
         self._calib_cache: dict[Key, tuple[Calibration, float, WidthTerms, bool]] = {}
-        # Per carried key whose measured excess is carried both ways: the calibrations of the
-        # two hypotheses (latency-bound, throughput), for the width between them.
+        # Per carried key whose measured excess is carried as throughput work: the
+        # calibrations of the two readings (latency-bound, throughput), for the width.
         self._hypotheses: dict[Key, tuple[Calibration, Calibration]] = {}
         # Per target key carried as a described transformer: the independent bound of its
         # transfer piece (uncertainty.transformer_transfer_bound).
@@ -170,43 +169,32 @@ class Predictor:
                             latency_fixed_flops=x_fixed, latency_per_sample_flops=x_sample,
                             optimizer_scale=math.exp(sum(opt) / len(opt)) if opt else None,
                             overhead_scale=overhead)
-        if (overhead is not None and any(k in res.fitted_scales for k in pool)
-                and unexplained_nature_unknown(self.workload)):
-            throughput_work, calib = self._both_ways(pool, calib)
-            self._hypotheses[key] = (replace(calib, compute_scale=math.exp(logk),
-                                             latency_fixed_flops=x_fixed,
-                                             latency_per_sample_flops=x_sample,
-                                             overhead_scale=overhead), throughput_work)
+        if (overhead is not None and any(k in res.throughput_scales for k in pool)
+                and excess_is_throughput(self.workload)):
+            # carried as GPU throughput work; the latency-bound reading sets the width
+            latency_bound = calib
+            calib = self._as_throughput(pool, latency_bound)
+            self._hypotheses[key] = (latency_bound, calib)
         return calib, sd_k, extra, extrapolated
 
-    def _both_ways(self, pool: list[Key], latency: Calibration
-                   ) -> tuple[Calibration, Calibration]:
-        """(the throughput hypothesis, the calibration halfway) of the measured keys' time
-        beyond the roofline carried to another GPU type (``fitting.unexplained_halfway``):
-        per pool key its fitted ``(k, r)`` against the split's, averaged over the pool as the
-        latency-bound one is (log scales, FLOP-equivalents)."""
+    def _as_throughput(self, pool: list[Key], latency: Calibration) -> Calibration:
+        """The measured keys' time beyond the roofline carried to another GPU type as GPU
+        throughput work: per pool key the split's scales with its latency-bound work moved
+        onto the GPU's roofline terms (``fitting.excess_as_throughput``), averaged over the
+        pool as the latency-bound one is (log scales); the host's seconds stay the measured
+        ones (``latency``'s ``overhead_scale``)."""
         res = self.result
-        fit_k, fit_kr, mid_k, mid_kr, mid_x = [], [], [], [], []
+        logs_k, logs_r = [], []
         for k in pool:
             split = (math.exp(res.log_compute_scale[k]),
-                     math.exp(res.log_fixed_scale.get(k, 0.0)),
-                     res.latency_flops.get(k, (0.0, 0.0)))
-            fitted = res.fitted_scales.get(k, split[:2])
-            kk, rr, x = unexplained_halfway(split, fitted)
-            fit_k.append(math.log(fitted[0]))
-            fit_kr.append(math.log(fitted[0] * fitted[1]))
-            mid_k.append(math.log(kk))
-            mid_kr.append(math.log(kk * rr))
-            mid_x.append(x)
+                     math.exp(res.log_fixed_scale.get(k, 0.0)))
+            kk, rr = res.throughput_scales.get(k, split)
+            logs_k.append(math.log(kk))
+            logs_r.append(math.log(rr))
         n = len(pool)
-        throughput = replace(latency, compute_scale=math.exp(sum(fit_k) / n),
-                             latency_fixed_flops=0.0, latency_per_sample_flops=0.0,
-                             overhead_scale=math.exp(sum(fit_kr) / n))
-        halfway = replace(latency, compute_scale=math.exp(sum(mid_k) / n),
-                          latency_fixed_flops=sum(x[0] for x in mid_x) / n,
-                          latency_per_sample_flops=sum(x[1] for x in mid_x) / n,
-                          overhead_scale=math.exp(sum(mid_kr) / n))
-        return throughput, halfway
+        return replace(latency, compute_scale=math.exp(sum(logs_k) / n),
+                       fixed_scale=math.exp(sum(logs_r) / n),
+                       latency_fixed_flops=0.0, latency_per_sample_flops=0.0)
 
     def _pool(self, key: Key) -> list[Key]:
         """The calibrated keys a prediction for ``key`` borrows from (none: priors only)."""
@@ -381,8 +369,8 @@ class Predictor:
         widths = [*fit_terms, *transfer, *scaling_terms]
         hypotheses = self._hypotheses.get(key)
         if hypotheses is not None:
-            # The measured time beyond the roofline, latency-bound or throughput work: the
-            # point is halfway, the width half the log distance between the two.
+            # The measured time beyond the roofline carried as throughput work: the width is
+            # half the log distance to the latency-bound reading.
             ends = [step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
                                self._shape, self._opt_bytes, c, rfactor, recompute == "full")
                     for c in hypotheses]

@@ -202,3 +202,25 @@ def test_the_split_puts_the_moe_layers_into_the_roofline():
     assert (x_fixed + x_sample) / rate == pytest.approx(a + b)  # (2 - 1) x the roofline
     assert fitting.moe_split_terms(replace(fine, num_experts=None), layout, H100, "bf16",
                                    1.0, SEQ) == (0.0, 0.0)
+
+
+def test_fp8_casts_of_the_experts_beyond_the_dense_gemms_share():
+    """Qwen3-30B-A3B's experts (hidden 2,048, width 768, top-8) at 4,096 tokens: 32,768
+    routed rows, each cast at 4 bytes an element for the gate/up input (2,048) and output
+    gradient (1,536) and the down input (768) and output gradient (2,048): 839 MB; dense
+    GEMMs 6,656 deep and wide cast 4 / 6 × 2 / 6,656 bytes per FLOP of the experts'
+    6 × 32,768 × 3 × 2,048 × 768 FLOPs: 186 MB of it."""
+    qwen = replace(MIXTRAL, hidden_size=2048, expert_ffn_hidden_size=768, num_experts=128,
+                   experts_per_token=8, num_layers=48)
+    rows = 4096 * 8
+    total = 4.0 * rows * (2048 + 1536 + 768 + 2048)
+    dense = 4.0 / 6.0 * 2.0 / 6656.0 * 6.0 * rows * 3 * 2048 * 768
+    assert total == pytest.approx(838.86e6, rel=1e-5)
+    assert moe.expert_cast_bytes(qwen, 4096) == pytest.approx(total - dense)
+    assert moe.expert_cast_bytes(qwen, 4096) == pytest.approx(653.0e6, rel=1e-3)
+    # per micro-step: every MoE layer of the stage at the streaming bandwidth, FP8 only
+    parts = moe.layer_parts_s(qwen, EP8, H100, "fp8", 1, SEQ)
+    assert parts["fp8_cast"] == pytest.approx(48 * (total - dense) / STREAM_BPS)
+    assert moe.layer_parts_s(qwen, EP8, H100, "bf16", 1, SEQ)["fp8_cast"] == 0.0
+    # Mixtral's wide experts (4,096 x 14,336) cast less per FLOP than the dense reference
+    assert moe.expert_cast_bytes(MIXTRAL, 4096) == 0.0
