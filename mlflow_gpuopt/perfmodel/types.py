@@ -38,6 +38,10 @@ class Workload:
     #: bytes of weights and their gradients one micro-step's operators move, measured (a
     #: recurrent cell reads its weights once per time step); None: 3 passes over the params
     weight_traffic_bytes_per_micro_step: float | None = None
+    #: Σ over one micro-step's matrix products (forward and data gradient; a recurrent
+    #: network's at every time step) of their reduction length K, measured: the GEMMs' wave
+    #: quantisation (``compute.wave_tail_time_s``); None: not measured (no such term)
+    gemm_reduction_per_micro_step: float | None = None
     #: FLOPs per sample of the forward operators the run's own recomputation (``recompute``)
     #: replayed, measured; ``flops_per_sample`` leaves them out (model FLOPs)
     recompute_flops_per_sample: float | None = None

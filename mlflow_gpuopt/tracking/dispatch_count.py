@@ -11,7 +11,9 @@ they only observe dispatch, so training results are unchanged (docs/tracking.md#
   ``NON_KERNEL_OPS`` left out. In eager PyTorch each is about one launch, which bounds a
   micro-step's batch-independent latency; it is a count of operators, not kernels (a cuDNN
   RNN is one operator and many kernels, an ``LSTMCell`` one CUDA kernel but ~10 CPU ops);
-* distinct matmul shapes (:func:`gemm_shape_mode_class`) for the tensor-core alignment advice.
+* distinct matmul shapes (:func:`gemm_shape_mode_class`) for the tensor-core alignment advice,
+  and the reduction lengths of all of them, for the GEMMs' wave quantisation
+  (``compute.wave_tail_time_s``).
 
 Higher-order operators (``torch.cond`` and kin) pass through; Dynamo's caches are reset after
 a profiled step that ran one, or that ran a ``torch.compile``d model eagerly under these modes
@@ -309,9 +311,48 @@ def gemm_mnk(name: str, args: tuple) -> tuple[int, int, int] | None:
         return None
 
 
+def rnn_reduction(name: str, args: tuple) -> int:
+    """Reduction lengths summed over the matrix products a fused recurrent forward
+    (``mkldnn_rnn_layer``: one layer and direction; ``_cudnn_rnn``: all of them) and its
+    data gradient run, one time step after another, as cuDNN runs them: per layer and
+    direction the input projection once for all steps (K = input size; its data gradient
+    K = 4·hidden for an LSTM, the gates' width) and, at every time step, the hidden-to-hidden
+    product (K = hidden) and its data gradient (K = gates' width). 0 for any other operator."""
+    import torch
+
+    if name == "mkldnn_rnn_layer":
+        inp, weights = args[0], (args[1], args[2])
+    elif name == "_cudnn_rnn":
+        inp, weights = args[0], args[1]
+    else:
+        return 0
+    try:
+        # mkldnn_rnn_layer is handed the input time-major whatever its batch_first flag;
+        # _cudnn_rnn the module's own (batch-major under batch_first). A packed sequence's
+        # input is 2-D with one batch size per time step.
+        mkldnn = name == "mkldnn_rnn_layer"
+        batch_sizes = args[8] if mkldnn else args[14]
+        batch_first = False if mkldnn else bool(args[10])
+        if batch_sizes:
+            steps = len(batch_sizes)
+        else:
+            steps = int(inp.shape[1] if batch_first and inp.dim() == 3 else inp.shape[0])
+        mats = [w for w in weights if isinstance(w, torch.Tensor) and w.dim() == 2]
+    except (AttributeError, IndexError, TypeError):
+        return 0
+    total = 0
+    for w_ih, w_hh in zip(mats[0::2], mats[1::2]):  # (gates × input), (gates × hidden)
+        gates = int(w_ih.shape[0])
+        total += int(w_ih.shape[1]) + gates + steps * (int(w_hh.shape[1]) + gates)
+    return total
+
+
 @functools.cache
 def gemm_shape_mode_class() -> type:
-    """A ``TorchDispatchMode`` that records the distinct matmul shapes it sees."""
+    """A ``TorchDispatchMode`` that records the distinct matmul shapes it sees and the
+    reduction lengths of every matrix product it sees (``reduction``: K + N per product, the
+    forward's K and its data gradient's, which reduces over N; a fused RNN's per time step,
+    :func:`rnn_reduction`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class GemmShapeMode(TorchDispatchMode):
@@ -320,14 +361,20 @@ def gemm_shape_mode_class() -> type:
         def __init__(self) -> None:
             super().__init__()
             self.shapes: dict[tuple[int, int, int], None] = {}
+            self.reduction = 0
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
             schema = getattr(func, "_schema", None)
-            if schema is not None and len(self.shapes) < MAX_GEMM_SHAPES:
-                mnk = gemm_mnk(schema.name.split("::", 1)[-1], args)
+            if schema is not None:
+                name = schema.name.split("::", 1)[-1]
+                mnk = gemm_mnk(name, args)
                 if mnk is not None:
-                    self.shapes[mnk] = None
+                    self.reduction += mnk[1] + mnk[2]
+                    if len(self.shapes) < MAX_GEMM_SHAPES:
+                        self.shapes[mnk] = None
+                else:
+                    self.reduction += rnn_reduction(name, args)
             return func(*args, **(kwargs or {}))
 
     return GemmShapeMode

@@ -88,6 +88,9 @@ class WorkloadProfiler:
         self._in_optimizer_step = False
         self._gemm_mode: Any = None
         self.gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
+        #: Σ of the reduction lengths of the first forward's matrix products and their data
+        #: gradients (:func:`.dispatch_count.gemm_shape_mode_class`); None: not recorded
+        self.gemm_reduction: int | None = None
         self._saved_ctx: Any = None
         self._saved_bytes = 0
         self._seen_storages: set[int] = set()
@@ -217,6 +220,7 @@ class WorkloadProfiler:
         if mode is not None:
             mode.__exit__(None, None, None)
             self.gemm_shapes = tuple(mode.shapes)
+            self.gemm_reduction = mode.reduction
 
     def _exit_kernel_mode(self) -> None:
         """Leave the kernel counter (entered in begin_step)."""
@@ -340,6 +344,8 @@ class WorkloadProfiler:
             recompute=self.ops.recompute if self.ops is not None else None,
             fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
             gemm_shapes=self.gemm_shapes or None,
+            gemm_reduction_per_micro_step=(float(self.gemm_reduction)
+                                           if self.gemm_reduction else None),
             recompute_flops_per_sample=recompute_ps,
             adapter=adapter_of(self.model),
             memory_format=memory_format_of(self.model),

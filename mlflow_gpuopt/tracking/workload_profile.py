@@ -90,6 +90,10 @@ class WorkloadProfile:
     matmul_traffic_bytes_per_sample: float | None = None
     #: weight and gradient bytes the step's operators moved, per micro-step
     weight_traffic_bytes_per_micro_step: float | None = None
+    #: Σ over one micro-step's matrix products (forward and data gradient; a fused RNN's at
+    #: every time step) of their reduction length K: what the GEMMs' wave quantisation
+    #: costs (``compute.wave_tail_time_s``); None: not recorded
+    gemm_reduction_per_micro_step: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""

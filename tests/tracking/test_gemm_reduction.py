@@ -1,0 +1,74 @@
+"""The profile's ``gemm_reduction_per_micro_step``: Σ K over the forward's matrix products and
+their data gradients (K + N each), a fused RNN's products at every time step. Real CPU steps
+through the real profiler; expected sums from the layers' sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mlflow_gpuopt.tracking.dispatch_count import gemm_shape_mode_class
+from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
+
+
+def lstm_layer(inp: int, hidden: int, steps: int) -> int:
+    """One LSTM layer and direction: the input projection and its data gradient once (K =
+    input, K = 4·hidden), at every step the hidden product and its data gradient."""
+    gates = 4 * hidden
+    return inp + gates + steps * (hidden + gates)
+
+
+class Seq(nn.Module):
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(16, 32, num_layers=2, batch_first=batch_first, bidirectional=True)
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def profile(model: nn.Module, x: torch.Tensor, batch: int):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    prof = WorkloadProfiler(model, opt)
+    prof.begin_step(x)
+    out = model(x)
+    prof.end_forward(out)
+    out.pow(2).mean().backward()
+    opt.step()
+    prof.end_step()
+    return prof.result(batch, 1)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_a_fused_lstm_counts_every_time_step(batch_first):
+    steps, batch = 5, 3
+    x = torch.randn(batch, steps, 16) if batch_first else torch.randn(steps, batch, 16)
+    p = profile(Seq(batch_first), x, batch)
+    # two directions of layer 1 (input 16), two of layer 2 (input 2 x 32), the head (64 -> 8)
+    expected = (2 * lstm_layer(16, 32, steps) + 2 * lstm_layer(64, 32, steps) + 64 + 8)
+    assert p.gemm_reduction_per_micro_step == expected
+
+
+def test_a_packed_sequence_counts_its_longest_length():
+    with gemm_shape_mode_class()() as mode:
+        packed = nn.utils.rnn.pack_padded_sequence(torch.randn(7, 3, 16), [7, 4, 2])
+        nn.LSTM(16, 32)(packed)
+    assert mode.reduction == lstm_layer(16, 32, 7)
+
+
+def test_cells_and_linears_count_per_call():
+    cell, proj = nn.LSTMCell(16, 32), nn.Linear(32, 10)
+    with gemm_shape_mode_class()() as mode:
+        h = c = torch.zeros(2, 32)
+        for _ in range(6):  # a decoder loop: the cell's two products and the projection
+            h, c = cell(torch.randn(2, 16), (h, c))
+            proj(h)
+    assert mode.reduction == 6 * ((16 + 128) + (32 + 128) + (32 + 10))
+
+
+def test_a_model_without_products_records_none():
+    model = nn.Sequential(nn.Conv1d(4, 4, 3))
+    p = profile(model, torch.randn(2, 4, 9), 2)
+    assert p.gemm_reduction_per_micro_step is None
