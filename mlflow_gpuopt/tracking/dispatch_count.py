@@ -341,7 +341,9 @@ def rnn_reduction(name: str, args: tuple) -> int:
     except (AttributeError, IndexError, TypeError):
         return 0
     total = 0
-    for w_ih, w_hh in zip(mats[0::2], mats[1::2]):  # (gates × input), (gates × hidden)
+    # (gates × input), (gates × hidden) per layer and direction (an LSTM with proj_size adds
+    # a third 2-D weight, its projection, which this pairing does not follow)
+    for w_ih, w_hh in zip(mats[0::2], mats[1::2], strict=False):
         gates = int(w_ih.shape[0])
         total += int(w_ih.shape[1]) + gates + steps * (int(w_hh.shape[1]) + gates)
     return total
