@@ -71,3 +71,13 @@ def test_sm_counts_by_name_prefix():
     assert compute.sm_count("A10G-24GB") == 80
     assert compute.sm_count("A10") == 72
     assert compute.sm_count("some-new-gpu") == compute.SMS_DEFAULT
+
+
+def test_a_workload_file_gives_the_figure_and_refuses_a_negative_one():
+    from mlflow_gpuopt.workload_files import WorkloadFileError, workload_from_dict
+
+    doc = {"params": 1000, "flops_per_sample": 1e9, "precision": "fp32"}
+    assert workload_from_dict({**doc, "gemm_reduction_per_micro_step": "2.5e6"}
+                              ).gemm_reduction_per_micro_step == 2.5e6
+    with pytest.raises(WorkloadFileError, match="gemm_reduction_per_micro_step"):
+        workload_from_dict({**doc, "gemm_reduction_per_micro_step": -1})
