@@ -245,9 +245,16 @@ def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float
     """DRAM bytes one sample moves in forward+backward at ``precision``: the measured figure;
     else ``TRAFFIC_PER_ACTIVATION_BYTE`` × the stored activations, measured or, for a
     transformer whose architecture is given, from the activation formula; only without either,
-    FLOPs / ``DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32`` (:func:`traffic_source` says which)."""
+    FLOPs / ``DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32`` (:func:`traffic_source` says which).
+    A 16-bit (or FP8) prediction of an fp32/TF32 workload takes its measured
+    ``amp_traffic_bytes_per_sample`` (the step under CUDA autocast, FP8 at 27/34 of it) in
+    place of halving: autocast keeps the float32 list's outputs fp32 and casts in kernels of
+    their own (:func:`amp_traffic`)."""
     p = normalize_precision(precision)
     own = normalize_precision(workload.precision)
+    amp = amp_traffic(workload, p)
+    if amp is not None:
+        return amp[0]
     if workload.memory_traffic_bytes_per_sample:
         return (workload.memory_traffic_bytes_per_sample * ACTIVATION_BYTES[p]
                 / ACTIVATION_BYTES[own])
@@ -259,6 +266,21 @@ def memory_traffic_bytes_per_sample(workload: Workload, precision: str) -> float
         return formula * TRAFFIC_PER_ACTIVATION_BYTE
     return (workload.flops_per_sample / DEFAULT_FLOPS_PER_TRAFFIC_BYTE_FP32
             * ACTIVATION_BYTES[p] / 4.0)
+
+
+def amp_traffic(workload: Workload, precision: str) -> tuple[float, float | None] | None:
+    """(DRAM bytes per sample, their matmul part) of an fp32/TF32 workload at a mixed
+    ``precision`` (fp16, bf16; FP8's non-linear work is bf16, its activations 27/34 of it:
+    ``ACTIVATION_BYTES``) from its measured autocast figures, or None where there are none
+    or no conversion is asked (docs/metrics.md#artifacts-and-profilejson)."""
+    p = normalize_precision(precision)
+    amp = workload.amp_traffic_bytes_per_sample
+    if (not amp or amp <= 0 or not is_mixed(p)
+            or is_mixed(normalize_precision(workload.precision))):
+        return None
+    scale = ACTIVATION_BYTES[p] / 2.0
+    matmul = workload.amp_matmul_traffic_bytes_per_sample
+    return amp * scale, matmul * scale if matmul is not None else None
 
 
 #: DRAM bytes moved per byte of stored activations in a training step, counted per pass over
@@ -622,15 +644,19 @@ def at_length(workload: Workload, tokens: float) -> Workload:
                                   part / full if full and part else None)
 
 
-def hidden_traffic_share(workload: Workload) -> float:
+def hidden_traffic_share(workload: Workload, precision: str | None = None) -> float:
     """``h``, the share of the sample's traffic the matmul and convolution kernels move
     themselves (hidden under their arithmetic): measured where the workload gives both its
     matmul traffic and its whole traffic (a tracked run's profile; a ratio, the same at any
     precision) and is not a transformer described by its architecture, else
     ``MATMUL_HIDDEN_TRAFFIC_SHARE``. A described transformer keeps the default: its matmul
-    efficiency (``GENERATION_MFU``) is a whole-step figure derived with it."""
+    efficiency (``GENERATION_MFU``) is a whole-step figure derived with it. At a
+    ``precision`` the workload's autocast figures serve (:func:`amp_traffic`), their share."""
     total = workload.memory_traffic_bytes_per_sample
     matmul = workload.matmul_traffic_bytes_per_sample
+    amp = amp_traffic(workload, precision) if precision is not None else None
+    if amp is not None and amp[1] is not None:
+        total, matmul = amp
     if (total and total > 0 and matmul is not None and matmul >= 0
             and formula_activation_bytes_per_sample(workload, "bf16") is None):
         return min(1.0, matmul / total)
@@ -651,7 +677,7 @@ def per_sample_time_prior_s(workload: Workload, hardware: Hardware, precision: s
             lambda w: per_sample_time_prior_s(w, hardware, precision), workload, at_length)
     compute = matmul_time_s(workload, hardware, precision)
     memory = traffic_time_s(workload, hardware, precision)
-    hidden = hidden_traffic_share(workload)
+    hidden = hidden_traffic_share(workload, precision)
     return (max(compute, hidden * memory) + (1.0 - hidden) * memory
             + transpose_time_s(workload, hardware, precision))
 
@@ -916,7 +942,7 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
         attention = workload.flops_per_sample * attn_share / (
             peak_flops_per_s(hardware.peak_flops_per_s, "bf16" if p == "fp8" else p) * eff)
     traffic = traffic_time_s(workload, hardware, p)
-    hidden = hidden_traffic_share(workload)
+    hidden = hidden_traffic_share(workload, p)
     k = compute_scale
     out = dict.fromkeys(OPERATOR_CLASSES, 0.0)
     # The matmul kernels take their arithmetic or their own operands' traffic, whichever is

@@ -45,6 +45,7 @@ def rescaled(workload: Workload, tokens: float, attention_share: float,
         flops_per_sample=workload.flops_per_sample * flops_scale,
         activation_bytes_per_sample=scaled(workload.activation_bytes_per_sample, by),
         memory_traffic_bytes_per_sample=scaled(workload.memory_traffic_bytes_per_sample, by),
+        amp_traffic_bytes_per_sample=scaled(workload.amp_traffic_bytes_per_sample, by),
         recompute_flops_per_sample=scaled(workload.recompute_flops_per_sample, flops_scale))
 
 

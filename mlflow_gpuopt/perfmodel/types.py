@@ -42,6 +42,13 @@ class Workload:
     #: network's at every time step) of their reduction length K, measured: the GEMMs' wave
     #: quantisation (``compute.wave_tail_time_s``); None: not measured (no such term)
     gemm_reduction_per_micro_step: float | None = None
+    #: ``memory_traffic_bytes_per_sample`` as the step moves it under CUDA autocast
+    #: (fp16/bf16: fp32-list operators' outputs stay fp32, casts are kernels of their own),
+    #: measured; used for a 16-bit prediction of an fp32/TF32 workload. None: half the
+    #: fp32 figure
+    amp_traffic_bytes_per_sample: float | None = None
+    #: the part of ``amp_traffic_bytes_per_sample`` the matmul and convolution kernels move
+    amp_matmul_traffic_bytes_per_sample: float | None = None
     #: FLOPs per sample of the forward operators the run's own recomputation (``recompute``)
     #: replayed, measured; ``flops_per_sample`` leaves them out (model FLOPs)
     recompute_flops_per_sample: float | None = None

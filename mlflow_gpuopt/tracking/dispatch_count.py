@@ -184,6 +184,13 @@ NON_KERNEL_OPS = frozenset({
 })
 
 
+#: Allocations shaped and typed like their first argument, shown to the operator census
+#: although they launch nothing: the dtype a later in-place fill writes is the argument's
+#: (dropout's mask on the CPU: ``empty_like(x).bernoulli_(p)``; :mod:`.traffic`'s autocast
+#: count follows it).
+LIKE_ALLOCATION_OPS = frozenset({"empty_like"})
+
+
 def is_kernel_op(func: Any) -> bool:
     """Whether dispatching ``func`` (an ``OpOverload``) launches work on the device: not a
     view (its output aliases an input without writing it), not an in-place view op, not in
@@ -202,6 +209,7 @@ def is_kernel_op(func: Any) -> bool:
 def kernel_count_mode_class() -> type:
     """A ``TorchDispatchMode`` that counts kernel-launching operators (defined on first use,
     so importing this module does not import torch)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from torch._ops import OpOverload
@@ -218,6 +226,9 @@ def kernel_count_mode_class() -> type:
             self.ops = ops  # an OpsSeen, or None
             self.higher_order_ops: set[str] = set()
             self._is_kernel: dict[Any, bool] = {}
+            aten = torch.ops.aten
+            self._like = {getattr(aten, n).default for n in LIKE_ALLOCATION_OPS
+                          if hasattr(aten, n)}
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
@@ -235,9 +246,12 @@ def kernel_count_mode_class() -> type:
             if kernel:
                 self.count += 1
             out = func(*args, **(kwargs or {}))
-            if kernel and self.ops is not None:
+            if self.ops is not None and (kernel or func in self._like):
                 try:
-                    self.ops.observe(func, args, kwargs, out)
+                    if kernel:
+                        self.ops.observe(func, args, kwargs, out)
+                    else:
+                        self.ops.allocated_like(args, out)
                 except Exception as exc:  # never break training: stop looking instead
                     logger.debug("gpuopt: operator census stopped at %r: %s", func, exc)
                     self.ops.failed = True

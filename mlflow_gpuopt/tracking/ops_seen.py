@@ -161,6 +161,16 @@ class OpsSeen:
         if name in WEIGHT_MATMUL_OPS or name in BATCHED_MATMUL_OPS or name in SDPA_OPS:
             self._operands(name, _tensors(args, kwargs))
 
+    def allocated_like(self, args: tuple, out: Any) -> None:
+        """An allocation like ``args[0]`` (``LIKE_ALLOCATION_OPS``), for the byte count."""
+        traffic = self.traffic
+        if traffic is not None and not traffic.failed and args:
+            try:
+                traffic.allocated_like(args[0], out)
+            except Exception as exc:  # stop counting bytes; the rest of the census goes on
+                logger.debug("gpuopt: traffic count stopped at an allocation: %s", exc)
+                traffic.failed = True
+
     def _replayed(self, name: str) -> None:
         if name in WEIGHT_MATMUL_OPS:
             self.replayed_weight_products += 1

@@ -319,6 +319,8 @@ class WorkloadProfiler:
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
+        amp_ps, amp_matmul_ps = self._amp_traffic(samples, traffic_ps, matmul_ps,
+                                                  o.get("precision") or precision)
         from mlflow_gpuopt.tracking.architecture import architecture_of
         from mlflow_gpuopt.tracking.moe_layers import moe_fields_of
 
@@ -355,6 +357,8 @@ class WorkloadProfiler:
             memory_traffic_bytes_per_sample=traffic_ps,
             matmul_traffic_bytes_per_sample=matmul_ps,
             weight_traffic_bytes_per_micro_step=weight_ms,
+            amp_traffic_bytes_per_sample=amp_ps,
+            amp_matmul_traffic_bytes_per_sample=amp_matmul_ps,
             **shape,
         )
 
@@ -369,6 +373,20 @@ class WorkloadProfiler:
             return None, None, None
         return (traffic.activation_bytes / samples, traffic.matmul_bytes / samples,
                 traffic.weight_bytes / max(1, forwards or 1))
+
+    def _amp_traffic(self, samples: int | None, traffic_ps: float | None,
+                     matmul_ps: float | None, precision: str | None
+                     ) -> tuple[float | None, float | None]:
+        """(activation bytes per sample under CUDA autocast, their matmul part): counted
+        beside the measured bytes (:class:`~.traffic.TrafficCount`) for an fp32/TF32 step;
+        the measured bytes themselves where the step ran 16-bit already (autocast, a
+        half-precision model), whose casts and fp32 ops the operators showed."""
+        if traffic_ps is None or not samples:
+            return None, None
+        if precision in ("fp16", "bf16", "fp8"):
+            return traffic_ps, matmul_ps
+        traffic = self.ops.traffic
+        return traffic.amp_activation_bytes / samples, traffic.amp_matmul_bytes / samples
 
     def ran_precision(self) -> tuple[str | None, str | None]:
         """``(precision, fp8_recipe)`` of the profiled step: FP8 layers that ran FP8, else

@@ -94,6 +94,12 @@ class WorkloadProfile:
     #: every time step) of their reduction length K: what the GEMMs' wave quantisation
     #: costs (``compute.wave_tail_time_s``); None: not recorded
     gemm_reduction_per_micro_step: float | None = None
+    #: ``memory_traffic_bytes_per_sample`` as the step would move it under CUDA autocast
+    #: (fp16/bf16; :mod:`.traffic`): counted for an fp32/TF32 step, the measured figure for
+    #: a step that ran 16-bit
+    amp_traffic_bytes_per_sample: float | None = None
+    #: the part of it moved by matrix products and convolutions
+    amp_matmul_traffic_bytes_per_sample: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -130,5 +136,7 @@ def whole_sample(profile: WorkloadProfile, cp: int, rank_tokens: int | None,
         activation_saved_bytes_per_sample=times(profile.activation_saved_bytes_per_sample),
         memory_traffic_bytes_per_sample=times(profile.memory_traffic_bytes_per_sample),
         matmul_traffic_bytes_per_sample=times(profile.matmul_traffic_bytes_per_sample),
+        amp_traffic_bytes_per_sample=times(profile.amp_traffic_bytes_per_sample),
+        amp_matmul_traffic_bytes_per_sample=times(profile.amp_matmul_traffic_bytes_per_sample),
         sequence_split=cp, rank_tokens_per_sample=rank_tokens,
         rank_flops_per_sample=profile.flops_per_sample)
