@@ -30,6 +30,8 @@ profiled CPU step held 18-24 GB when OOM-killed on a shared 23 GB machine) and
 adds the tracked path's tasks beside tasks 3 and 2 on the same rows: 3t, no GPU run,
 ``predict --run-id`` with the row's batch and precision (with its leave-one-model-out width
 check), and 2t, the GPU row with the run's ``profile.json`` as the workload file.
+``--store DIR`` keeps that store (and ``DIR/runs.json``, the run of each model) in DIR;
+``--reuse`` beside it scores the runs DIR already holds instead of tracking them again.
 
 
 Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only); ``--explain-width``
@@ -233,6 +235,17 @@ class Result:
 _TMP: list[Path] = []
 
 
+def _store() -> Path:
+    """Where the tracked runs' sqlite store and ``runs.json`` live: ``--store DIR``, or the
+    temporary folder. Scratch files (observations, workload copies) stay in the latter, so
+    several scorings of one store (``--reuse``) do not write over each other's."""
+    if "--store" in sys.argv[1:]:
+        store = Path(sys.argv[sys.argv.index("--store") + 1]).resolve()
+        store.mkdir(parents=True, exist_ok=True)
+        return store
+    return _tmp()
+
+
 def _tmp() -> Path:
     if not _TMP:
         _TMP.append(Path(tempfile.mkdtemp(prefix="bench_accuracy_")))
@@ -403,14 +416,26 @@ def tracked_runs(models: list[str]) -> dict[tuple[str, str | None], str]:
     import mlflow
     import tracked_profiles
 
-    os.environ["GPUOPT_JOURNAL_DIR"] = str(_tmp() / "journal")
+    os.environ["GPUOPT_JOURNAL_DIR"] = str(_store() / "journal")
     # MLflow's download progress bar would land in predict's captured --json output
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    mlflow.set_tracking_uri(f"sqlite:///{_tmp()}/tracked.db")
+    mlflow.set_tracking_uri(f"sqlite:///{_store()}/tracked.db")
+    index = _store() / "runs.json"  # (model|memory format) -> run id, kept with --store
+    kept = json.loads(index.read_text()) if "--reuse" in sys.argv[1:] and index.exists() else {}
     out = {}
     for name in models:
         for job in tracked_profiles.JOBS[name]:
-            out[(name, job.memory_format)] = tracked_profiles.track_job(job)
+            key = f"{name}|{job.memory_format}"
+            if key not in kept and mlflow.get_experiment_by_name("tracked") is None:
+                # the runs' artifacts inside the store, wherever the script runs from
+                mlflow.create_experiment("tracked", (_store() / "artifacts").as_uri())
+            if key not in kept:
+                mlflow.set_experiment("tracked")
+            out[(name, job.memory_format)] = kept.get(key) or tracked_profiles.track_job(job)
+    if index.exists():
+        kept = json.loads(index.read_text())
+    kept.update({f"{m}|{f}": run for (m, f), run in out.items()})
+    index.write_text(json.dumps(kept, indent=1))
     return out
 
 
