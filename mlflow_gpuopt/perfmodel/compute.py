@@ -771,21 +771,42 @@ SMS_PER_GPU = (
     ("MI325X", 304), ("MI250X", 220),
 )
 SMS_DEFAULT = 108
-#: Output tile one thread block of a GEMM computes (rows × columns): cuBLAS's and CUTLASS's
-#: large tensor-core tiles are 128 × 128 to 256 × 128 (NVIDIA, "Matrix Multiplication
-#: Background User's Guide", Tile Quantization and Wave Quantization: its A100 examples use
-#: 256 × 128; smaller problems get smaller tiles); 128 × 128 is taken. A GEMM of ``T`` such
-#: tiles on ``S`` SMs runs in ``ceil(T / S)`` waves, each as long as one tile's arithmetic
-#: (``2 × 128 × 128 × K`` FLOPs at one SM's share of the attainable peak), however few tiles
-#: the last wave holds (Habitat, Yu et al. 2021: kernel time = waves × time per wave).
-GEMM_TILE_ELEMENTS = 128 * 128
+#: Output tile (rows × columns) one thread block of a GEMM computes, by the path it takes,
+#: from CUTLASS's default GEMM configurations (``cutlass/gemm/device/
+#: default_gemm_configuration.h``, ``ThreadblockShape``): plain FP32 on the SIMT units
+#: (``OpClassSimt``, every architecture: 128 × 128 × 8, eight warps of 32 × 64) and the
+#: tensor cores (``OpClassTensorOp``: 128 × 256 × 32 on Volta's HMMA and Turing, 128 × 256 × 64
+#: on Ampere, TF32 included, and on Ada's FP8); NVIDIA's "Matrix Multiplication Background
+#: User's Guide" (Tile Quantization, Wave Quantization) takes 256 × 128 on an A100, the same
+#: area. A tensor-core tile holds twice a SIMT one's outputs: its SM computes ~8× faster
+#: (V100 FP16, A100 TF32 against their FP32), so each operand element it loads must serve
+#: more outputs (the guide: larger tiles, more data reuse). AMD's matrix
+#: cores take the tensor-core tile (no CUTLASS there). A GEMM of ``T`` tiles on ``S`` SMs
+#: runs in ``ceil(T / S)`` waves, each as long as one tile's arithmetic (``2 × tile × K``
+#: FLOPs at one SM's share of the path's attainable peak), however few tiles the last wave
+#: holds (Habitat, Yu et al. 2021: kernel time = waves × time per wave).
+GEMM_TILE_SIMT = (128, 128)
+GEMM_TILE_TENSOR = (128, 256)
+
+
+def gemm_tile_elements(hardware: Hardware, precision: str) -> int:
+    """Output elements of one thread block's tile on the path ``precision``'s GEMMs take on
+    ``hardware``: ``GEMM_TILE_TENSOR`` where the precision runs on a matrix unit
+    (:func:`.precision.uses_tensor_cores`: fp16, bf16, FP8, and TF32 where the GPU has it),
+    ``GEMM_TILE_SIMT`` for plain FP32 (and TF32 on a GPU without it, V100 and T4)."""
+    rows, cols = (GEMM_TILE_TENSOR if uses_tensor_cores(hardware.peak_flops_per_s, precision)
+                  else GEMM_TILE_SIMT)
+    return rows * cols
+
+
 #: Share of a wave the last, partial wave of a GEMM costs beyond what its tiles' arithmetic
 #: alone would, on average: with the tiles' count uniformly distributed over a wave, the idle
 #: part of the last wave is a half. The roofline (``matmul_time_s``) charges a GEMM's FLOPs
 #: as if every wave were full; this is its expected tail, per matrix product. A product
 #: smaller than one wave (a recurrent cell's ``[batch × hidden] @ [hidden × 4·hidden]``: at
-#: batch 128, 32 tiles on 108 SMs) loses ``1 − tiles / SMs`` of its wave, more than a half,
-#: so for recurrent networks it is a lower bound.
+#: batch 128 and hidden 1,024, 16 tensor-core tiles on an A100's 108 SMs, 32 SIMT tiles on a
+#: V100's 80) loses ``1 − tiles / SMs`` of its wave, more than a half, so for recurrent
+#: networks it is a lower bound.
 WAVE_TAIL_SHARE = 0.5
 
 
@@ -802,8 +823,9 @@ def sm_count(gpu: str) -> int:
 def wave_tail_time_s(workload: Workload | None, hardware: Hardware, precision: str) -> float:
     """Seconds per micro-step that the GEMMs' last, partial waves cost beyond the roofline
     (wave quantisation): ``WAVE_TAIL_SHARE`` of one wave per matrix product, a wave being one
-    ``GEMM_TILE_ELEMENTS`` tile's ``2·K`` FLOPs per element at one SM's share
-    (``1 / sm_count``) of the attainable peak (:func:`matmul_efficiency`), summed over the
+    tile's ``2·K`` FLOPs per element (:func:`gemm_tile_elements`: the SIMT or tensor-core
+    tile of the path ``precision`` takes) at one SM's share (``1 / sm_count``) of that path's
+    peak at its attainable share (:func:`matmul_efficiency`), summed over the
     products by the profile's ``gemm_reduction_per_micro_step`` (Σ K over the forward's
     products and their data gradients; a recurrent network's at every time step, each step
     waiting for the one before). Batch-independent: what a small-batch product loses does
@@ -814,7 +836,7 @@ def wave_tail_time_s(workload: Workload | None, hardware: Hardware, precision: s
     p = normalize_precision(precision)
     per_sm = (peak_flops_per_s(hardware.peak_flops_per_s, p)
               * matmul_efficiency(hardware, p)[0] / sm_count(hardware.gpu))
-    return WAVE_TAIL_SHARE * 2.0 * GEMM_TILE_ELEMENTS * reduction / per_sm
+    return WAVE_TAIL_SHARE * 2.0 * gemm_tile_elements(hardware, p) * reduction / per_sm
 
 
 def weight_bytes_per_param(precision: str) -> int:

@@ -1,5 +1,6 @@
-"""The GEMMs' wave quantisation: half a wave of one 128 x 128 tile per matrix product, at one
-SM's share of the attainable peak, added to the batch-independent term ``a``."""
+"""The GEMMs' wave quantisation: half a wave of one tile per matrix product (128 x 128 on the
+SIMT units, 128 x 256 on the tensor cores), at one SM's share of that path's attainable peak,
+added to the batch-independent term ``a``."""
 
 from __future__ import annotations
 
@@ -24,16 +25,33 @@ RNN = Workload(params=160_000_000, flops_per_sample=2e10, precision="fp32",
 
 
 def test_half_a_wave_of_one_tile_per_product_at_one_sms_share_of_the_peak():
-    # A100 TF32: 156 TF at 60 % over 108 SMs; one 128 x 128 tile is 2 x 16,384 FLOPs per K
+    # A100 TF32 on the tensor cores: 156 TF at 60 % over 108 SMs; one 128 x 256 tile is
+    # 2 x 32,768 FLOPs per K
     per_sm = 156e12 * 0.6 / 108
     assert compute.wave_tail_time_s(RNN, A100, "tf32") == pytest.approx(
-        0.5 * 2 * 16384 * REDUCTION / per_sm)
-    # V100 FP32 on the SIMT units (85 % of 15.7 TF) over 80 SMs
+        0.5 * 2 * 32768 * REDUCTION / per_sm)
+    # V100 FP32 on the SIMT units (85 % of 15.7 TF) over 80 SMs, a 128 x 128 tile
     per_sm = 15.7e12 * 0.85 / 80
     assert compute.wave_tail_time_s(RNN, V100, "fp32") == pytest.approx(
         0.5 * 2 * 16384 * REDUCTION / per_sm)
-    # about 20 ms a micro-step on the A100: GNMT's published TF32 step is ~80 ms
-    assert 0.015 < compute.wave_tail_time_s(RNN, A100, "tf32") < 0.03
+    # 1.24 M of reduction: 47 ms a micro-step on the A100, 125 ms on the V100
+    assert 0.04 < compute.wave_tail_time_s(RNN, A100, "tf32") < 0.055
+    assert 0.12 < compute.wave_tail_time_s(RNN, V100, "fp32") < 0.13
+
+
+def test_the_path_decides_the_tile_and_the_rate():
+    # plain FP32 on an A100 stays on the SIMT units: 19.5 TF at 85 %, 128 x 128
+    assert compute.wave_tail_time_s(RNN, A100, "fp32") == pytest.approx(
+        0.5 * 2 * 16384 * REDUCTION / (19.5e12 * 0.85 / 108))
+    # a V100 has no TF32: its tf32 runs FP32 on the SIMT units
+    assert compute.wave_tail_time_s(RNN, V100, "tf32") == pytest.approx(
+        compute.wave_tail_time_s(RNN, V100, "fp32"))
+    # V100 FP16 on the HMMA units: 125 TF at 60 %, 128 x 256
+    assert compute.wave_tail_time_s(RNN, V100, "fp16") == pytest.approx(
+        0.5 * 2 * 32768 * REDUCTION / (125e12 * 0.6 / 80))
+    assert compute.gemm_tile_elements(V100, "fp32") == 128 * 128
+    assert compute.gemm_tile_elements(A100, "tf32") == 128 * 256
+    assert compute.gemm_tile_elements(A100, "bf16") == 128 * 256
 
 
 def test_nothing_without_a_recorded_reduction():
