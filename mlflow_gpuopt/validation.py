@@ -85,6 +85,9 @@ BOUNDS: dict[str, Bound] = {
                                                   "below 1e17 bytes"),
     "memory_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
     "matmul_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
+    # Tacotron 2 at a 571-frame decoder: ~1.5e7 per micro-step; 1e15 is a billion GEMMs of
+    # a million-long reduction.
+    "gemm_reduction_per_micro_step": Bound(0, 1e15, "a sum of GEMM reduction lengths"),
     "amp_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
     "amp_matmul_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
     # A recurrent decoder re-reads its weights every time step (Tacotron 2: ~700 passes):

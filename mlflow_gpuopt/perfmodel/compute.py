@@ -758,6 +758,87 @@ def power_capped(hardware: Hardware, limit_w: float | None,
                    peak_flops_per_s={p: v * clock for p, v in hardware.peak_flops_per_s.items()})
 
 
+#: Streaming multiprocessors (NVIDIA) or compute units (AMD) per GPU, by name prefix (the
+#: first that matches wins), from the vendors' whitepapers and datasheets: V100 80 (GV100),
+#: T4 40, A100 108 (GA100), A10 72 and A10G 80 (GA102: the catalog's 31.2 and 35 TF FP32 at
+#: 128 lanes, 1.695 / 1.71 GHz), A40 and RTX A6000 84, RTX 3090 82, L4 58, L40S 142, RTX 4090
+#: 128 (AD102), H100 PCIe 114, H100 SXM5 and H200 132 (GH100), B200 148, MI300X and MI325X
+#: 304 CUs, MI250X 220 (two GCDs of 110). Unknown GPUs take ``SMS_DEFAULT`` (an A100's).
+SMS_PER_GPU = (
+    ("V100", 80), ("T4", 40), ("A100", 108), ("A10G", 80), ("A10", 72), ("A40", 84),
+    ("RTX-A6000", 84), ("RTX-3090", 82), ("L40S", 142), ("L4", 58), ("RTX-4090", 128),
+    ("H100-PCIE", 114), ("H100", 132), ("H200", 132), ("B200", 148), ("MI300X", 304),
+    ("MI325X", 304), ("MI250X", 220),
+)
+SMS_DEFAULT = 108
+#: Output tile (rows × columns) one thread block of a GEMM computes, by the path it takes,
+#: from CUTLASS's default GEMM configurations (``cutlass/gemm/device/
+#: default_gemm_configuration.h``, ``ThreadblockShape``): plain FP32 on the SIMT units
+#: (``OpClassSimt``, every architecture: 128 × 128 × 8, eight warps of 32 × 64) and the
+#: tensor cores (``OpClassTensorOp``: 128 × 256 × 32 on Volta's HMMA and Turing, 128 × 256 × 64
+#: on Ampere, TF32 included, and on Ada's FP8); NVIDIA's "Matrix Multiplication Background
+#: User's Guide" (Tile Quantization, Wave Quantization) takes 256 × 128 on an A100, the same
+#: area. A tensor-core tile holds twice a SIMT one's outputs: its SM computes ~8× faster
+#: (V100 FP16, A100 TF32 against their FP32), so each operand element it loads must serve
+#: more outputs (the guide: larger tiles, more data reuse). AMD's matrix
+#: cores take the tensor-core tile (no CUTLASS there). A GEMM of ``T`` tiles on ``S`` SMs
+#: runs in ``ceil(T / S)`` waves, each as long as one tile's arithmetic (``2 × tile × K``
+#: FLOPs at one SM's share of the path's attainable peak), however few tiles the last wave
+#: holds (Habitat, Yu et al. 2021: kernel time = waves × time per wave).
+GEMM_TILE_SIMT = (128, 128)
+GEMM_TILE_TENSOR = (128, 256)
+
+
+def gemm_tile_elements(hardware: Hardware, precision: str) -> int:
+    """Output elements of one thread block's tile on the path ``precision``'s GEMMs take on
+    ``hardware``: ``GEMM_TILE_TENSOR`` where the precision runs on a matrix unit
+    (:func:`.precision.uses_tensor_cores`: fp16, bf16, FP8, and TF32 where the GPU has it),
+    ``GEMM_TILE_SIMT`` for plain FP32 (and TF32 on a GPU without it, V100 and T4)."""
+    rows, cols = (GEMM_TILE_TENSOR if uses_tensor_cores(hardware.peak_flops_per_s, precision)
+                  else GEMM_TILE_SIMT)
+    return rows * cols
+
+
+#: Share of a wave the last, partial wave of a GEMM costs beyond what its tiles' arithmetic
+#: alone would, on average: with the tiles' count uniformly distributed over a wave, the idle
+#: part of the last wave is a half. The roofline (``matmul_time_s``) charges a GEMM's FLOPs
+#: as if every wave were full; this is its expected tail, per matrix product. A product
+#: smaller than one wave (a recurrent cell's ``[batch × hidden] @ [hidden × 4·hidden]``: at
+#: batch 128 and hidden 1,024, 16 tensor-core tiles on an A100's 108 SMs, 32 SIMT tiles on a
+#: V100's 80) loses ``1 − tiles / SMs`` of its wave, more than a half, so for recurrent
+#: networks it is a lower bound.
+WAVE_TAIL_SHARE = 0.5
+
+
+@functools.lru_cache(maxsize=256)  # pure; asked for every plan of a search
+def sm_count(gpu: str) -> int:
+    """SMs (CUs) of ``gpu`` (``SMS_PER_GPU``, else ``SMS_DEFAULT``)."""
+    name = gpu.strip().upper()
+    for prefix, sms in SMS_PER_GPU:
+        if name.startswith(prefix.upper()):
+            return sms
+    return SMS_DEFAULT
+
+
+def wave_tail_time_s(workload: Workload | None, hardware: Hardware, precision: str) -> float:
+    """Seconds per micro-step that the GEMMs' last, partial waves cost beyond the roofline
+    (wave quantisation): ``WAVE_TAIL_SHARE`` of one wave per matrix product, a wave being one
+    tile's ``2·K`` FLOPs per element (:func:`gemm_tile_elements`: the SIMT or tensor-core
+    tile of the path ``precision`` takes) at one SM's share (``1 / sm_count``) of that path's
+    peak at its attainable share (:func:`matmul_efficiency`), summed over the
+    products by the profile's ``gemm_reduction_per_micro_step`` (Σ K over the forward's
+    products and their data gradients; a recurrent network's at every time step, each step
+    waiting for the one before). Batch-independent: what a small-batch product loses does
+    not shrink with fewer rows. 0 where the profile did not record it."""
+    reduction = workload.gemm_reduction_per_micro_step if workload is not None else None
+    if not reduction or reduction <= 0:
+        return 0.0
+    p = normalize_precision(precision)
+    per_sm = (peak_flops_per_s(hardware.peak_flops_per_s, p)
+              * matmul_efficiency(hardware, p)[0] / sm_count(hardware.gpu))
+    return WAVE_TAIL_SHARE * 2.0 * gemm_tile_elements(hardware, p) * reduction / per_sm
+
+
 def weight_bytes_per_param(precision: str) -> int:
     """Bytes of the weights the forward/backward reads (16-bit copies in mixed precision)."""
     return 2 if is_mixed(precision) else 4
@@ -811,9 +892,11 @@ def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str
                        workload: Workload | None = None) -> float:
     """``a``: seconds per micro-step independent of batch: the host-side overhead
     (:func:`micro_step_overhead_s`, from the kernel count where there is one) + the weight
-    traffic (:func:`weight_traffic_time_s`)."""
+    traffic (:func:`weight_traffic_time_s`) + the GEMMs' wave tails
+    (:func:`wave_tail_time_s`, where the profile recorded their reductions)."""
     return (micro_step_overhead_s(kernels_per_micro_step)
-            + weight_traffic_time_s(params_per_gpu, hardware, precision, workload))
+            + weight_traffic_time_s(params_per_gpu, hardware, precision, workload)
+            + wave_tail_time_s(workload, hardware, precision))
 
 
 def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_param: float,
@@ -830,7 +913,8 @@ def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_para
 #: GPU types (:func:`operator_class_times_s`), each scaling with its own GPU figure.
 OPERATOR_CLASSES = {
     "matmuls": "matmuls and convolutions (dense peak of the precision × its efficiency, or "
-               "their operands' traffic where that takes longer)",
+               "their operands' traffic where that takes longer; the GEMMs' partial last "
+               "waves at one SM's share of that peak)",
     "attention": "attention's fused kernel (its own share of the 16-bit peak per generation)",
     "memory": "memory-bound work: normalisation, element-wise, weight and gradient traffic "
               "(memory bandwidth)",
@@ -888,6 +972,7 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
     bound = max(mm, hidden * traffic)
     out["attention"] = k * m * attention * bound / mm if mm > 0 else 0.0
     out["matmuls"] = k * m * bound - out["attention"]
+    out["matmuls"] += k * fixed_scale * wave_tail_time_s(workload, hardware, p)
     out["memory"] = k * m * (1.0 - hidden) * traffic
     out["memory"] += k * fixed_scale * weight_traffic_time_s(workload.params, hardware, p,
                                                              workload)

@@ -50,6 +50,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     normalize_fp8_recipe,
     optimizer_time_prior_s,
     per_sample_time_prior_s,
+    wave_tail_time_s,
     weight_traffic_time_s,
 )
 from mlflow_gpuopt.perfmodel.layout import Layout
@@ -201,7 +202,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     # splits each kernel but still dispatches all of them. Counted, or from the architecture.
     kernels, _ = kernel_count(workload)
     overhead = micro_step_overhead_s(kernels / pp if kernels else None)
-    a = (kr * weight_traffic_time_s(params_shard, hardware, precision, workload)
+    a = (kr * (weight_traffic_time_s(params_shard, hardware, precision, workload)
+               + wave_tail_time_s(workload, hardware, precision) / pp)
          + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)
     b = k * per_sample_time_prior_s(workload, hardware, precision) / (shards * cp)
     # FP8 scale-and-cast kernels of this GPU's linear layers: their shapes shrink with tp.

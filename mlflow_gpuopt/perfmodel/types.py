@@ -38,6 +38,10 @@ class Workload:
     #: bytes of weights and their gradients one micro-step's operators move, measured (a
     #: recurrent cell reads its weights once per time step); None: 3 passes over the params
     weight_traffic_bytes_per_micro_step: float | None = None
+    #: Σ over one micro-step's matrix products (forward and data gradient; a recurrent
+    #: network's at every time step) of their reduction length K, measured: the GEMMs' wave
+    #: quantisation (``compute.wave_tail_time_s``); None: not measured (no such term)
+    gemm_reduction_per_micro_step: float | None = None
     #: ``memory_traffic_bytes_per_sample`` as the step moves it under CUDA autocast
     #: (fp16/bf16: fp32-list operators' outputs stay fp32, casts are kernels of their own),
     #: measured; used for a 16-bit prediction of an fp32/TF32 workload. None: half the

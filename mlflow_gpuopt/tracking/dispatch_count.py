@@ -11,7 +11,9 @@ they only observe dispatch, so training results are unchanged (docs/tracking.md#
   ``NON_KERNEL_OPS`` left out. In eager PyTorch each is about one launch, which bounds a
   micro-step's batch-independent latency; it is a count of operators, not kernels (a cuDNN
   RNN is one operator and many kernels, an ``LSTMCell`` one CUDA kernel but ~10 CPU ops);
-* distinct matmul shapes (:func:`gemm_shape_mode_class`) for the tensor-core alignment advice.
+* distinct matmul shapes (:func:`gemm_shape_mode_class`) for the tensor-core alignment advice,
+  and the reduction lengths of all of them by their output rows, for the wave quantisation
+  of the GEMMs whose rows are the batch alone (``compute.wave_tail_time_s``).
 
 Higher-order operators (``torch.cond`` and kin) pass through; Dynamo's caches are reset after
 a profiled step that ran one, or that ran a ``torch.compile``d model eagerly under these modes
@@ -323,9 +325,72 @@ def gemm_mnk(name: str, args: tuple) -> tuple[int, int, int] | None:
         return None
 
 
+def gemm_rows(name: str, args: tuple) -> int | None:
+    """Output rows of a matrix multiply operator's kernel (M; a batched one's M × its batch
+    of matrices), or ``None`` for any other operator."""
+    mnk = gemm_mnk(name, args)
+    if mnk is None:
+        return None
+    a = args[0] if name in ("mm", "bmm") else args[1]
+    count = 1
+    for d in a.shape[:-2]:
+        count *= int(d)
+    return mnk[0] * count
+
+
+def rnn_reduction(name: str, args: tuple) -> list[tuple[int, int]]:
+    """(output rows, reduction length) of the matrix products a fused recurrent forward
+    (``mkldnn_rnn_layer``: one layer and direction; ``_cudnn_rnn``: all of them) and its
+    data gradient run, one time step after another, as cuDNN runs them: per layer and
+    direction the input projection once for all steps (rows batch × steps; K = input size,
+    its data gradient K = 4·hidden for an LSTM, the gates' width) and, at every time step,
+    the hidden-to-hidden product (rows: the batch; K = hidden) and its data gradient (K =
+    gates' width). Empty for any other operator."""
+    import torch
+
+    if name == "mkldnn_rnn_layer":
+        inp, weights = args[0], (args[1], args[2])
+    elif name == "_cudnn_rnn":
+        inp, weights = args[0], args[1]
+    else:
+        return []
+    try:
+        # mkldnn_rnn_layer is handed the input time-major whatever its batch_first flag;
+        # _cudnn_rnn the module's own (batch-major under batch_first). A packed sequence's
+        # input is 2-D with one batch size per time step, the first the largest.
+        mkldnn = name == "mkldnn_rnn_layer"
+        batch_sizes = args[8] if mkldnn else args[14]
+        batch_first = False if mkldnn else bool(args[10])
+        if batch_sizes:
+            steps, batch = len(batch_sizes), int(batch_sizes[0])
+            rows = int(inp.shape[0])
+        elif batch_first and inp.dim() == 3:
+            batch, steps = int(inp.shape[0]), int(inp.shape[1])
+            rows = batch * steps
+        else:
+            steps = int(inp.shape[0])
+            batch = int(inp.shape[1]) if inp.dim() == 3 else 1
+            rows = batch * steps
+        mats = [w for w in weights if isinstance(w, torch.Tensor) and w.dim() == 2]
+    except (AttributeError, IndexError, TypeError):
+        return []
+    out = []
+    # (gates × input), (gates × hidden) per layer and direction (an LSTM with proj_size adds
+    # a third 2-D weight, its projection, which this pairing does not follow)
+    for w_ih, w_hh in zip(mats[0::2], mats[1::2], strict=False):
+        gates = int(w_ih.shape[0])
+        out.append((rows, int(w_ih.shape[1]) + gates))
+        out.append((batch, steps * (int(w_hh.shape[1]) + gates)))
+    return out
+
+
 @functools.cache
 def gemm_shape_mode_class() -> type:
-    """A ``TorchDispatchMode`` that records the distinct matmul shapes it sees."""
+    """A ``TorchDispatchMode`` that records the distinct matmul shapes it sees and the
+    reduction lengths of every matrix product it sees by the product's output rows
+    (``reduction_by_rows``: K + N per product, the forward's K and its data gradient's, which
+    reduces over N; a fused RNN's per time step, :func:`rnn_reduction`), and their sum
+    (``reduction``)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class GemmShapeMode(TorchDispatchMode):
@@ -334,14 +399,26 @@ def gemm_shape_mode_class() -> type:
         def __init__(self) -> None:
             super().__init__()
             self.shapes: dict[tuple[int, int, int], None] = {}
+            self.reduction_by_rows: dict[int, int] = {}
+            self.reduction = 0
+
+        def _add(self, rows: int, reduction: int) -> None:
+            self.reduction_by_rows[rows] = self.reduction_by_rows.get(rows, 0) + reduction
+            self.reduction += reduction
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
             schema = getattr(func, "_schema", None)
-            if schema is not None and len(self.shapes) < MAX_GEMM_SHAPES:
-                mnk = gemm_mnk(schema.name.split("::", 1)[-1], args)
+            if schema is not None:
+                name = schema.name.split("::", 1)[-1]
+                mnk = gemm_mnk(name, args)
                 if mnk is not None:
-                    self.shapes[mnk] = None
+                    self._add(gemm_rows(name, args) or mnk[0], mnk[1] + mnk[2])
+                    if len(self.shapes) < MAX_GEMM_SHAPES:
+                        self.shapes[mnk] = None
+                else:
+                    for rows, reduction in rnn_reduction(name, args):
+                        self._add(rows, reduction)
             return func(*args, **(kwargs or {}))
 
     return GemmShapeMode

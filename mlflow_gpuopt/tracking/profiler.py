@@ -88,6 +88,10 @@ class WorkloadProfiler:
         self._in_optimizer_step = False
         self._gemm_mode: Any = None
         self.gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
+        #: reduction lengths of the first forward's matrix products and their data gradients
+        #: by the products' output rows (:func:`.dispatch_count.gemm_shape_mode_class`);
+        #: None: not recorded
+        self.gemm_reduction_by_rows: dict[int, int] | None = None
         self._saved_ctx: Any = None
         self._saved_bytes = 0
         self._seen_storages: set[int] = set()
@@ -217,6 +221,7 @@ class WorkloadProfiler:
         if mode is not None:
             mode.__exit__(None, None, None)
             self.gemm_shapes = tuple(mode.shapes)
+            self.gemm_reduction_by_rows = dict(mode.reduction_by_rows)
 
     def _exit_kernel_mode(self) -> None:
         """Leave the kernel counter (entered in begin_step)."""
@@ -294,6 +299,17 @@ class WorkloadProfiler:
             if ctx is not None:
                 stack.callback(ctx.__exit__, None, None, None)
 
+    def _batch_row_reduction(self, micro: int | None) -> float | None:
+        """Σ K of the products whose output rows are at most the micro-batch's samples (a
+        recurrent step's, fewer where a packed sequence's shorter samples have ended; a
+        per-sample head's): those stay under a wave or two at a training batch
+        (docs/models.md#wave-quantisation-of-the-gemms). None when there are none, or the
+        batch is not known."""
+        by_rows = self.gemm_reduction_by_rows
+        if not by_rows or not micro:
+            return None
+        return float(sum(r for rows, r in by_rows.items() if rows <= micro)) or None
+
     def result(self, step_samples: int | None, step_forwards: int | None,
                overrides: dict | None = None) -> WorkloadProfile:
         """The profile, from this step's counts and the samples/forwards the step held."""
@@ -342,6 +358,7 @@ class WorkloadProfiler:
             recompute=self.ops.recompute if self.ops is not None else None,
             fp8_recipe=fp8_recipe if (o.get("precision") or precision) == "fp8" else None,
             gemm_shapes=self.gemm_shapes or None,
+            gemm_reduction_per_micro_step=self._batch_row_reduction(micro),
             recompute_flops_per_sample=recompute_ps,
             adapter=adapter_of(self.model),
             memory_format=memory_format_of(self.model),

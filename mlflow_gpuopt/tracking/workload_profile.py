@@ -90,6 +90,10 @@ class WorkloadProfile:
     matmul_traffic_bytes_per_sample: float | None = None
     #: weight and gradient bytes the step's operators moved, per micro-step
     weight_traffic_bytes_per_micro_step: float | None = None
+    #: Σ over one micro-step's matrix products (forward and data gradient; a fused RNN's at
+    #: every time step) of their reduction length K: what the GEMMs' wave quantisation
+    #: costs (``compute.wave_tail_time_s``); None: not recorded
+    gemm_reduction_per_micro_step: float | None = None
     #: ``memory_traffic_bytes_per_sample`` as the step would move it under CUDA autocast
     #: (fp16/bf16; :mod:`.traffic`): counted for an fp32/TF32 step, the measured figure for
     #: a step that ran 16-bit
