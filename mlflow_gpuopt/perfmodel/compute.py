@@ -893,6 +893,19 @@ def optimizer_bytes_per_param(optimizer_state_bytes_per_param: float, precision:
     return per_param
 
 
+def optimizer_step_extras(workload: Workload) -> tuple[str, ...]:
+    """What the workload says its optimizer step does beyond Adam's passes, in words (for the
+    prediction's assumptions): LAMB's trust ratio, gradient clipping, master weights."""
+    parts = []
+    if is_trust_ratio_optimizer(workload.optimizer):
+        parts.append(f"LAMB's trust ratio +{TRUST_RATIO_EXTRA_BYTES_PER_PARAM:g}")
+    if workload.grad_clip:
+        parts.append(f"global-norm gradient clipping +{GRAD_CLIP_BYTES_PER_PARAM:g}")
+    if mixed_precision_mode(workload) == "master_weights":
+        parts.append(f"fp32 master weights at 16 bits +{MASTER_WEIGHT_BYTES_PER_PARAM:g}")
+    return tuple(parts)
+
+
 def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_param: float,
                            hardware: Hardware, precision: str,
                            workload: Workload | None = None) -> float:

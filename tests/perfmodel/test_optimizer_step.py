@@ -93,3 +93,21 @@ def test_workload_file_reads_the_keys():
         workload_from_dict({**base, "mixed_precision": "o5"})
     with pytest.raises(WorkloadFileError, match="grad_clip"):
         workload_from_dict({**base, "grad_clip": "yes"})
+
+
+def test_prediction_names_the_optimizer_steps_extra_passes():
+    from mlflow_gpuopt.perfmodel import fit
+
+    o2 = replace(ADAM, optimizer="LAMB", grad_clip=True, mixed_precision="master_weights")
+    config = ParallelConfig(gpus_per_node=1, strategy="single", micro_batch=2, precision="fp16")
+    said = [n for n in fit(o2, [], {}).predict(config, V100).assumptions
+            if n.startswith("optimizer step bytes")]
+    assert said == ["optimizer step bytes per parameter beyond Adam's: LAMB's trust ratio +20, "
+                    "global-norm gradient clipping +12, fp32 master weights at 16 bits +12"]
+    assert not [n for n in fit(ADAM, [], {}).predict(config, V100).assumptions
+                if n.startswith("optimizer step bytes")]
+    # the prior's step: the same micro-step (both keep master weights), LAMB's 20 and the
+    # clipping's 12 bytes a parameter more at the V100's 675 GB/s
+    slow = fit(o2, [], {}).predict(config, V100)
+    fast = fit(replace(o2, optimizer="Adam", grad_clip=None), [], {}).predict(config, V100)
+    assert slow.step_time_s - fast.step_time_s == pytest.approx(285e6 * 32 / 675e9, rel=1e-6)
