@@ -445,15 +445,26 @@ def _run_for(runs: dict, wl, t: Row) -> str | None:
     return runs.get((t.model, fmt)) or runs.get((t.model, None))
 
 
-def _profile_file(run_id: str) -> Path:
-    """The run's ``gpuopt/profile.json``, downloaded into the temporary folder: the workload
-    file of a prediction from GPU rows with the run's profile."""
+#: Workload keys that say how DeepLearningExamples trains a model on its GPUs and that a
+#: CPU run does not show (its replica in ``tracked_profiles`` runs torch's Adam in fp32, where
+#: DLE's Transformer-XL runs LAMB with gradient clipping under apex AMP O2): taken from the
+#: model's workload file, as a user states how the job runs beside the run's profile.
+RUN_KEYS = ("optimizer", "grad_clip", "mixed_precision")
+
+
+def _profile_file(run_id: str, card: Path | None = None) -> Path:
+    """The run's ``gpuopt/profile.json``, downloaded into the temporary folder, with the
+    ``RUN_KEYS`` the workload file ``card`` states over it: the workload file of a
+    prediction from GPU rows with the run's profile."""
     import mlflow
 
-    target = _tmp() / f"profile-{run_id}.json"
+    stated = ({k: v for k, v in json.loads(card.read_text()).items() if k in RUN_KEYS}
+              if card is not None else {})
+    suffix = f".{card.stem}" if stated else ""
+    target = _tmp() / f"profile-{run_id}{suffix}.json"
     if not target.exists():
         doc = mlflow.artifacts.load_dict(f"runs:/{run_id}/gpuopt/profile.json")
-        target.write_text(json.dumps(doc))
+        target.write_text(json.dumps({**doc, **stated}))
     return target
 
 
@@ -487,7 +498,8 @@ def task_tracked_prior(rows, wl, runs) -> list[Result]:
 def task_tracked_cross_gpu(rows, wl, runs) -> list[Result]:
     """Task 2 on the tracked path: one GPU type's 1-GPU row as the observation, the CPU run's
     ``profile.json`` as the workload file (``predict --workload profile.json --observations
-    CSV``), the other type's 1-GPU rows predicted."""
+    CSV``) with the model's workload file's ``RUN_KEYS`` over it, the other type's 1-GPU rows
+    predicted."""
     singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
     out = []
     for src in singles:
@@ -501,7 +513,8 @@ def task_tracked_cross_gpu(rows, wl, runs) -> list[Result]:
             obs = observations_args(
                 _tmp() / "tracked_observations.csv",
                 [observation_line(replace(src, throughput=src.throughput / units), 1)])
-            p = run_predict(["--workload", str(_profile_file(_run_for(runs, wl, t))), *obs,
+            p = run_predict(["--workload", str(_profile_file(_run_for(runs, wl, t),
+                                                             wl[t.model][0])), *obs,
                              *_target_args(t)])
             out.append(_tracked_result(t, units, p))
     return out

@@ -27,6 +27,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     normalize_attention_kernel,
     normalize_fp8_recipe,
     normalize_memory_format,
+    normalize_mixed_precision,
 )
 from mlflow_gpuopt.perfmodel.comm import normalize_tp_overlap
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
@@ -57,8 +58,9 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "amp_matmul_traffic_bytes_per_sample"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
-             "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing", "tp_overlap"}
-_BOOL_KEYS = {"tp_comm_overlap", "fp8_all_gather"}
+             "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing", "tp_overlap",
+             "mixed_precision"}
+_BOOL_KEYS = {"tp_comm_overlap", "fp8_all_gather", "grad_clip"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
 #: ``config`` by these names (:mod:`mlflow_gpuopt.tracking.architecture`).
@@ -236,7 +238,8 @@ def _word_normalisers() -> dict[str, Callable[[str], str]]:
             "strategy": _strategy, "fp8_recipe": normalize_fp8_recipe,
             "attention_kernel": normalize_attention_kernel, "cp_exchange": normalize_exchange,
             "memory_format": normalize_memory_format, "moe_dispatcher": normalize_dispatcher,
-            "moe_routing": normalize_routing, "tp_overlap": normalize_tp_overlap}
+            "moe_routing": normalize_routing, "tp_overlap": normalize_tp_overlap,
+            "mixed_precision": normalize_mixed_precision}
 
 
 def _check_words(kwargs: dict[str, Any], where: str) -> None:

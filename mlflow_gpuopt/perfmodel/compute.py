@@ -170,6 +170,34 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 _MEMORY_FORMAT_ALIASES = {"contiguous": "contiguous", "contiguous_format": "contiguous",
                           "nchw": "contiguous", "channels_first": "contiguous",
                           "channels_last": "channels_last", "nhwc": "channels_last"}
+#: How a 16-bit job keeps its weights (``Workload.mixed_precision``): ``autocast`` (fp32
+#: weights; CUDA autocast's op lists keep the float32 list's outputs fp32, the measured
+#: ``amp_traffic_bytes_per_sample``) or ``master_weights`` (the model cast to 16 bits, so
+#: every activation is 16-bit, half the fp32 bytes; fp32 master weights and gradients in the
+#: optimizer: apex AMP O2, which DeepLearningExamples' Transformer-XL runs by default, and
+#: Megatron's fp16 module).
+MIXED_PRECISION_MODES = ("autocast", "master_weights")
+_MIXED_PRECISION_ALIASES = {"autocast": "autocast", "amp": "autocast", "torch.amp": "autocast",
+                            "torch_amp": "autocast", "native": "autocast",
+                            "master_weights": "master_weights", "o2": "master_weights",
+                            "apex_o2": "master_weights", "apex": "master_weights",
+                            "fp16_module": "master_weights", "half_model": "master_weights"}
+#: DRAM bytes per parameter one optimizer step moves beyond Adam's read and write of the
+#: fp32 weight and its state and read of the gradient (``2·(4 + K) + 4``;
+#: docs/models.md#optimizer-step):
+#: - a trust-ratio optimizer (LAMB: apex ``FusedLAMB``, DeepLearningExamples' ``JITLamb``)
+#:   needs the norms of the whole weight and the whole update before it applies the update,
+#:   so the update is written (4), read for its norm (4) and read again to apply it (4), and
+#:   the weight is read twice more, for its norm and in the weight-decay term (8): 20;
+#: - clipping by the global gradient norm: the gradient read for the norm (4), read and
+#:   written to scale it (8): 12 (fp32 gradients: autocast's, or the master gradients);
+#: - mixed precision with ``master_weights``: the 16-bit gradient read (2) and unscaled into
+#:   the fp32 master gradient (4), the updated master weight read (4) and written back as the
+#:   model's 16-bit weight (2): 12; under ``autocast`` the 16-bit weight copy's write, 2.
+TRUST_RATIO_EXTRA_BYTES_PER_PARAM = 20.0
+GRAD_CLIP_BYTES_PER_PARAM = 12.0
+MASTER_WEIGHT_BYTES_PER_PARAM = 12.0
+AUTOCAST_WEIGHT_COPY_BYTES_PER_PARAM = 2.0
 #: DRAM bytes the layout transposes move per byte of stored activations, for convolutions
 #: that run on tensor cores with NCHW tensors (docs/models.md#convolutions-and-memory-format).
 #: cuDNN's tensor-core convolutions work in NHWC and transpose NCHW operands around each call
@@ -276,7 +304,8 @@ def amp_traffic(workload: Workload, precision: str) -> tuple[float, float | None
     p = normalize_precision(precision)
     amp = workload.amp_traffic_bytes_per_sample
     if (not amp or amp <= 0 or not is_mixed(p)
-            or is_mixed(normalize_precision(workload.precision))):
+            or is_mixed(normalize_precision(workload.precision))
+            or mixed_precision_mode(workload) == "master_weights"):
         return None
     scale = ACTIVATION_BYTES[p] / 2.0
     matmul = workload.amp_matmul_traffic_bytes_per_sample
@@ -430,6 +459,27 @@ def normalize_memory_format(name: str | None) -> str | None:
         raise ValueError(f"unknown memory_format {name!r}; expected contiguous (NCHW) or "
                          "channels_last (NHWC)")
     return _MEMORY_FORMAT_ALIASES[key]
+
+
+def normalize_mixed_precision(name: str | None) -> str | None:
+    """``autocast`` or ``master_weights`` (``MIXED_PRECISION_MODES``) from the usual
+    spellings (``amp``, ``torch.amp``; ``apex_o2``, ``o2``, ``fp16_module``); None stays None
+    (autocast)."""
+    if name is None or not str(name).strip():
+        return None
+    key = str(name).strip().lower().replace("-", "_").replace(" ", "_")
+    if key not in _MIXED_PRECISION_ALIASES:
+        raise ValueError(f"unknown mixed_precision {name!r}; expected autocast (torch.amp) or "
+                         "master_weights (the model in 16 bits with fp32 master weights: "
+                         "apex O2)")
+    return _MIXED_PRECISION_ALIASES[key]
+
+
+def mixed_precision_mode(workload: Workload | None) -> str:
+    """How ``workload`` runs a 16-bit precision: ``autocast`` unless it says
+    ``master_weights``."""
+    mode = workload.mixed_precision if workload is not None else None
+    return normalize_mixed_precision(mode) or "autocast"
 
 
 @functools.lru_cache(maxsize=256)  # pure; asked several times for every plan of a search
@@ -899,12 +949,52 @@ def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str
             + wave_tail_time_s(workload, hardware, precision))
 
 
+def is_trust_ratio_optimizer(name: str | None) -> bool:
+    """True for a LAMB optimizer by its class name (``LAMB``, ``Lamb``, ``FusedLAMB``,
+    ``JITLamb``, ``DistributedFusedLAMB``)."""
+    return bool(name) and "lamb" in str(name).strip().lower()
+
+
+def optimizer_bytes_per_param(optimizer_state_bytes_per_param: float, precision: str,
+                              workload: Workload | None = None) -> float:
+    """DRAM bytes per updated parameter of one optimizer step: read and write the fp32
+    weight and its ``optimizer_state_bytes_per_param`` of state, read the gradient, plus
+    what the workload's optimizer, clipping and mixed precision add
+    (``TRUST_RATIO_EXTRA_BYTES_PER_PARAM``, ``GRAD_CLIP_BYTES_PER_PARAM``,
+    ``MASTER_WEIGHT_BYTES_PER_PARAM`` or ``AUTOCAST_WEIGHT_COPY_BYTES_PER_PARAM``). Adam
+    in fp32: 28; LAMB with clipping in fp16 with master weights (DeepLearningExamples'
+    Transformer-XL): 72."""
+    per_param = 2 * (4 + optimizer_state_bytes_per_param) + 4
+    if workload is not None and is_trust_ratio_optimizer(workload.optimizer):
+        per_param += TRUST_RATIO_EXTRA_BYTES_PER_PARAM
+    if workload is not None and workload.grad_clip:
+        per_param += GRAD_CLIP_BYTES_PER_PARAM
+    if is_mixed(precision):
+        per_param += (MASTER_WEIGHT_BYTES_PER_PARAM
+                      if mixed_precision_mode(workload) == "master_weights"
+                      else AUTOCAST_WEIGHT_COPY_BYTES_PER_PARAM)
+    return per_param
+
+
+def optimizer_step_extras(workload: Workload) -> tuple[str, ...]:
+    """What the workload says its optimizer step does beyond Adam's passes, in words (for the
+    prediction's assumptions): LAMB's trust ratio, gradient clipping, master weights."""
+    parts = []
+    if is_trust_ratio_optimizer(workload.optimizer):
+        parts.append(f"LAMB's trust ratio +{TRUST_RATIO_EXTRA_BYTES_PER_PARAM:g}")
+    if workload.grad_clip:
+        parts.append(f"global-norm gradient clipping +{GRAD_CLIP_BYTES_PER_PARAM:g}")
+    if mixed_precision_mode(workload) == "master_weights":
+        parts.append(f"fp32 master weights at 16 bits +{MASTER_WEIGHT_BYTES_PER_PARAM:g}")
+    return tuple(parts)
+
+
 def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_param: float,
-                           hardware: Hardware, precision: str) -> float:
+                           hardware: Hardware, precision: str,
+                           workload: Workload | None = None) -> float:
     """Seconds for one optimizer step over ``params_updated`` parameters (memory-bound):
-    read+write the fp32 weights and the optimizer state, read the gradient, and write the
-    16-bit copy in mixed precision."""
-    per_param = 2 * (4 + optimizer_state_bytes_per_param) + 4 + (2 if is_mixed(precision) else 0)
+    :func:`optimizer_bytes_per_param` each at the memory bandwidth."""
+    per_param = optimizer_bytes_per_param(optimizer_state_bytes_per_param, precision, workload)
     return params_updated * per_param / (hardware.memory_bandwidth_bytes_per_s
                                          * memory_efficiency(hardware))
 

@@ -17,6 +17,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     kernel_count,
     matmul_efficiency,
     operator_class_times_s,
+    optimizer_step_extras,
     traffic_source,
     transformer_mfu_group,
 )
@@ -98,6 +99,10 @@ class Predictor:
         notes = []
         if opt_assumed:
             notes.append("optimizer unknown: Adam's 8 bytes/param of state assumed")
+        extras = optimizer_step_extras(workload)
+        if extras:
+            notes.append("optimizer step bytes per parameter beyond Adam's: "
+                         + ", ".join(extras))
         prior = "FLOPs / peak at a prior efficiency" + (
             " plus the counted kernels' dispatch" if workload.kernels_per_micro_step else "")
         self._defaults = workload_defaults(workload, self._shape, opt_assumed)

@@ -222,7 +222,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
                                                             "fsdp") else params_shard
     k_opt = k if calib.optimizer_scale is None else calib.optimizer_scale
     t_opt = k_opt * optimizer_time_prior_s(opt_params, optimizer_state_bytes, hardware,
-                                           precision)
+                                           precision, workload)
 
     act_bytes = COMM_ELEMENT_BYTES[precision]
     kappa = calib.comm_scale

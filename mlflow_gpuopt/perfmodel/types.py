@@ -25,6 +25,15 @@ class Workload:
     grad_accum: int = 1
     optimizer: str | None = None
     optimizer_state_bytes_per_param: float | None = None  # e.g. 8 for Adam's m and v in fp32
+    #: Whether each optimizer step first clips the gradients by their global norm
+    #: (``torch.nn.utils.clip_grad_norm_``): a read of every gradient for the norm and a read
+    #: and write to scale it (``compute.GRAD_CLIP_BYTES_PER_PARAM``); None / False: no.
+    grad_clip: bool | None = None
+    #: How a 16-bit job keeps its weights: "autocast" (fp32 weights, CUDA autocast's op lists
+    #: pick each operator's type: ``torch.amp``) or "master_weights" (the model itself cast to
+    #: 16 bits, every activation 16-bit, fp32 master weights in the optimizer: apex AMP O2,
+    #: Megatron's fp16 module); None: autocast. See ``compute.mixed_precision_mode``.
+    mixed_precision: str | None = None
     activation_bytes_per_sample: float | None = None
     tokens_per_sample: float | None = None  # sequence length for language models
     trainable_params: int | None = None
