@@ -170,12 +170,13 @@ def cli_args(row: MoeRow) -> list[str]:
 
 def observation_line(row: MoeRow) -> list:
     """The measured run as a row of the observations CSV, its interleaved schedule as
-    ``vpN`` in the layout (the CSV has no column for it)."""
+    ``vpN`` in the layout (the CSV has no column for it), its own dispatcher and routing in
+    theirs (the target's ``--moe-dispatcher`` describes the planned run only)."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
     strategy = (with_degree(row.strategy, "vp", row.vp) if row.vp > 1 and row.pp > 1
                 else row.strategy)
     return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, strategy,
-            row.precision, row.accum, row.recompute or "", ""]
+            row.precision, row.accum, row.recompute or "", "", row.dispatcher, row.gate]
 
 
 def predict(target: MoeRow, refs: list[MoeRow], tmp: Path) -> tuple[float, float, float,

@@ -38,7 +38,8 @@ from mlflow_gpuopt.validation import BOUNDS, OutOfRangeError, check, short_repr
 
 REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
 OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
-                       "strategy", "precision", "grad_accum", "recompute", "power_limit_w")
+                       "strategy", "precision", "grad_accum", "recompute", "power_limit_w",
+                       "moe_dispatcher", "moe_routing")
 #: A board power limit above this is a typo (the largest boards, B200 / MI325X, are 1,000 W).
 MAX_POWER_LIMIT_W = 2000.0
 REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
@@ -406,7 +407,8 @@ def parse_observations_csv(text: str, where: str = "observations",
 
     ``strategy`` takes every layout ``--strategy`` does (``fsdp``, ``tp2xfsdp``,
     ``tp8xpp12xddp``, ``pp4xvp2``...); ``recompute`` is none, selective or full (empty: the
-    workload's own).
+    workload's own); ``moe_dispatcher`` and ``moe_routing`` the run's own MoE token
+    dispatcher and routing (empty: the workload's).
 
     ``resolve_gpu`` maps NVML/short names to canonical ones (``cpu`` is kept as ``cpu``); a
     ``ValueError`` it raises is reported with the row.
@@ -474,13 +476,20 @@ def _parse_observations(text: str, where: str,
                 precision = normalize_precision(row["precision"])
             except PerfModelError as exc:
                 raise WorkloadFileError(f"{at}: {exc}") from None
+        try:
+            dispatcher = (normalize_dispatcher(row["moe_dispatcher"])
+                          if row.get("moe_dispatcher") else None)
+            routing = normalize_routing(row["moe_routing"]) if row.get("moe_routing") else None
+        except ValueError as exc:
+            raise WorkloadFileError(f"{at}: {exc}") from None
         out.append(Observation(
             gpu=gpu, gpu_count=count, throughput_samples_per_s=thr, nodes=nodes,
             micro_batch=_number(row["micro_batch"], "micro_batch", at, int)
             if row.get("micro_batch") else None,
             strategy=strategy, precision=precision, recompute=recompute,
             grad_accum=max(1, _number(row["grad_accum"], "grad_accum", at, int))
-            if row.get("grad_accum") else 1, power_limit_w=power))
+            if row.get("grad_accum") else 1, power_limit_w=power,
+            moe_dispatcher=dispatcher, moe_routing=routing))
     if not out:
         raise WorkloadFileError(f"{where}: no observations (only a header?)")
     return out
@@ -515,5 +524,6 @@ def observations_to_csv(observations: list[Observation]) -> str:
         writer.writerow([o.gpu, o.gpu_count, o.nodes, o.micro_batch or "",
                          repr(float(o.throughput_samples_per_s)), o.strategy, o.precision or "",
                          o.grad_accum, o.recompute or "",
-                         "" if o.power_limit_w is None else repr(float(o.power_limit_w))])
+                         "" if o.power_limit_w is None else repr(float(o.power_limit_w)),
+                         o.moe_dispatcher or "", o.moe_routing or ""])
     return out.getvalue()

@@ -189,6 +189,11 @@ class Observation:
     recompute: str | None = None  # None: the workload's own
     #: The measured run's board power limit, W (``nvidia-smi -q -d POWER``); None: the TDP.
     power_limit_w: float | None = None
+    #: The measured run's token dispatcher and routing (``Workload.moe_dispatcher`` /
+    #: ``moe_routing`` words), which the fit reads it with whatever the planned run uses;
+    #: None: the workload's own.
+    moe_dispatcher: str | None = None
+    moe_routing: str | None = None
 
 
 @dataclass(frozen=True)
