@@ -48,6 +48,7 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "largest_layer_params", "hidden_size", "num_heads", "num_kv_heads", "vocab_size",
              "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
              "expert_ffn_hidden_size", "moe_layer_freq", "first_dense_layers",
+             "num_expert_groups", "expert_groups_per_token",
              "qkv_width", "pp_microbatches"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
@@ -70,6 +71,9 @@ _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_s
                 "num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
                 "moe_intermediate_size": "expert_ffn_hidden_size",
                 "first_k_dense_replace": "first_dense_layers",
+                "n_group": "num_expert_groups", "topk_group": "expert_groups_per_token",
+                "moe_router_num_groups": "num_expert_groups",
+                "moe_router_group_topk": "expert_groups_per_token",
                 "moe_token_dispatcher_type": "moe_dispatcher",
                 "expert_parallel_comm_backend": "moe_dispatcher",
                 **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
@@ -330,6 +334,18 @@ def _check_moe(kwargs: dict[str, Any], where: str) -> None:
         if k > experts:
             raise WorkloadFileError(f"{where}: 'experts_per_token' ({k}) must be at most "
                                     f"'num_experts' ({experts})")
+    groups, per_token = kwargs.get("num_expert_groups"), kwargs.get("expert_groups_per_token")
+    if groups is not None and groups > 1:
+        if experts and experts % groups:
+            raise WorkloadFileError(f"{where}: 'num_expert_groups' ({groups}) must divide "
+                                    f"'num_experts' ({experts})")
+        if per_token is not None and not 1 <= per_token <= groups:
+            raise WorkloadFileError(f"{where}: 'expert_groups_per_token' ({per_token}) must be "
+                                    f"1 to 'num_expert_groups' ({groups})")
+        if per_token and k and experts and k > per_token * (experts // groups):
+            raise WorkloadFileError(
+                f"{where}: 'experts_per_token' ({k}) does not fit in "
+                f"'expert_groups_per_token' ({per_token}) groups of {experts // groups}")
     if kwargs.get("capacity_factor") == 0:
         raise WorkloadFileError(f"{where}: 'capacity_factor' must be above 0 (1.0: each "
                                 "expert takes its even share of tokens)")

@@ -105,6 +105,12 @@ class Workload:
     #: active ones (``experts_per_token`` of them, the shared experts and the router).
     num_experts: int | None = None
     experts_per_token: int | None = None  # top-k: routed experts each token visits
+    #: Group-limited (node-limited) routing, DeepSeek's ``n_group`` / ``topk_group``: the
+    #: experts form ``num_expert_groups`` equal blocks of consecutive experts and a token's
+    #: ``experts_per_token`` are taken inside the ``expert_groups_per_token`` groups that score
+    #: highest (docs/models.md#mixture-of-experts); None or 1: no limit
+    num_expert_groups: int | None = None
+    expert_groups_per_token: int | None = None
     num_shared_experts: int | None = None  # experts every token visits (Qwen-MoE, DeepSeek)
     expert_ffn_hidden_size: int | None = None  # one expert's MLP inner width
     #: every n-th decoder layer is a MoE layer (1: all; 2: every other); None: 1
