@@ -165,3 +165,4 @@ def test_llm_moe_observations_carry_the_measured_schedule(benches):
                                                                  row.ep), (row, obs.strategy)
         # the run's own dispatcher and routing, not the target's
         assert (obs.moe_dispatcher, obs.moe_routing) == (row.dispatcher, row.gate)
+        assert obs.expert_tensor_parallel == row.expert_tp

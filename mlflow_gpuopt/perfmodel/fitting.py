@@ -133,10 +133,14 @@ def is_cpu(name: str) -> bool:
 
 
 def run_workload(workload: Workload, obs: Observation) -> Workload:
-    """``workload`` with the measured run's own MoE token dispatcher and routing where
-    ``obs`` gives them: a run measured with DeepEP is read with DeepEP's traffic whatever
-    dispatcher the planned run uses (docs/models.md#mixture-of-experts)."""
-    changes = {}
+    """``workload`` with the measured run's own MoE token dispatcher, routing and experts'
+    tensor-parallel degree where ``obs`` gives them: a run measured with DeepEP is read with
+    DeepEP's traffic whatever dispatcher the planned run uses
+    (docs/models.md#mixture-of-experts)."""
+    changes: dict = {}
+    if obs.expert_tensor_parallel and obs.expert_tensor_parallel != (
+            workload.expert_tensor_parallel):
+        changes["expert_tensor_parallel"] = int(obs.expert_tensor_parallel)
     if obs.moe_dispatcher and (moe.normalize_dispatcher(obs.moe_dispatcher)
                                != moe.normalize_dispatcher(workload.moe_dispatcher)):
         changes["moe_dispatcher"] = moe.normalize_dispatcher(obs.moe_dispatcher)
@@ -208,7 +212,7 @@ def _config_groups(prepared: Sequence[PreparedObservation]
         run = o.workload
         cfg = (o.key, id(o.hardware), repr(o.layout), o.micro_batch, o.grad_accum, o.nodes,
                o.recompute, run.moe_dispatcher if run else None,
-               run.moe_routing if run else None)
+               run.moe_routing if run else None, run.expert_tensor_parallel if run else None)
         g = groups.setdefault(cfg, len(groups))
         if g == len(reps):
             reps.append(o)

@@ -241,6 +241,26 @@ def routing_groups(workload: Workload) -> tuple[int, int]:
     return groups, per_token
 
 
+def expert_tp(workload: Workload, layout: Layout) -> int:
+    """The routed experts' tensor-parallel degree: ``Workload.expert_tensor_parallel`` where
+    it divides ``tp`` (else their greatest common divisor), else ``tp`` (Megatron-core's
+    default ``expert_tensor_parallel_size``)."""
+    etp = workload.expert_tensor_parallel
+    if not etp or etp < 1:
+        return layout.tp
+    return math.gcd(int(etp), layout.tp)
+
+
+def ep_ranks_per_node(workload: Workload, layout: Layout) -> int:
+    """Expert-parallel ranks of one group in a node: Megatron-core builds the expert groups
+    with a rank generator of their own (``initialize_model_parallel``: ``tp`` =
+    ``expert_tensor_parallel_size``, then ``ep``, expert data parallel and ``pp``, order
+    ``tp-cp-ep-dp-pp``), so ``min(ep, gpus per node / etp)`` of them share a node; with
+    ``etp`` = ``tp`` the layout's ``ep_ranks_per_node``."""
+    etp = expert_tp(workload, layout)
+    return max(1, min(layout.ep, layout.ep_ranks_per_node * layout.tp // etp))
+
+
 def is_moe(workload: Workload) -> bool:
     """True when the workload routes tokens over two or more experts."""
     return (workload.num_experts or 0) > 1
@@ -315,7 +335,8 @@ def alltoall_s(workload: Workload, layout: Layout, hardware: Hardware, micro_bat
             nbytes = (alltoall_bytes_per_layer(workload, tokens, act_bytes)
                       * (layout.ep - 1) / layout.ep)
         # bytes leaving the GPU: comm.alltoall_s takes what a rank sends to all its peers
-        per_call = comm.alltoall_s(nbytes, layout.ep, layout.ep_ranks_per_node, hardware)
+        per_call = comm.alltoall_s(nbytes, layout.ep, ep_ranks_per_node(workload, layout),
+                                   hardware)
     return ALLTOALLS_PER_LAYER * layers * per_call
 
 
@@ -332,7 +353,7 @@ def flex_dispatch_s(workload: Workload, layout: Layout, hardware: Hardware, toke
     routing = normalize_routing(workload.moe_routing)
     row = tokens * float(workload.hidden_size or 0) * act_bytes * (workload.capacity_factor
                                                                    or 1.0)
-    ep, local = layout.ep, max(1, min(layout.ep, layout.ep_ranks_per_node))
+    ep, local = layout.ep, ep_ranks_per_node(workload, layout)
     groups = routing_groups(workload)
     ranks = distinct_groups(experts, k, ep, routing, *groups)
     intra = (row * ranks * (ep - 1) / ep
@@ -494,10 +515,12 @@ def layer_time_s(workload: Workload, layout: Layout, hardware: Hardware, precisi
 
 def params_per_shard(workload: Workload, layout: Layout) -> float:
     """Parameters one tensor/pipeline/expert shard holds before data-parallel sharding: the
-    dense ones over ``tp × pp``, the routed experts over ``tp × pp × ep``."""
+    dense ones over ``tp × pp``, the routed experts over ``etp × pp × ep``
+    (:func:`expert_tp`)."""
     experts = routed_expert_params(workload) if layout.ep > 1 else 0.0
     shards = layout.tp * layout.pp
-    return (workload.params - experts) / shards + experts / (shards * layout.ep)
+    return ((workload.params - experts) / shards
+            + experts / (expert_tp(workload, layout) * layout.pp * layout.ep))
 
 
 def largest_unit_params(workload: Workload, layout: Layout, largest: float) -> float:
@@ -530,7 +553,10 @@ def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[s
                    + ("all-to-alls" if how == "alltoall" else "dispatches and combines")
                    + " per MoE layer per micro-step, "
                    f"{alltoall_step_s * 1e3:.3g} ms per step, not overlapped, "
-                   + ("across nodes" if layout.ep_spans_nodes else "inside a node")
+                   + ("across nodes" if ep_ranks_per_node(workload, layout) < layout.ep
+                      else "inside a node")
+                   + (f", experts tensor parallel {expert_tp(workload, layout)}"
+                      if expert_tp(workload, layout) != layout.tp else "")
                    + (f", capacity factor {cf:g}" if cf else
                       ", dropless at an even load (no capacity factor given)"))
     return tuple(out)

@@ -111,6 +111,10 @@ class Workload:
     #: highest (docs/models.md#mixture-of-experts); None or 1: no limit
     num_expert_groups: int | None = None
     expert_groups_per_token: int | None = None
+    #: Tensor-parallel degree of the routed experts (Megatron's
+    #: ``expert_tensor_parallel_size``), dividing ``tp``: the experts split ``etp`` ways, their
+    #: expert-parallel ranks placed ``gpus per node / etp`` to a node; None: ``tp``
+    expert_tensor_parallel: int | None = None
     num_shared_experts: int | None = None  # experts every token visits (Qwen-MoE, DeepSeek)
     expert_ffn_hidden_size: int | None = None  # one expert's MLP inner width
     #: every n-th decoder layer is a MoE layer (1: all; 2: every other); None: 1
@@ -200,6 +204,9 @@ class Observation:
     #: None: the workload's own.
     moe_dispatcher: str | None = None
     moe_routing: str | None = None
+    #: The measured run's experts' tensor-parallel degree (``Workload.expert_tensor_parallel``);
+    #: None: the workload's own.
+    expert_tensor_parallel: int | None = None
 
 
 @dataclass(frozen=True)
