@@ -109,6 +109,15 @@ class MoeRow:
         return "random"
 
     @property
+    def expert_tp(self) -> int | None:
+        """The experts' tensor-parallel degree (``--expert-tensor-parallel``): 1 for
+        Megatron-Bridge's performance configs (``expert_tensor_parallel_size=1`` in
+        ``scripts/performance/configs/deepseek/workload_base_configs.py``'s
+        ``BASE_DEEPSEEK_V3_CONFIG`` and in the Qwen3 MoE presets, @ 0fa501ac), else None
+        (tp: the other sources' rows have tp 1)."""
+        return 1 if self.source == "megatron_bridge_archive" else None
+
+    @property
     def strategy(self) -> str:
         parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep))
                  if v > 1]
@@ -162,6 +171,8 @@ def cli_args(row: MoeRow) -> list[str]:
         args += ["--virtual-stages", str(row.vp)]
     if row.recompute:
         args += ["--recompute", row.recompute]
+    if row.expert_tp and row.tp > 1:
+        args += ["--expert-tensor-parallel", str(row.expert_tp)]
     if row.pp > 1 and row.local_batch:
         # each gradient-accumulation step runs the schedule over the local batch
         args += ["--pp-microbatches", str(row.local_batch // row.micro_batch)]
@@ -170,12 +181,14 @@ def cli_args(row: MoeRow) -> list[str]:
 
 def observation_line(row: MoeRow) -> list:
     """The measured run as a row of the observations CSV, its interleaved schedule as
-    ``vpN`` in the layout (the CSV has no column for it)."""
+    ``vpN`` in the layout (the CSV has no column for it), its own dispatcher, routing and
+    experts' tensor parallel in theirs (the target's flags describe the planned run only)."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
     strategy = (with_degree(row.strategy, "vp", row.vp) if row.vp > 1 and row.pp > 1
                 else row.strategy)
     return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, strategy,
-            row.precision, row.accum, row.recompute or "", ""]
+            row.precision, row.accum, row.recompute or "", "", row.dispatcher, row.gate,
+            row.expert_tp or ""]
 
 
 def predict(target: MoeRow, refs: list[MoeRow], tmp: Path) -> tuple[float, float, float,

@@ -99,6 +99,10 @@ class DecoderShape:
     moe_layer_freq: int = 1
     #: dense decoder layers before the first MoE one (DeepSeek's ``first_k_dense_replace``)
     first_dense_layers: int = 0
+    #: group-limited routing (DeepSeek's ``n_group`` / ``topk_group``; 0: none): a token's
+    #: experts inside ``expert_groups_per_token`` of ``expert_groups`` blocks of experts
+    expert_groups: int = 0
+    expert_groups_per_token: int = 0
     #: Multi-head latent attention (DeepSeek-V2/V3; 0: none): keys and values from a
     #: ``kv_lora_rank`` latent (plus a shared ``qk_rope_head_dim`` rotary key), queries from a
     #: ``q_lora_rank`` latent (0: projected directly); ``head_dim`` is a query/key head's
@@ -475,6 +479,11 @@ def _mla_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: 
     n_shared = doc.get("n_shared_experts")
     n_shared = 0 if n_shared in (None, 0) else _count(doc, ("n_shared_experts",), where,
                                                        high=experts)
+    groups = _count(doc, ("n_group",), where, default=1, high=experts)
+    per_token = _count(doc, ("topk_group",), where, default=groups, high=groups)
+    if groups > 1 and (experts % groups or k > per_token * (experts // groups)):
+        raise HfConfigError(f"{where}: 'n_group' {groups} and 'topk_group' {per_token} do not "
+                            f"split {experts} experts with {k} per token")
     return DecoderShape(
         family=family, num_layers=layers, hidden_size=h, num_heads=heads, num_kv_heads=heads,
         head_dim=nope + rope, ffn_hidden_size=_count(doc, ("intermediate_size",), where),
@@ -485,7 +494,9 @@ def _mla_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: 
         dropout=_probability(doc, ("attention_dropout",), 0.0, where),
         num_experts=experts, experts_per_token=k, expert_ffn_hidden_size=width,
         shared_ffn_hidden_size=n_shared * width, first_dense_layers=first,
-        kv_lora_rank=kv_rank, q_lora_rank=q_rank, qk_rope_head_dim=rope, v_head_dim=v_dim)
+        kv_lora_rank=kv_rank, q_lora_rank=q_rank, qk_rope_head_dim=rope, v_head_dim=v_dim,
+        **({"expert_groups": groups, "expert_groups_per_token": per_token}
+           if 1 <= per_token < groups else {}))
 
 
 def _falcon_shape(doc: Mapping[str, Any], h: int, layers: int, heads: int, vocab: int,
@@ -585,6 +596,9 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
             "moe_layer_freq": shape.moe_layer_freq,
             **({"first_dense_layers": shape.first_dense_layers}
                if shape.first_dense_layers else {}),
+            **({"num_expert_groups": shape.expert_groups,
+                "expert_groups_per_token": shape.expert_groups_per_token}
+               if shape.expert_groups else {}),
             # the activation formula's MLP width: what one token's MLP holds, per layer
             "ffn_hidden_size": round((dense * shape.ffn_hidden_size
                                       + shape.moe_layers * active_width) / shape.num_layers),
@@ -603,6 +617,8 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
             f"token to {shape.experts_per_token} of {shape.num_experts} experts"
             + (f" and a shared expert ({shape.shared_ffn_hidden_size} wide)"
                if shape.shared_ffn_hidden_size else "")
+            + (f", inside {shape.expert_groups_per_token} of {shape.expert_groups} expert "
+               "groups (n_group, topk_group)" if shape.expert_groups else "")
             + f"; FLOPs from the {shape.active_params / 1e9:.3g} B active parameters "
             f"(router included), memory from all {params / 1e9:.3g} B")
     if shape.kv_lora_rank:

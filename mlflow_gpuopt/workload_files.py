@@ -39,7 +39,8 @@ from mlflow_gpuopt.validation import BOUNDS, OutOfRangeError, check, short_repr
 
 REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
 OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
-                       "strategy", "precision", "grad_accum", "recompute", "power_limit_w")
+                       "strategy", "precision", "grad_accum", "recompute", "power_limit_w",
+                       "moe_dispatcher", "moe_routing", "expert_tensor_parallel")
 #: A board power limit above this is a typo (the largest boards, B200 / MI325X, are 1,000 W).
 MAX_POWER_LIMIT_W = 2000.0
 REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
@@ -48,6 +49,7 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "largest_layer_params", "hidden_size", "num_heads", "num_kv_heads", "vocab_size",
              "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
              "expert_ffn_hidden_size", "moe_layer_freq", "first_dense_layers",
+             "num_expert_groups", "expert_groups_per_token", "expert_tensor_parallel",
              "qkv_width", "pp_microbatches"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
@@ -72,6 +74,10 @@ _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_s
                 "num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
                 "moe_intermediate_size": "expert_ffn_hidden_size",
                 "first_k_dense_replace": "first_dense_layers",
+                "n_group": "num_expert_groups", "topk_group": "expert_groups_per_token",
+                "moe_router_num_groups": "num_expert_groups",
+                "expert_tensor_parallel_size": "expert_tensor_parallel",
+                "moe_router_group_topk": "expert_groups_per_token",
                 "moe_token_dispatcher_type": "moe_dispatcher",
                 "expert_parallel_comm_backend": "moe_dispatcher",
                 **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
@@ -333,6 +339,21 @@ def _check_moe(kwargs: dict[str, Any], where: str) -> None:
         if k > experts:
             raise WorkloadFileError(f"{where}: 'experts_per_token' ({k}) must be at most "
                                     f"'num_experts' ({experts})")
+    groups, per_token = kwargs.get("num_expert_groups"), kwargs.get("expert_groups_per_token")
+    if groups is not None and groups > 1:
+        if experts and experts % groups:
+            raise WorkloadFileError(f"{where}: 'num_expert_groups' ({groups}) must divide "
+                                    f"'num_experts' ({experts})")
+        if per_token is not None and not 1 <= per_token <= groups:
+            raise WorkloadFileError(f"{where}: 'expert_groups_per_token' ({per_token}) must be "
+                                    f"1 to 'num_expert_groups' ({groups})")
+        if per_token and k and experts and k > per_token * (experts // groups):
+            raise WorkloadFileError(
+                f"{where}: 'experts_per_token' ({k}) does not fit in "
+                f"'expert_groups_per_token' ({per_token}) groups of {experts // groups}")
+    etp = kwargs.get("expert_tensor_parallel")
+    if etp is not None and etp < 1:
+        raise WorkloadFileError(f"{where}: 'expert_tensor_parallel' must be >= 1, got {etp!r}")
     if kwargs.get("capacity_factor") == 0:
         raise WorkloadFileError(f"{where}: 'capacity_factor' must be above 0 (1.0: each "
                                 "expert takes its even share of tokens)")
@@ -410,7 +431,9 @@ def parse_observations_csv(text: str, where: str = "observations",
 
     ``strategy`` takes every layout ``--strategy`` does (``fsdp``, ``tp2xfsdp``,
     ``tp8xpp12xddp``, ``pp4xvp2``...); ``recompute`` is none, selective or full (empty: the
-    workload's own).
+    workload's own); ``moe_dispatcher`` and ``moe_routing`` the run's own MoE token
+    dispatcher and routing, ``expert_tensor_parallel`` its experts' tensor-parallel degree
+    (empty: the workload's).
 
     ``resolve_gpu`` maps NVML/short names to canonical ones (``cpu`` is kept as ``cpu``); a
     ``ValueError`` it raises is reported with the row.
@@ -478,13 +501,25 @@ def _parse_observations(text: str, where: str,
                 precision = normalize_precision(row["precision"])
             except PerfModelError as exc:
                 raise WorkloadFileError(f"{at}: {exc}") from None
+        try:
+            dispatcher = (normalize_dispatcher(row["moe_dispatcher"])
+                          if row.get("moe_dispatcher") else None)
+            routing = normalize_routing(row["moe_routing"]) if row.get("moe_routing") else None
+        except ValueError as exc:
+            raise WorkloadFileError(f"{at}: {exc}") from None
+        etp = None
+        if row.get("expert_tensor_parallel"):
+            etp = _number(row["expert_tensor_parallel"], "expert_tensor_parallel", at, int)
+            if etp < 1:
+                raise WorkloadFileError(f"{at}: expert_tensor_parallel must be >= 1")
         out.append(Observation(
             gpu=gpu, gpu_count=count, throughput_samples_per_s=thr, nodes=nodes,
             micro_batch=_number(row["micro_batch"], "micro_batch", at, int)
             if row.get("micro_batch") else None,
             strategy=strategy, precision=precision, recompute=recompute,
             grad_accum=max(1, _number(row["grad_accum"], "grad_accum", at, int))
-            if row.get("grad_accum") else 1, power_limit_w=power))
+            if row.get("grad_accum") else 1, power_limit_w=power,
+            moe_dispatcher=dispatcher, moe_routing=routing, expert_tensor_parallel=etp))
     if not out:
         raise WorkloadFileError(f"{where}: no observations (only a header?)")
     return out
@@ -519,5 +554,7 @@ def observations_to_csv(observations: list[Observation]) -> str:
         writer.writerow([o.gpu, o.gpu_count, o.nodes, o.micro_batch or "",
                          repr(float(o.throughput_samples_per_s)), o.strategy, o.precision or "",
                          o.grad_accum, o.recompute or "",
-                         "" if o.power_limit_w is None else repr(float(o.power_limit_w))])
+                         "" if o.power_limit_w is None else repr(float(o.power_limit_w)),
+                         o.moe_dispatcher or "", o.moe_routing or "",
+                         o.expert_tensor_parallel or ""])
     return out.getvalue()

@@ -151,6 +151,7 @@ def test_llm_moe_observations_carry_the_measured_schedule(benches):
     llm_moe = importlib.import_module("llm_moe")
     rows = [r for r in llm_moe.load_moe_rows() if r.pp > 1 and r.skip_reason() is None]
     assert any(r.vp > 1 for r in rows)
+    assert {r.dispatcher for r in rows} == {"alltoall", "flex"}
     for row in rows:
         text = io.StringIO()
         writer = csv.writer(text)
@@ -162,3 +163,6 @@ def test_llm_moe_observations_carry_the_measured_schedule(benches):
             strategy=obs.strategy, micro_batch=row.micro_batch))
         assert (layout.tp, layout.pp, layout.vp, layout.ep) == (row.tp, row.pp, row.vp,
                                                                  row.ep), (row, obs.strategy)
+        # the run's own dispatcher and routing, not the target's
+        assert (obs.moe_dispatcher, obs.moe_routing) == (row.dispatcher, row.gate)
+        assert obs.expert_tensor_parallel == row.expert_tp

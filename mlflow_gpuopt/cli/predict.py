@@ -86,6 +86,10 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
 @click.option("--moe-routing", default=None, metavar="NAME",
               help="Mixture of experts: random (default) or round_robin (forced-balance "
                    "benchmark gates); overrides the workload's moe_routing.")
+@click.option("--expert-tensor-parallel", type=click.IntRange(min=1, max=64), default=None,
+              metavar="N",
+              help="Mixture of experts: the routed experts' tensor-parallel degree "
+                   "(Megatron's expert_tensor_parallel_size), dividing tp; default: tp.")
 @click.option("--attention-kernel", default=None, metavar="NAME",
               help="The fused attention kernel the job runs: fa2 (PyTorch SDPA's flash "
                    "backend, the default) or fa3 (te, cudnn: Transformer Engine); overrides "
@@ -101,7 +105,8 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, nodes, strategy,
             micro_batch, grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
-            pp_microbatches, moe_dispatcher, moe_routing, attention_kernel, instance_type,
+            pp_microbatches, moe_dispatcher, moe_routing, expert_tensor_parallel,
+            attention_kernel, instance_type,
             inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens, steps,
             as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
@@ -124,8 +129,8 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         precision=precision, recompute=recompute,
         activation_checkpointing=activation_checkpointing, virtual_stages=virtual_stages,
         pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
-        moe_routing=moe_routing, attention_kernel=attention_kernel,
-        instance_type=instance_type,
+        moe_routing=moe_routing, expert_tensor_parallel=expert_tensor_parallel,
+        attention_kernel=attention_kernel, instance_type=instance_type,
         inter_node_gbps=inter_node_gbps, power_limit_w=power_limit_w, target=training_target),
         load_catalog_or_fail())
     if as_json:

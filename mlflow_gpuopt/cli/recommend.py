@@ -81,6 +81,10 @@ from mlflow_gpuopt.validation import BOUNDS
                    "hybridep).")
 @click.option("--moe-routing", default=None, metavar="NAME",
               help="Mixture of experts: random (default) or round_robin.")
+@click.option("--expert-tensor-parallel", type=click.IntRange(min=1, max=64), default=None,
+              metavar="N",
+              help="Mixture of experts: the routed experts' tensor-parallel degree, dividing "
+                   "each plan's tp (default: tp).")
 @click.option("--attention-kernel", default=None, metavar="NAME",
               help="The fused attention kernel the job runs: fa2 (default) or fa3 (te, "
                    "cudnn).")
@@ -99,7 +103,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
               recompute, activation_checkpointing, memory_headroom, emit, plan_rank, out_path,
               force, script, seq_len, pp_microbatches, moe_dispatcher, moe_routing,
-              attention_kernel):
+              expert_tensor_parallel, attention_kernel):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -142,7 +146,8 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
         recompute=recompute or ("full" if activation_checkpointing else None),
         pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
         moe_routing=moe_routing, attention_kernel=attention_kernel,
-        memory_headroom=memory_headroom, log=not no_log,
+        expert_tensor_parallel=expert_tensor_parallel, memory_headroom=memory_headroom,
+        log=not no_log,
         emit=check_request(emit, plan_rank, out_path, force, script, top))
 
     result = plan(request, load_catalog_or_fail())

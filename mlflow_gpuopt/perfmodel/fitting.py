@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -81,6 +81,9 @@ class PreparedObservation:
     nodes: int
     throughput_samples_per_s: float
     recompute: str = "none"  # activation recomputation the run used
+    #: The workload as this run ran it: its own MoE dispatcher and routing where the
+    #: observation gives them (:func:`run_workload`).
+    workload: Workload | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,24 @@ def is_cpu(name: str) -> bool:
     return name.strip().lower() in CPU_NAMES or name.strip().lower().startswith("cpu")
 
 
+def run_workload(workload: Workload, obs: Observation) -> Workload:
+    """``workload`` with the measured run's own MoE token dispatcher, routing and experts'
+    tensor-parallel degree where ``obs`` gives them: a run measured with DeepEP is read with
+    DeepEP's traffic whatever dispatcher the planned run uses
+    (docs/models.md#mixture-of-experts)."""
+    changes: dict = {}
+    if obs.expert_tensor_parallel and obs.expert_tensor_parallel != (
+            workload.expert_tensor_parallel):
+        changes["expert_tensor_parallel"] = int(obs.expert_tensor_parallel)
+    if obs.moe_dispatcher and (moe.normalize_dispatcher(obs.moe_dispatcher)
+                               != moe.normalize_dispatcher(workload.moe_dispatcher)):
+        changes["moe_dispatcher"] = moe.normalize_dispatcher(obs.moe_dispatcher)
+    if obs.moe_routing and (moe.normalize_routing(obs.moe_routing)
+                            != moe.normalize_routing(workload.moe_routing)):
+        changes["moe_routing"] = moe.normalize_routing(obs.moe_routing)
+    return replace(workload, **changes) if changes else workload
+
+
 def prepare(workload: Workload, observations: Sequence[Observation],
             hardware: Mapping[str, Hardware]) -> tuple[list[PreparedObservation], int]:
     """GPU observations ready for the model, and the number of CPU ones set aside."""
@@ -165,15 +186,16 @@ def prepare(workload: Workload, observations: Sequence[Observation],
             key=(obs.gpu, precision), hardware=hw, layout=resolve_layout(config),
             micro_batch=float(m), grad_accum=config.grad_accum, nodes=nodes,
             throughput_samples_per_s=float(obs.throughput_samples_per_s),
-            recompute=config.recompute_mode(workload.recompute)))
+            recompute=config.recompute_mode(workload.recompute),
+            workload=run_workload(workload, obs)))
     return prepared, cpu
 
 
 def _throughput(workload: Workload, obs: PreparedObservation, shape: Shape, k_opt: float,
                 calib: Calibration) -> float:
-    t = step_terms(workload, obs.hardware, obs.key[1], obs.layout, obs.micro_batch,
-                   obs.grad_accum, shape, k_opt, calib, recompute_factor(workload, obs.recompute),
-                   obs.recompute == "full")
+    t = step_terms(obs.workload or workload, obs.hardware, obs.key[1], obs.layout,
+                   obs.micro_batch, obs.grad_accum, shape, k_opt, calib,
+                   recompute_factor(workload, obs.recompute), obs.recompute == "full")
     return t.samples_per_step / t.step_s
 
 
@@ -187,8 +209,10 @@ def _config_groups(prepared: Sequence[PreparedObservation]
     reps: list[PreparedObservation] = []
     index: list[int] = []
     for o in prepared:
+        run = o.workload
         cfg = (o.key, id(o.hardware), repr(o.layout), o.micro_batch, o.grad_accum, o.nodes,
-               o.recompute)
+               o.recompute, run.moe_dispatcher if run else None,
+               run.moe_routing if run else None, run.expert_tensor_parallel if run else None)
         g = groups.setdefault(cfg, len(groups))
         if g == len(reps):
             reps.append(o)
@@ -297,9 +321,10 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
     throughput: dict[Key, tuple[float, float]] = {}
     hw_of = {o.key: o.hardware for o in prepared}
     layout_of = {o.key: o.layout for o in prepared}
+    run_of = {o.key: o.workload or workload for o in prepared}  # the run's own dispatcher
     for key in keys:
         m_ref = math.exp(float(np.mean([math.log(m) for m in batches[key]])))
-        moe_s = moe_split_terms(workload, layout_of[key], hw_of[key], key[1], m_ref,
+        moe_s = moe_split_terms(run_of[key], layout_of[key], hw_of[key], key[1], m_ref,
                                 shape.seq_len)
         split = split_latency_bound(
             workload, hw_of[key], key[1], m_ref, math.exp(log_k[key]),
@@ -309,8 +334,8 @@ def fit_calibration(workload: Workload, observations: Sequence[Observation],
             latency[key] = flops
             if moe.is_moe(workload):
                 throughput[key] = excess_as_throughput(
-                    split, roofline_gpu_terms_s(workload, layout_of[key], hw_of[key], key[1],
-                                                m_ref, shape.seq_len),
+                    split, roofline_gpu_terms_s(run_of[key], layout_of[key], hw_of[key],
+                                                key[1], m_ref, shape.seq_len),
                     latency_rate_flops_per_s(hw_of[key]), m_ref, key in log_r)
         log_k[key] = math.log(new_k)
         if key in log_r:

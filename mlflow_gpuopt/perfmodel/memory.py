@@ -31,7 +31,7 @@ from mlflow_gpuopt.perfmodel.activations import (
 from mlflow_gpuopt.perfmodel import context
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
-from mlflow_gpuopt.perfmodel.moe import largest_unit_params, routed_expert_params
+from mlflow_gpuopt.perfmodel.moe import expert_tp, largest_unit_params, routed_expert_params
 from mlflow_gpuopt.perfmodel.precision import (
     COMM_ELEMENT_BYTES,
     ELEMENT_BYTES,
@@ -326,14 +326,18 @@ def memory_at(workload: Workload, config: ParallelConfig, layout: Layout,
     params = workload.params / shards
     big = largest_unit_params(workload, layout, shape.largest_layer_params) / layout.tp
     frozen = frozen_weight_bytes(workload, precision)
-    experts = routed_expert_params(workload) / shards if layout.ep > 1 else 0.0
-    w, g, o = model_states_bytes(params - experts, precision, layout.dp_strategy, layout.dp,
-                                 k, big, share, frozen)
-    if experts:
-        # Each expert-parallel rank holds 1/ep of the experts, replicated (or sharded) over
-        # the dp/ep ranks holding the same ones (Megatron's expert data-parallel group)
-        we, ge, oe = model_states_bytes(experts / layout.ep, precision, layout.dp_strategy,
-                                        layout.dp // layout.ep, k, 0.0, share, frozen)
+    routed = routed_expert_params(workload) if layout.ep > 1 else 0.0
+    w, g, o = model_states_bytes(params - routed / shards, precision, layout.dp_strategy,
+                                 layout.dp, k, big, share, frozen)
+    if routed:
+        # Each expert-parallel rank holds 1/ep of the experts (split etp ways, the experts'
+        # tensor parallel), replicated (or sharded) over the tp × dp / (etp × ep) ranks
+        # holding the same ones (Megatron's expert data-parallel group)
+        etp = expert_tp(workload, layout)
+        we, ge, oe = model_states_bytes(routed / (layout.pp * etp * layout.ep), precision,
+                                        layout.dp_strategy,
+                                        max(1, layout.tp * layout.dp // (etp * layout.ep)),
+                                        k, 0.0, share, frozen)
         w, g, o = w + we, g + ge, o + oe
     m = micro_batch if micro_batch is not None else (config.micro_batch or workload.micro_batch
                                                      or 1)

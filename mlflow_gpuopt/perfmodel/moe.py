@@ -162,17 +162,24 @@ def normalize_routing(name: str | None) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def distinct_groups(num_experts: int, k: int, groups: int, routing: str = "random") -> float:
+def distinct_groups(num_experts: int, k: int, groups: int, routing: str = "random",
+                    expert_groups: int = 1, groups_per_token: int = 0) -> float:
     """Expected number of the ``groups`` equal blocks of consecutive experts (the ranks, or
     the nodes, of an expert-parallel group) that one token's ``k`` experts fall in.
 
     ``random``: k of the experts drawn without replacement, a block missed with probability
-    ``C(E − E/groups, k) / C(E, k)``. ``round_robin``: token t takes experts
-    ``(t·k + j) mod E``, averaged over one period of tokens."""
+    ``C(E − E/groups, k) / C(E, k)``; under group-limited routing (``groups_per_token`` of
+    ``expert_groups`` routing groups, :func:`group_limited_blocks`) inside the chosen
+    groups. ``round_robin``: token t takes experts ``(t·k + j) mod E``, averaged over one
+    period of tokens."""
     if groups <= 1 or num_experts < groups:
         return 1.0
     k = max(1, min(int(k), num_experts))
     per = num_experts / groups
+    if routing != "round_robin" and 1 <= groups_per_token < expert_groups:
+        limited = group_limited_blocks(num_experts, k, groups, expert_groups, groups_per_token)
+        if limited is not None:
+            return limited
     if routing == "round_robin":
         period = num_experts // math.gcd(num_experts, k)
         hit = sum(len({int(((t * k + j) % num_experts) // per) for j in range(k)})
@@ -181,6 +188,77 @@ def distinct_groups(num_experts: int, k: int, groups: int, routing: str = "rando
     outside = num_experts - int(round(per))
     miss = math.comb(outside, k) / math.comb(num_experts, k) if outside >= k else 0.0
     return groups * (1.0 - miss)
+
+
+def group_limited_blocks(num_experts: int, k: int, blocks: int, expert_groups: int,
+                         groups_per_token: int) -> float | None:
+    """Expected number of ``blocks`` equal blocks of consecutive experts (ranks or nodes)
+    that one token reaches under group-limited routing: ``groups_per_token`` (g) of the
+    ``expert_groups`` (G) blocks of consecutive experts chosen, each equally likely, and the
+    ``k`` experts taken ``k/g`` from each chosen group (``⌊k/g⌋`` or ``⌈k/g⌉`` where g does not
+    divide k), at random inside it. Megatron-core ranks a group by the sum of its top
+    ``k/g`` scores (``group_limited_topk``; DeepSeek-V3's router), so the top-k falls about
+    evenly over the chosen groups: a simulation of that router over random logits gives
+    3.96 distinct groups of 4 for DeepSeek-V3 (256 experts, top-8, 4 of 8 groups), where an
+    even split counts 4 and drawing the 8 anywhere in the chosen 128 experts 3.63
+    (docs/models.md#mixture-of-experts).
+
+    A block holding ``m`` whole groups is reached when one of them is chosen,
+    ``1 − C(G − m, g) / C(G, g)``; a block inside one group (``s`` of its ``E/G`` experts)
+    when that group is chosen and one of its ``c`` picks falls in the block,
+    ``g/G × (1 − C(E/G − s, c) / C(E/G, c))``. None where the blocks and groups do not nest
+    (neither size divides the other) or ``k < g``."""
+    if blocks < 1 or expert_groups < 2 or num_experts % blocks or num_experts % expert_groups:
+        return None
+    g = int(groups_per_token)
+    if not 1 <= g < expert_groups or k < g:
+        return None
+    per_block, per_group = num_experts // blocks, num_experts // expert_groups
+    if per_block % per_group == 0:
+        m = per_block // per_group
+        miss = (math.comb(expert_groups - m, g) / math.comb(expert_groups, g)
+                if expert_groups - m >= g else 0.0)
+        return blocks * (1.0 - miss)
+    if per_group % per_block:
+        return None
+    q, r = divmod(int(k), g)
+    hit = 0.0
+    for picks, share in ((q + 1, r / g), (q, 1.0 - r / g)):
+        if share > 0:
+            picks = min(picks, per_group)
+            hit += share * (1.0 - math.comb(per_group - per_block, picks)
+                            / math.comb(per_group, picks))
+    return blocks * g / expert_groups * hit
+
+
+def routing_groups(workload: Workload) -> tuple[int, int]:
+    """``(num_expert_groups, expert_groups_per_token)`` of a group-limited router, (1, 0)
+    without a limit."""
+    groups = int(workload.num_expert_groups or 1)
+    per_token = int(workload.expert_groups_per_token or 0)
+    if groups <= 1 or not 1 <= per_token < groups:
+        return 1, 0
+    return groups, per_token
+
+
+def expert_tp(workload: Workload, layout: Layout) -> int:
+    """The routed experts' tensor-parallel degree: ``Workload.expert_tensor_parallel`` where
+    it divides ``tp`` (else their greatest common divisor), else ``tp`` (Megatron-core's
+    default ``expert_tensor_parallel_size``)."""
+    etp = workload.expert_tensor_parallel
+    if not etp or etp < 1:
+        return layout.tp
+    return math.gcd(int(etp), layout.tp)
+
+
+def ep_ranks_per_node(workload: Workload, layout: Layout) -> int:
+    """Expert-parallel ranks of one group in a node: Megatron-core builds the expert groups
+    with a rank generator of their own (``initialize_model_parallel``: ``tp`` =
+    ``expert_tensor_parallel_size``, then ``ep``, expert data parallel and ``pp``, order
+    ``tp-cp-ep-dp-pp``), so ``min(ep, gpus per node / etp)`` of them share a node; with
+    ``etp`` = ``tp`` the layout's ``ep_ranks_per_node``."""
+    etp = expert_tp(workload, layout)
+    return max(1, min(layout.ep, layout.ep_ranks_per_node * layout.tp // etp))
 
 
 def is_moe(workload: Workload) -> bool:
@@ -257,7 +335,8 @@ def alltoall_s(workload: Workload, layout: Layout, hardware: Hardware, micro_bat
             nbytes = (alltoall_bytes_per_layer(workload, tokens, act_bytes)
                       * (layout.ep - 1) / layout.ep)
         # bytes leaving the GPU: comm.alltoall_s takes what a rank sends to all its peers
-        per_call = comm.alltoall_s(nbytes, layout.ep, layout.ep_ranks_per_node, hardware)
+        per_call = comm.alltoall_s(nbytes, layout.ep, ep_ranks_per_node(workload, layout),
+                                   hardware)
     return ALLTOALLS_PER_LAYER * layers * per_call
 
 
@@ -267,19 +346,22 @@ def flex_dispatch_s(workload: Workload, layout: Layout, hardware: Hardware, toke
     goes once to every rank holding one of its experts (:func:`distinct_groups`), the others'
     part over NVLink (directly, or forwarded there from the network) at
     ``FLEX_NVLINK_EFFICIENCY``; across nodes once to each other node holding one, over the
-    GPU's NIC at ``FLEX_RDMA_EFFICIENCY``, at once; the slower sets the time."""
+    GPU's NIC at ``FLEX_RDMA_EFFICIENCY``, at once; the slower sets the time. Group-limited
+    routing (:func:`routing_groups`) bounds the nodes: with one routing group a node, a
+    token reaches at most ``expert_groups_per_token`` of them (DeepSeek-V3: 4)."""
     experts, k = int(workload.num_experts or 1), int(workload.experts_per_token or 1)
     routing = normalize_routing(workload.moe_routing)
     row = tokens * float(workload.hidden_size or 0) * act_bytes * (workload.capacity_factor
                                                                    or 1.0)
-    ep, local = layout.ep, max(1, min(layout.ep, layout.ep_ranks_per_node))
-    ranks = distinct_groups(experts, k, ep, routing)
+    ep, local = layout.ep, ep_ranks_per_node(workload, layout)
+    groups = routing_groups(workload)
+    ranks = distinct_groups(experts, k, ep, routing, *groups)
     intra = (row * ranks * (ep - 1) / ep
              / (hardware.intra_node_bytes_per_s * FLEX_NVLINK_EFFICIENCY))
     if local >= ep:
         return comm.INTRA_NODE_LATENCY_S + intra
     nodes = max(2, ep // local)
-    remote = distinct_groups(experts, k, nodes, routing) * (nodes - 1) / nodes
+    remote = distinct_groups(experts, k, nodes, routing, *groups) * (nodes - 1) / nodes
     inter = row * remote / (comm.nic_bytes_per_s_per_gpu(hardware) * FLEX_RDMA_EFFICIENCY)
     return comm.INTER_NODE_LATENCY_S + max(intra, inter)
 
@@ -433,10 +515,12 @@ def layer_time_s(workload: Workload, layout: Layout, hardware: Hardware, precisi
 
 def params_per_shard(workload: Workload, layout: Layout) -> float:
     """Parameters one tensor/pipeline/expert shard holds before data-parallel sharding: the
-    dense ones over ``tp × pp``, the routed experts over ``tp × pp × ep``."""
+    dense ones over ``tp × pp``, the routed experts over ``etp × pp × ep``
+    (:func:`expert_tp`)."""
     experts = routed_expert_params(workload) if layout.ep > 1 else 0.0
     shards = layout.tp * layout.pp
-    return (workload.params - experts) / shards + experts / (shards * layout.ep)
+    return ((workload.params - experts) / shards
+            + experts / (expert_tp(workload, layout) * layout.pp * layout.ep))
 
 
 def largest_unit_params(workload: Workload, layout: Layout, largest: float) -> float:
@@ -469,7 +553,10 @@ def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[s
                    + ("all-to-alls" if how == "alltoall" else "dispatches and combines")
                    + " per MoE layer per micro-step, "
                    f"{alltoall_step_s * 1e3:.3g} ms per step, not overlapped, "
-                   + ("across nodes" if layout.ep_spans_nodes else "inside a node")
+                   + ("across nodes" if ep_ranks_per_node(workload, layout) < layout.ep
+                      else "inside a node")
+                   + (f", experts tensor parallel {expert_tp(workload, layout)}"
+                      if expert_tp(workload, layout) != layout.tp else "")
                    + (f", capacity factor {cf:g}" if cf else
                       ", dropless at an even load (no capacity factor given)"))
     return tuple(out)

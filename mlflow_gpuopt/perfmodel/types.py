@@ -118,6 +118,16 @@ class Workload:
     #: active ones (``experts_per_token`` of them, the shared experts and the router).
     num_experts: int | None = None
     experts_per_token: int | None = None  # top-k: routed experts each token visits
+    #: Group-limited (node-limited) routing, DeepSeek's ``n_group`` / ``topk_group``: the
+    #: experts form ``num_expert_groups`` equal blocks of consecutive experts and a token's
+    #: ``experts_per_token`` are taken inside the ``expert_groups_per_token`` groups that score
+    #: highest (docs/models.md#mixture-of-experts); None or 1: no limit
+    num_expert_groups: int | None = None
+    expert_groups_per_token: int | None = None
+    #: Tensor-parallel degree of the routed experts (Megatron's
+    #: ``expert_tensor_parallel_size``), dividing ``tp``: the experts split ``etp`` ways, their
+    #: expert-parallel ranks placed ``gpus per node / etp`` to a node; None: ``tp``
+    expert_tensor_parallel: int | None = None
     num_shared_experts: int | None = None  # experts every token visits (Qwen-MoE, DeepSeek)
     expert_ffn_hidden_size: int | None = None  # one expert's MLP inner width
     #: every n-th decoder layer is a MoE layer (1: all; 2: every other); None: 1
@@ -202,6 +212,14 @@ class Observation:
     recompute: str | None = None  # None: the workload's own
     #: The measured run's board power limit, W (``nvidia-smi -q -d POWER``); None: the TDP.
     power_limit_w: float | None = None
+    #: The measured run's token dispatcher and routing (``Workload.moe_dispatcher`` /
+    #: ``moe_routing`` words), which the fit reads it with whatever the planned run uses;
+    #: None: the workload's own.
+    moe_dispatcher: str | None = None
+    moe_routing: str | None = None
+    #: The measured run's experts' tensor-parallel degree (``Workload.expert_tensor_parallel``);
+    #: None: the workload's own.
+    expert_tensor_parallel: int | None = None
 
 
 @dataclass(frozen=True)

@@ -82,10 +82,11 @@ class PlanInputs:
 def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
                      moe_routing: str | None = None,
                      pp_microbatches: int | None = None,
-                     attention_kernel: str | None = None) -> Workload:
-    """``workload`` with what ``--moe-dispatcher``, ``--moe-routing``, ``--pp-microbatches``
-    and ``--attention-kernel`` say of how the job runs, where given (one clear line for an
-    unknown word)."""
+                     attention_kernel: str | None = None,
+                     expert_tensor_parallel: int | None = None) -> Workload:
+    """``workload`` with what ``--moe-dispatcher``, ``--moe-routing``, ``--pp-microbatches``,
+    ``--attention-kernel`` and ``--expert-tensor-parallel`` say of how the job runs, where
+    given (one clear line for an unknown word)."""
     from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel
     from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
 
@@ -102,6 +103,9 @@ def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
             raise InputError(f"{flag}: {exc}") from None
     if pp_microbatches is not None:
         workload = dataclasses.replace(workload, pp_microbatches=int(pp_microbatches))
+    if expert_tensor_parallel is not None:
+        workload = dataclasses.replace(workload,
+                                       expert_tensor_parallel=int(expert_tensor_parallel))
     return workload
 
 

@@ -37,6 +37,8 @@ class PredictRequest:
     #: mixture of experts: the token dispatcher and the routing (None: the workload's)
     moe_dispatcher: str | None = None
     moe_routing: str | None = None
+    #: the routed experts' tensor-parallel degree (None: the workload's, else tp)
+    expert_tensor_parallel: int | None = None
     #: the fused attention kernel the job runs (None: the workload's)
     attention_kernel: str | None = None
     instance_type: str | None = None
@@ -112,7 +114,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     workload, observations = inputs.workload, inputs.observations
     workload = with_run_options(workload, moe_dispatcher=r.moe_dispatcher,
                                 moe_routing=r.moe_routing, pp_microbatches=r.pp_microbatches,
-                                attention_kernel=r.attention_kernel)
+                                attention_kernel=r.attention_kernel,
+                                expert_tensor_parallel=r.expert_tensor_parallel)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a

@@ -53,6 +53,7 @@ class RecommendRequest:
     moe_dispatcher: str | None = None
     moe_routing: str | None = None
     attention_kernel: str | None = None
+    expert_tensor_parallel: int | None = None
     #: share of each GPU's usable memory a plan leaves free at its predicted peak
     memory_headroom: float = 0.10
     log: bool = True
@@ -107,7 +108,8 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
     inputs = replace(inputs, workload=with_run_options(
         inputs.workload, moe_dispatcher=request.moe_dispatcher,
         moe_routing=request.moe_routing, pp_microbatches=request.pp_microbatches,
-        attention_kernel=request.attention_kernel))
+        attention_kernel=request.attention_kernel,
+        expert_tensor_parallel=request.expert_tensor_parallel))
     logged_row = emitting.check_logged_plan(request.emit, inputs.workload)
     target = make_target(inputs, request.target, deadline_hours=request.deadline_hours,
                          confidence=request.confidence, global_batch=request.global_batch,
