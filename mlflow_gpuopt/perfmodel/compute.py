@@ -604,12 +604,17 @@ def traffic_time_s(workload: Workload, hardware: Hardware, precision: str) -> fl
 
 def conv_transposes(workload: Workload, hardware: Hardware, precision: str) -> bool:
     """Whether the workload's convolutions transpose their activations on ``hardware`` at
-    ``precision``: its ``memory_format`` is ``contiguous`` (NCHW) and the convolutions run
-    on tensor cores (fp16/bf16 from Volta, TF32 from Ampere: :func:`.precision.
+    ``precision``: some run channels-first (a measured ``nchw_conv_bytes_per_sample`` above
+    0, or else a ``memory_format`` of ``contiguous``: NCHW) and the convolutions run on
+    tensor cores (fp16/bf16 from Volta, TF32 from Ampere: :func:`.precision.
     uses_tensor_cores`), which work in NHWC. FP32 on SIMT units works in NCHW as it is, and
-    ``channels_last`` (NHWC) needs no transpose; a workload that states no ``memory_format``
-    is not known to run convolutions."""
-    if workload.memory_format != "contiguous":
+    ``channels_last`` (NHWC) needs no transpose; a workload that states neither is not
+    known to run convolutions."""
+    measured = workload.nchw_conv_bytes_per_sample
+    if measured is not None:
+        if measured <= 0:
+            return False
+    elif workload.memory_format != "contiguous":
         return False
     return uses_tensor_cores(hardware.peak_flops_per_s, normalize_precision(precision))
 
@@ -618,10 +623,18 @@ def transpose_bytes_per_sample(workload: Workload, hardware: Hardware,
                                precision: str) -> float:
     """DRAM bytes per sample of the NCHW <-> NHWC transposes around tensor-core
     convolutions (:func:`conv_transposes`; 0 where there are none):
-    ``TRANSPOSE_BYTES_PER_ACTIVATION_BYTE`` × the stored activations at ``precision``
-    (measured, or estimated: :func:`activation_bytes_per_sample`)."""
+    ``TRANSPOSE_BYTES_PER_ACTIVATION_BYTE`` × the channels-first convolutions' operands, as
+    a tracked run measured them (``nchw_conv_bytes_per_sample``: every forward call's input
+    and output, the bytes the constant's count is per), else the stored activations at
+    ``precision`` (measured, or estimated: :func:`activation_bytes_per_sample`), which a
+    convolutional network's are about. Both scale with the activations' element size."""
     if not conv_transposes(workload, hardware, precision):
         return 0.0
+    measured = workload.nchw_conv_bytes_per_sample
+    if measured is not None:
+        p, own = normalize_precision(precision), normalize_precision(workload.precision)
+        return TRANSPOSE_BYTES_PER_ACTIVATION_BYTE * measured * (ACTIVATION_BYTES[p]
+                                                                 / ACTIVATION_BYTES[own])
     return (TRANSPOSE_BYTES_PER_ACTIVATION_BYTE
             * activation_bytes_per_sample(workload, precision)[0])
 

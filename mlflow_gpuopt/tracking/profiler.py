@@ -312,6 +312,8 @@ class WorkloadProfiler:
         compiled = self.compiled_kernels_per_micro_step
         kernels = compiled if compiled else eager_kernels
         traffic_ps, matmul_ps, weight_ms = self._traffic(samples, forwards, compiled)
+        nchw_conv_ps = (self.ops.traffic.nchw_conv_bytes / samples
+                        if traffic_ps is not None else None)
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
@@ -353,6 +355,7 @@ class WorkloadProfiler:
             weight_traffic_bytes_per_micro_step=weight_ms,
             amp_traffic_bytes_per_sample=amp_ps,
             amp_matmul_traffic_bytes_per_sample=amp_matmul_ps,
+            nchw_conv_bytes_per_sample=nchw_conv_ps,
             **shape,
         )
 
