@@ -850,9 +850,9 @@ OPERATOR_CLASSES = {
     "fp8_casts": "FP8 scaling and casting of the linear layers' inputs, weights and output "
                  "gradients (torchao's separate amax and cast kernels; memory bandwidth, "
                  "growing against the GEMMs as tensor parallelism shrinks their shapes)",
-    "transposes": "NCHW <-> NHWC transposes around tensor-core convolutions of a contiguous "
-                  "(NCHW) network (memory bandwidth; none in channels_last or on FP32 SIMT "
-                  "units)",
+    "transposes": "NCHW <-> NHWC transposes around tensor-core convolutions that run "
+                  "channels-first: a contiguous (NCHW) network's, every Conv1d (memory "
+                  "bandwidth; none in channels_last or on FP32 SIMT units)",
     "latency": "latency-bound kernels (SM count × clock: the FP32 peak at 64 lanes per SM)",
     "dispatch": "host-side kernel dispatch (CPU time, the same on every GPU)",
 }
