@@ -39,6 +39,9 @@ class PredictRequest:
     moe_routing: str | None = None
     #: the fused attention kernel the job runs (None: the workload's)
     attention_kernel: str | None = None
+    #: how the job's optimizer step runs on the GPU: for-loop, foreach, fused (None: the
+    #: workload's)
+    optimizer_impl: str | None = None
     instance_type: str | None = None
     inter_node_gbps: float | None = None
     #: the GPUs' power limit (W) for the target and the runs on its GPU type (None: TDP)
@@ -112,7 +115,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     workload, observations = inputs.workload, inputs.observations
     workload = with_run_options(workload, moe_dispatcher=r.moe_dispatcher,
                                 moe_routing=r.moe_routing, pp_microbatches=r.pp_microbatches,
-                                attention_kernel=r.attention_kernel)
+                                attention_kernel=r.attention_kernel,
+                                optimizer_impl=r.optimizer_impl)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a

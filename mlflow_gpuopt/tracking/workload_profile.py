@@ -100,6 +100,10 @@ class WorkloadProfile:
     #: (1-D ones always, NCHW 2-D/3-D ones; :func:`.traffic.channels_first_convolution`):
     #: what cuDNN's tensor-core kernels transpose; None: not counted
     nchw_conv_bytes_per_sample: float | None = None
+    #: parameter tensors the optimizer updates, and how its step runs on CUDA (for-loop,
+    #: foreach, fused: :func:`.optimizers.optimizer_loop_facts`); None: not known
+    optimizer_param_tensors: int | None = None
+    optimizer_impl: str | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
