@@ -884,8 +884,9 @@ def optimizer_host_time_s(workload: Workload, tensor_share: float = 1.0) -> floa
     tensors = workload.optimizer_param_tensors
     if normalize_optimizer_impl(workload.optimizer_impl) != "for-loop" or not tensors:
         return 0.0
-    per_tensor = OPTIMIZER_LOOP_S_PER_TENSOR.get(str(workload.optimizer or "Adam"),
-                                                 OPTIMIZER_LOOP_S_PER_TENSOR["Adam"])
+    by_name = {k.lower(): v for k, v in OPTIMIZER_LOOP_S_PER_TENSOR.items()}
+    per_tensor = by_name.get(str(workload.optimizer or "Adam").strip().lower(),
+                             OPTIMIZER_LOOP_S_PER_TENSOR["Adam"])
     return float(tensors) * tensor_share * per_tensor
 
 
