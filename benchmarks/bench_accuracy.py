@@ -197,6 +197,16 @@ def memory_format(path: Path, precision: str) -> str | None:
     return by_precision.get(precision, doc.get("memory_format"))
 
 
+def optimizer_args(wl, model: str) -> list[str]:
+    """``--optimizer-impl`` as DeepLearningExamples' code steps ``model``'s optimizer on the
+    GPU (the file's ``bench.optimizer_impl``, with its source in ``bench.optimizer_source``:
+    ``torch.optim`` in the tables' PyTorch 1.x containers loops over the parameter tensors,
+    apex's fused optimizers do not), or nothing where the file does not say. How the user ran
+    each row, as a user knows it; the tracked CPU run resolves PyTorch 2's default."""
+    impl = json.loads(Path(wl[model][0]).read_text())["bench"].get("optimizer_impl")
+    return ["--optimizer-impl", impl] if impl else []
+
+
 def workload_path(path: Path, precision: str) -> Path:
     """``path`` itself, or a copy in the temporary folder with ``memory_format`` set to how
     the rows at ``precision`` ran (:func:`memory_format`) where that differs from the file's."""
@@ -490,7 +500,8 @@ def task_tracked_prior(rows, wl, runs) -> list[Result]:
     for t in rows:
         if t.gpus != 1 or t.multinode_table or _run_for(runs, wl, t) is None:
             continue
-        p = run_predict(["--run-id", _run_for(runs, wl, t), *_target_args(t)])
+        p = run_predict(["--run-id", _run_for(runs, wl, t), *_target_args(t),
+                         *optimizer_args(wl, t.model)])
         out.append(_tracked_result(t, wl[t.model][1], p))
     return out
 
@@ -515,7 +526,7 @@ def task_tracked_cross_gpu(rows, wl, runs) -> list[Result]:
                 [observation_line(replace(src, throughput=src.throughput / units), 1)])
             p = run_predict(["--workload", str(_profile_file(_run_for(runs, wl, t),
                                                              wl[t.model][0])), *obs,
-                             *_target_args(t)])
+                             *_target_args(t), *optimizer_args(wl, t.model)])
             out.append(_tracked_result(t, units, p))
     return out
 

@@ -90,6 +90,9 @@ BOUNDS: dict[str, Bound] = {
     "gemm_reduction_per_micro_step": Bound(0, 1e15, "a sum of GEMM reduction lengths"),
     "amp_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
     "amp_matmul_traffic_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
+    "nchw_conv_bytes_per_sample": Bound(0, 1e22, "at most ~10 bytes per FLOP"),
+    # One tensor per parameter at the most: 1e12 parameters.
+    "optimizer_param_tensors": Bound(0, 1e12, "at most one tensor per parameter"),
     # A recurrent decoder re-reads its weights every time step (Tacotron 2: ~700 passes):
     # 1e12 parameters × 4 bytes × 1e6 passes is 4e18.
     "weight_traffic_bytes_per_micro_step": Bound(0, 1e19, "1e12 fp32 parameters re-read 1e6 "

@@ -28,6 +28,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     normalize_fp8_recipe,
     normalize_memory_format,
     normalize_mixed_precision,
+    normalize_optimizer_impl,
 )
 from mlflow_gpuopt.perfmodel.comm import normalize_tp_overlap
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
@@ -50,18 +51,18 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
              "expert_ffn_hidden_size", "moe_layer_freq", "first_dense_layers",
              "num_expert_groups", "expert_groups_per_token", "expert_tensor_parallel",
-             "qkv_width", "pp_microbatches"}
+             "qkv_width", "pp_microbatches", "optimizer_param_tensors"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",
                "recompute_flops_per_sample", "capacity_factor",
                "weight_traffic_bytes_per_micro_step", "matmul_traffic_bytes_per_sample",
                "gemm_reduction_per_micro_step", "amp_traffic_bytes_per_sample",
-               "amp_matmul_traffic_bytes_per_sample"}
+               "amp_matmul_traffic_bytes_per_sample", "nchw_conv_bytes_per_sample"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
              "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing", "tp_overlap",
-             "mixed_precision"}
+             "mixed_precision", "optimizer_impl"}
 _BOOL_KEYS = {"tp_comm_overlap", "fp8_all_gather", "grad_clip"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -245,7 +246,8 @@ def _word_normalisers() -> dict[str, Callable[[str], str]]:
             "attention_kernel": normalize_attention_kernel, "cp_exchange": normalize_exchange,
             "memory_format": normalize_memory_format, "moe_dispatcher": normalize_dispatcher,
             "moe_routing": normalize_routing, "tp_overlap": normalize_tp_overlap,
-            "mixed_precision": normalize_mixed_precision}
+            "mixed_precision": normalize_mixed_precision,
+            "optimizer_impl": normalize_optimizer_impl}
 
 
 def _check_words(kwargs: dict[str, Any], where: str) -> None:

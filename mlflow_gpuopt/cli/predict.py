@@ -94,6 +94,10 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
               help="The fused attention kernel the job runs: fa2 (PyTorch SDPA's flash "
                    "backend, the default) or fa3 (te, cudnn: Transformer Engine); overrides "
                    "the workload's attention_kernel.")
+@click.option("--optimizer-impl", default=None, metavar="NAME",
+              help="How the job's optimizer step runs on the GPU: for-loop (a loop over the "
+                   "parameter tensors: torch.optim before PyTorch 2.0, foreach=False), "
+                   "foreach or fused; overrides the workload's optimizer_impl.")
 @click.option("--instance-type", default=None,
               help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -106,7 +110,7 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
 def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, nodes, strategy,
             micro_batch, grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
             pp_microbatches, moe_dispatcher, moe_routing, expert_tensor_parallel,
-            attention_kernel, instance_type,
+            attention_kernel, optimizer_impl, instance_type,
             inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens, steps,
             as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
@@ -130,7 +134,8 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         activation_checkpointing=activation_checkpointing, virtual_stages=virtual_stages,
         pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
         moe_routing=moe_routing, expert_tensor_parallel=expert_tensor_parallel,
-        attention_kernel=attention_kernel, instance_type=instance_type,
+        attention_kernel=attention_kernel, optimizer_impl=optimizer_impl,
+        instance_type=instance_type,
         inter_node_gbps=inter_node_gbps, power_limit_w=power_limit_w, target=training_target),
         load_catalog_or_fail())
     if as_json:

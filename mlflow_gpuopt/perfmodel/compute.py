@@ -654,12 +654,17 @@ def traffic_time_s(workload: Workload, hardware: Hardware, precision: str) -> fl
 
 def conv_transposes(workload: Workload, hardware: Hardware, precision: str) -> bool:
     """Whether the workload's convolutions transpose their activations on ``hardware`` at
-    ``precision``: its ``memory_format`` is ``contiguous`` (NCHW) and the convolutions run
-    on tensor cores (fp16/bf16 from Volta, TF32 from Ampere: :func:`.precision.
+    ``precision``: some run channels-first (a measured ``nchw_conv_bytes_per_sample`` above
+    0, or else a ``memory_format`` of ``contiguous``: NCHW) and the convolutions run on
+    tensor cores (fp16/bf16 from Volta, TF32 from Ampere: :func:`.precision.
     uses_tensor_cores`), which work in NHWC. FP32 on SIMT units works in NCHW as it is, and
-    ``channels_last`` (NHWC) needs no transpose; a workload that states no ``memory_format``
-    is not known to run convolutions."""
-    if workload.memory_format != "contiguous":
+    ``channels_last`` (NHWC) needs no transpose; a workload that states neither is not
+    known to run convolutions."""
+    measured = workload.nchw_conv_bytes_per_sample
+    if measured is not None:
+        if measured <= 0:
+            return False
+    elif workload.memory_format != "contiguous":
         return False
     return uses_tensor_cores(hardware.peak_flops_per_s, normalize_precision(precision))
 
@@ -668,10 +673,18 @@ def transpose_bytes_per_sample(workload: Workload, hardware: Hardware,
                                precision: str) -> float:
     """DRAM bytes per sample of the NCHW <-> NHWC transposes around tensor-core
     convolutions (:func:`conv_transposes`; 0 where there are none):
-    ``TRANSPOSE_BYTES_PER_ACTIVATION_BYTE`` × the stored activations at ``precision``
-    (measured, or estimated: :func:`activation_bytes_per_sample`)."""
+    ``TRANSPOSE_BYTES_PER_ACTIVATION_BYTE`` × the channels-first convolutions' operands, as
+    a tracked run measured them (``nchw_conv_bytes_per_sample``: every forward call's input
+    and output, the bytes the constant's count is per), else the stored activations at
+    ``precision`` (measured, or estimated: :func:`activation_bytes_per_sample`), which a
+    convolutional network's are about. Both scale with the activations' element size."""
     if not conv_transposes(workload, hardware, precision):
         return 0.0
+    measured = workload.nchw_conv_bytes_per_sample
+    if measured is not None:
+        p, own = normalize_precision(precision), normalize_precision(workload.precision)
+        return TRANSPOSE_BYTES_PER_ACTIVATION_BYTE * measured * (ACTIVATION_BYTES[p]
+                                                                 / ACTIVATION_BYTES[own])
     return (TRANSPOSE_BYTES_PER_ACTIVATION_BYTE
             * activation_bytes_per_sample(workload, precision)[0])
 
@@ -999,6 +1012,57 @@ def optimizer_time_prior_s(params_updated: float, optimizer_state_bytes_per_para
                                          * memory_efficiency(hardware))
 
 
+#: How an optimizer's ``step()`` runs on the GPU (``Workload.optimizer_impl``): ``for-loop``
+#: (a loop over the parameter tensors launching each one's kernels: ``torch.optim`` before
+#: PyTorch 2.0, or ``foreach=False``), ``foreach`` (``torch._foreach_*`` kernels over lists of
+#: tensors: ``torch.optim``'s CUDA default from 2.0) or ``fused`` (one kernel per list:
+#: ``fused=True``, apex's ``FusedAdam``/``FusedLAMB``).
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+_OPTIMIZER_IMPL_ALIASES = {"for-loop": "for-loop", "for_loop": "for-loop", "forloop": "for-loop",
+                           "loop": "for-loop", "single_tensor": "for-loop",
+                           "single-tensor": "for-loop", "foreach": "foreach",
+                           "multi_tensor": "foreach", "multi-tensor": "foreach",
+                           "fused": "fused"}
+#: Host seconds per parameter tensor of a ``for-loop`` optimizer step on CUDA, by optimizer
+#: class: PyTorch's own timing of ``step()`` over ResNet-101's 314 parameter tensors on CUDA,
+#: for-loop against the multi-tensor rewrite (pytorch/pytorch#45299, 2020: Adam 42.69 ms,
+#: AdamW 51.38, SGD 6.28, RMSprop 28.63, ASGD 21.67, Adamax 55.60 ms), ÷ 314. The GPU work of
+#: those 44.5 M parameters is about 2 ms of it; the rest is the loop launching some eight
+#: small kernels a tensor from Python, which the GPU runs faster than the host issues them.
+#: An optimizer class not timed there takes Adam's. ``foreach`` and ``fused`` launch a few
+#: kernels per list of tensors: no per-tensor term.
+OPTIMIZER_LOOP_S_PER_TENSOR = {"Adam": 42.69e-3 / 314, "AdamW": 51.38e-3 / 314,
+                               "SGD": 6.28e-3 / 314, "RMSprop": 28.63e-3 / 314,
+                               "ASGD": 21.67e-3 / 314, "Adamax": 55.60e-3 / 314}
+
+
+def normalize_optimizer_impl(name: str | None) -> str | None:
+    """``for-loop``, ``foreach`` or ``fused`` (``OPTIMIZER_IMPLS``) from the usual spellings;
+    None stays None (not stated: no per-tensor term)."""
+    if name is None or not str(name).strip():
+        return None
+    key = str(name).strip().lower()
+    if key not in _OPTIMIZER_IMPL_ALIASES:
+        raise ValueError(f"unknown optimizer_impl {name!r}; expected for-loop, foreach or "
+                         "fused")
+    return _OPTIMIZER_IMPL_ALIASES[key]
+
+
+def optimizer_host_time_s(workload: Workload, tensor_share: float = 1.0) -> float:
+    """Host seconds of one optimizer step that loops over its parameter tensors
+    (``optimizer_impl`` ``for-loop``): ``optimizer_param_tensors`` × ``tensor_share`` (the
+    part of them this GPU's process updates) × ``OPTIMIZER_LOOP_S_PER_TENSOR`` of its
+    optimizer class (Adam's where not timed); 0 for ``foreach``/``fused``, or where the
+    implementation or the tensor count is not known. The same on every GPU (CPU time)."""
+    tensors = workload.optimizer_param_tensors
+    if normalize_optimizer_impl(workload.optimizer_impl) != "for-loop" or not tensors:
+        return 0.0
+    by_name = {k.lower(): v for k, v in OPTIMIZER_LOOP_S_PER_TENSOR.items()}
+    per_tensor = by_name.get(str(workload.optimizer or "Adam").strip().lower(),
+                             OPTIMIZER_LOOP_S_PER_TENSOR["Adam"])
+    return float(tensors) * tensor_share * per_tensor
+
+
 #: The operator classes a micro-step's time is split into for explaining a transfer between
 #: GPU types (:func:`operator_class_times_s`), each scaling with its own GPU figure.
 OPERATOR_CLASSES = {
@@ -1011,9 +1075,9 @@ OPERATOR_CLASSES = {
     "fp8_casts": "FP8 scaling and casting of the linear layers' inputs, weights and output "
                  "gradients (torchao's separate amax and cast kernels; memory bandwidth, "
                  "growing against the GEMMs as tensor parallelism shrinks their shapes)",
-    "transposes": "NCHW <-> NHWC transposes around tensor-core convolutions of a contiguous "
-                  "(NCHW) network (memory bandwidth; none in channels_last or on FP32 SIMT "
-                  "units)",
+    "transposes": "NCHW <-> NHWC transposes around tensor-core convolutions that run "
+                  "channels-first: a contiguous (NCHW) network's, every Conv1d (memory "
+                  "bandwidth; none in channels_last or on FP32 SIMT units)",
     "latency": "latency-bound kernels (SM count × clock: the FP32 peak at 64 lanes per SM)",
     "dispatch": "host-side kernel dispatch (CPU time, the same on every GPU)",
 }

@@ -48,6 +48,7 @@ from mlflow_gpuopt.perfmodel.compute import (
     linear_gemm_times_s,
     micro_step_overhead_s,
     normalize_fp8_recipe,
+    optimizer_host_time_s,
     optimizer_time_prior_s,
     per_sample_time_prior_s,
     wave_tail_time_s,
@@ -223,6 +224,11 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     k_opt = k if calib.optimizer_scale is None else calib.optimizer_scale
     t_opt = k_opt * optimizer_time_prior_s(opt_params, optimizer_state_bytes, hardware,
                                            precision, workload)
+    # A for-loop optimizer issues each parameter tensor's kernels from the host, faster than
+    # the GPU runs them where the tensors are small: the step takes the longer of the two.
+    # Each pipeline stage's process loops over its own layers' tensors.
+    t_opt = max(t_opt, (kr if calib.overhead_scale is None else calib.overhead_scale)
+                * optimizer_host_time_s(workload, 1.0 / pp))
 
     act_bytes = COMM_ELEMENT_BYTES[precision]
     kappa = calib.comm_scale

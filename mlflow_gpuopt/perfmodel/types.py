@@ -147,6 +147,18 @@ class Workload:
     #: default) or "channels_last" (NHWC); None: no convolutions stated. Contiguous
     #: tensor-core convolutions pay NCHW <-> NHWC transposes (``compute.transpose_time_s``).
     memory_format: str | None = None
+    #: input + output bytes per sample of the forward convolutions that run channels-first
+    #: (every 1-D convolution: PyTorch hands cuDNN its ``(N, C, L)`` tensors as NCHW; 2-D and
+    #: 3-D ones in NCHW), measured by a tracked run; where given it, not ``memory_format``
+    #: with the stored activations, sets the transposes (``compute.transpose_bytes_per_sample``)
+    nchw_conv_bytes_per_sample: float | None = None
+    #: parameter tensors the optimizer updates (a loop over them launches each one's
+    #: kernels), measured by a tracked run; None: not known
+    optimizer_param_tensors: int | None = None
+    #: how the optimizer's step runs on the GPU: "for-loop", "foreach" or "fused"
+    #: (``compute.OPTIMIZER_IMPLS``); a for-loop costs host time per tensor
+    #: (``compute.optimizer_host_time_s``); None: not stated, none charged
+    optimizer_impl: str | None = None
     #: How expert parallelism moves the tokens (docs/models.md#mixture-of-experts), in
     #: Megatron-Core's ``moe_token_dispatcher_type`` words: "alltoall" (NCCL all-to-all of
     #: every routed copy: Megatron's default, torchtitan's default expert parallel),

@@ -83,18 +83,23 @@ def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
                      moe_routing: str | None = None,
                      pp_microbatches: int | None = None,
                      attention_kernel: str | None = None,
-                     expert_tensor_parallel: int | None = None) -> Workload:
+                     expert_tensor_parallel: int | None = None,
+                     optimizer_impl: str | None = None) -> Workload:
     """``workload`` with what ``--moe-dispatcher``, ``--moe-routing``, ``--pp-microbatches``,
-    ``--attention-kernel`` and ``--expert-tensor-parallel`` say of how the job runs, where
-    given (one clear line for an unknown word)."""
-    from mlflow_gpuopt.perfmodel.compute import normalize_attention_kernel
+    ``--attention-kernel``, ``--expert-tensor-parallel`` and ``--optimizer-impl`` say of how
+    the job runs, where given (one clear line for an unknown word)."""
+    from mlflow_gpuopt.perfmodel.compute import (
+        normalize_attention_kernel,
+        normalize_optimizer_impl,
+    )
     from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
 
     for flag, value, normalize, key in (
             ("--moe-dispatcher", moe_dispatcher, normalize_dispatcher, "moe_dispatcher"),
             ("--moe-routing", moe_routing, normalize_routing, "moe_routing"),
             ("--attention-kernel", attention_kernel, normalize_attention_kernel,
-             "attention_kernel")):
+             "attention_kernel"),
+            ("--optimizer-impl", optimizer_impl, normalize_optimizer_impl, "optimizer_impl")):
         if value is None:
             continue
         try:

@@ -41,6 +41,9 @@ class PredictRequest:
     expert_tensor_parallel: int | None = None
     #: the fused attention kernel the job runs (None: the workload's)
     attention_kernel: str | None = None
+    #: how the job's optimizer step runs on the GPU: for-loop, foreach, fused (None: the
+    #: workload's)
+    optimizer_impl: str | None = None
     instance_type: str | None = None
     inter_node_gbps: float | None = None
     #: the GPUs' power limit (W) for the target and the runs on its GPU type (None: TDP)
@@ -115,7 +118,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     workload = with_run_options(workload, moe_dispatcher=r.moe_dispatcher,
                                 moe_routing=r.moe_routing, pp_microbatches=r.pp_microbatches,
                                 attention_kernel=r.attention_kernel,
-                                expert_tensor_parallel=r.expert_tensor_parallel)
+                                expert_tensor_parallel=r.expert_tensor_parallel,
+                                optimizer_impl=r.optimizer_impl)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a

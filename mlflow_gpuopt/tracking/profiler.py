@@ -44,6 +44,7 @@ from mlflow_gpuopt.tracking.model_facts import (
     optimizer_state_bytes_per_param,
     storage_ptr,
 )
+from mlflow_gpuopt.tracking.optimizers import optimizer_loop_facts
 from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
 
 logger = logging.getLogger(__name__)
@@ -328,6 +329,10 @@ class WorkloadProfiler:
         compiled = self.compiled_kernels_per_micro_step
         kernels = compiled if compiled else eager_kernels
         traffic_ps, matmul_ps, weight_ms = self._traffic(samples, forwards, compiled)
+        loop_tensors, loop_impl = (optimizer_loop_facts(self.optimizer)
+                                   if self.optimizer is not None else (None, None))
+        nchw_conv_ps = (self.ops.traffic.nchw_conv_bytes / samples
+                        if traffic_ps is not None else None)
         cuda_ps = (self._cuda_delta / self._forward_batch
                    if self._cuda_delta is not None and self._forward_batch else None)
         precision, fp8_recipe = self.ran_precision()
@@ -370,6 +375,9 @@ class WorkloadProfiler:
             weight_traffic_bytes_per_micro_step=weight_ms,
             amp_traffic_bytes_per_sample=amp_ps,
             amp_matmul_traffic_bytes_per_sample=amp_matmul_ps,
+            nchw_conv_bytes_per_sample=nchw_conv_ps,
+            optimizer_param_tensors=loop_tensors,
+            optimizer_impl=loop_impl,
             **shape,
         )
 

@@ -61,6 +61,10 @@ MATMUL_TRAFFIC_OPS = frozenset({
     "_cudnn_rnn", "_cudnn_rnn_backward",
 })
 
+#: Convolution operators as a forward dispatches them (``conv1d``/``conv2d``/``conv3d`` and the
+#: transposed ones arrive as ``convolution``).
+CONVOLUTION_FORWARD_OPS = frozenset({"convolution", "_convolution"})
+
 #: CUDA autocast's lower-precision (float16/bfloat16) list as the dispatch mode sees it (aten
 #: names after decomposition: ``linear`` arrives as ``addmm``, ``conv2d`` as
 #: ``convolution``), with the backward operators of those products, which run at their
@@ -164,6 +168,29 @@ def _first_storage(args: tuple) -> int | None:
     return None
 
 
+def channels_first_convolution(args: tuple) -> bool:
+    """Whether a ``convolution(input, weight, ...)`` call runs channels-first on CUDA, as
+    PyTorch hands it to cuDNN: a 1-D convolution always (PyTorch views its ``(N, C, L)``
+    tensors as NCHW ``(N, C, 1, L)``; 3-D tensors have no channels-last format), a 2-D or
+    3-D one unless its input or weight is channels-last, which makes cuDNN run it NHWC
+    (PyTorch's ``cudnn_conv_suggest_memory_format``)."""
+    import torch
+
+    if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
+        return False
+    x, w = args[0], args[1]
+    if x.dim() == 3:
+        return True
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    if fmt is None:
+        return False
+    try:
+        return not any(t.dim() == x.dim() and t.is_contiguous(memory_format=fmt)
+                       and not t.is_contiguous() for t in (x, w))
+    except Exception:  # a tensor subclass whose strides cannot be read
+        return False
+
+
 def _in_backward() -> bool:
     """Whether the operator being dispatched runs inside an autograd graph task."""
     import torch
@@ -184,6 +211,9 @@ class TrafficCount:
         self.activation_bytes = 0
         self.weight_bytes = 0
         self.matmul_bytes = 0  # activation bytes of MATMUL_TRAFFIC_OPS
+        #: input + output bytes of the forward convolutions whose activations are laid out
+        #: channels-first (:func:`channels_first_convolution`)
+        self.nchw_conv_bytes = 0
         #: the same under CUDA autocast (float: 16-bit elements are half an fp32 one)
         self.amp_activation_bytes = 0.0
         self.amp_weight_bytes = 0.0
@@ -257,6 +287,9 @@ class TrafficCount:
         if matmul:
             self.matmul_bytes += moved
             self.amp_matmul_bytes += amp_moved
+        if name in CONVOLUTION_FORWARD_OPS and channels_first_convolution(args):
+            self.nchw_conv_bytes += sum(n for p, n in ins.items() if p not in self._weights)
+            self.nchw_conv_bytes += sum(n for p, n in outs.items() if p not in self._weights)
         if from_weights:
             return
         for ptr in outs:

@@ -100,6 +100,14 @@ class WorkloadProfile:
     amp_traffic_bytes_per_sample: float | None = None
     #: the part of it moved by matrix products and convolutions
     amp_matmul_traffic_bytes_per_sample: float | None = None
+    #: input + output bytes per sample of the forward convolutions that run channels-first
+    #: (1-D ones always, NCHW 2-D/3-D ones; :func:`.traffic.channels_first_convolution`):
+    #: what cuDNN's tensor-core kernels transpose; None: not counted
+    nchw_conv_bytes_per_sample: float | None = None
+    #: parameter tensors the optimizer updates, and how its step runs on CUDA (for-loop,
+    #: foreach, fused: :func:`.optimizers.optimizer_loop_facts`); None: not known
+    optimizer_param_tensors: int | None = None
+    optimizer_impl: str | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
@@ -138,5 +146,6 @@ def whole_sample(profile: WorkloadProfile, cp: int, rank_tokens: int | None,
         matmul_traffic_bytes_per_sample=times(profile.matmul_traffic_bytes_per_sample),
         amp_traffic_bytes_per_sample=times(profile.amp_traffic_bytes_per_sample),
         amp_matmul_traffic_bytes_per_sample=times(profile.amp_matmul_traffic_bytes_per_sample),
+        nchw_conv_bytes_per_sample=times(profile.nchw_conv_bytes_per_sample),
         sequence_split=cp, rank_tokens_per_sample=rank_tokens,
         rank_flops_per_sample=profile.flops_per_sample)

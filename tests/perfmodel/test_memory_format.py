@@ -102,3 +102,39 @@ def test_workload_file_reads_the_spellings_and_refuses_others(tmp_path):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "memory_format" in lines[0]
     assert "Traceback" not in r.output
+
+
+#: A WaveGlow-sized 1-D convolutional network tracked in fp32: 1.86 GB of stored activations
+#: and 1.82 GB of channels-first convolution operands per sample (every Conv1d's input and
+#: output), no ``memory_format`` (no Conv2d layers).
+CONV1D = Workload(params=268_294_760, flops_per_sample=1.568e12, precision="fp32",
+                  activation_bytes_per_sample=1.86e9, nchw_conv_bytes_per_sample=1.82e9)
+
+
+def test_measured_channels_first_convolution_operands_set_the_transposes():
+    # TF32 on the A100's tensor cores: 6 x the measured 1.82 GB (fp32, as measured) at 75 %
+    # of 2,039 GB/s; not the stored activations, and without any memory_format
+    tf32_s = 6 * 1.82e9 / (0.75 * 2039e9)
+    assert compute.transpose_time_s(CONV1D, A100, "tf32") == pytest.approx(tf32_s, rel=1e-12)
+    # fp16: 2-byte operands, half the bytes; on the V100's fp16 tensor cores too
+    assert compute.transpose_time_s(CONV1D, A100, "fp16") == pytest.approx(tf32_s / 2)
+    assert compute.transpose_time_s(CONV1D, V100, "fp16") == pytest.approx(
+        6 * 0.91e9 / (0.75 * 900e9), rel=1e-12)
+    # FP32 on SIMT units: none
+    assert compute.transpose_time_s(CONV1D, V100, "fp32") == 0.0
+    assert compute.operator_class_times_s(CONV1D, A100, "tf32", 4)["transposes"] == \
+        pytest.approx(4 * tf32_s, rel=1e-9)
+
+
+def test_a_measured_zero_overrides_the_memory_format():
+    # every convolution ran channels-last (or there are none): nothing to transpose, even
+    # where the file also says contiguous
+    none = replace(NET, nchw_conv_bytes_per_sample=0.0)
+    assert compute.transpose_time_s(none, A100, "tf32") == 0.0
+    # measured on a channels-last network's NCHW stem: the measured bytes, not zero
+    stem = replace(NET, memory_format="channels_last", nchw_conv_bytes_per_sample=3e6)
+    assert compute.transpose_time_s(stem, A100, "fp16") == pytest.approx(
+        6 * 3e6 / (0.75 * 2039e9), rel=1e-12)
+    assert workload_from_dict({"params": 1, "flops_per_sample": 1.0, "precision": "fp32",
+                               "nchw_conv_bytes_per_sample": 5e6}
+                              ).nchw_conv_bytes_per_sample == 5e6

@@ -20,6 +20,9 @@ def test_a_rank_of_cp4_describes_four_times_its_slice():
     assert (w.tokens_per_sample, w.flops_per_sample) == (2048, 2.4e7)
     assert (w.activation_bytes_per_sample, w.activation_saved_bytes_per_sample) == (1.6e6, 1.2e6)
     assert w.recompute_flops_per_sample == 0.0
+    # the channels-first convolutions' operands grow with the slice like the activations
+    conv = whole_sample(dataclasses.replace(RANK, nchw_conv_bytes_per_sample=5e4), 4, 512)
+    assert conv.nchw_conv_bytes_per_sample == 2e5
     assert (w.sequence_split, w.rank_tokens_per_sample, w.rank_flops_per_sample) == (4, 512, 6e6)
     # per micro-step and per parameter figures are the rank's own: not scaled
     assert (w.micro_batch, w.kernels_per_micro_step, w.params) == (2, 40.0, 1000)
@@ -35,4 +38,5 @@ def test_tokens_the_user_gave_are_kept_and_unknowns_stay_unknown():
     w = whole_sample(bare, 2, rank_tokens=None)
     assert (w.tokens_per_sample, w.flops_per_sample, w.activation_bytes_per_sample) == (
         None, None, None)
+    assert w.nchw_conv_bytes_per_sample is None
     assert w.rank_flops_per_sample is None and w.sequence_split == 2
