@@ -88,7 +88,8 @@ Run: ``python benchmarks/bench_llm.py`` (minutes, CPU only); ``--tasks 2,5`` run
 those tasks (seconds; no infeasible count, no MoE rows); ``--moe``, ``--derive-fp8`` and
 ``--derive-prior-width`` print the derivations of ``compute.FP8_RECIPE_EFFICIENCY`` and
 ``uncertainty.SIGMA_PRIOR_TRANSFORMER``; ``--derive-transfer-width`` (seconds) that of the pair
-spreads above (:func:`derive_transfer_width` states the method).
+spreads above (:func:`derive_transfer_width` states the method), then the check of the MoE
+layers' piece on MoE pairs no task scores (``llm_moe.derive_transfer_width``).
 ``--derive-gemm-efficiency`` inverts the whole model on the derivation rows for the GEMMs' own
 efficiency per GPU generation and precision (the rate at which the predicted step reproduces
 each published whole-step MFU), scores task 5 with it and leaves one source out at a time;
@@ -899,6 +900,9 @@ def main() -> None:
         return
     if "--derive-transfer-width" in sys.argv[1:]:
         derive_transfer_width()
+        import llm_moe
+
+        llm_moe.derive_transfer_width(Path(tempfile.mkdtemp(prefix="bench_llm_moe_pairs_")))
         return
     if "--derive-gemm-efficiency" in sys.argv[1:]:
         derive_gemm_report(load_rows()[0])

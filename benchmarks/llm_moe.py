@@ -24,13 +24,16 @@ the default (Megatron-Bridge's table does not state it).
 Tasks (tokens/s per GPU; the dense rows' goals): scaling (the same source, model, GPU, layout
 and micro-batch measured at its smallest GPU count), across GPU types (the same model and
 source measured on the other GPU type, the smallest such run as the observation), and every
-scored row from its config.json alone.
+scored row from its config.json alone. ``derive_transfer_width`` (``bench_llm.py
+--derive-transfer-width``) checks the MoE layers' width piece on the cross-GPU pairs whose
+target no task scores (the token-dropping rows).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +42,7 @@ from cli_path import PredictError, observations_args, run_predict
 from llm_table import attention_kernel
 
 from mlflow_gpuopt.perfmodel.layout import with_degree
-from scores import summary_line
+from scores import leave_one_model_out, net_piece, summary_line
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "moe_training_throughput.tsv"
@@ -262,3 +265,88 @@ def run(tmp: Path, verbose: bool = False) -> list[str]:
     lines.append(f"  published MoE configurations called infeasible: {len(infeasible)} of "
                  f"{scored} (goal 0)")
     return lines
+
+
+def unscored_transfer_pairs(rows: list[MoeRow]) -> list[tuple[MoeRow, MoeRow]]:
+    """(target, reference) pairs across GPU types whose target no task scores: a row skipped
+    for token dropping (its capacity factor unstated: the same recipe and release on both GPU
+    types, so the reference's calibration carries it) predicted from the row of the same
+    source, release, config.json and precision on the other GPU type, the smallest such run,
+    as :func:`moe_tasks` pairs the scored rows."""
+    out = []
+    for t in rows:
+        if t.skip_reason() is None or t.routing != "tokendrop" or t.gpu not in GPUS:
+            continue
+        others = [r for r in rows if r.gpu != t.gpu and r.gpu in GPUS and r.source == t.source
+                  and r.date == t.date and r.config == t.config and r.precision == t.precision]
+        if others:
+            smallest = min(o.gpus for o in others)
+            out.append((t, [o for o in others if o.gpus == smallest][0]))
+    return out
+
+
+def other_pieces(out: dict, without: str) -> float:
+    """The combined σ of a ``predict --json`` answer's width pieces other than ``without``."""
+    return math.sqrt(sum(w["log_sigma"] ** 2 for w in out["width_terms"]
+                         if w["term"] != without))
+
+
+def derive_transfer_width(tmp: Path) -> float:
+    """``bench_llm.py --derive-transfer-width``'s mixture-of-experts part: the MoE layers'
+    piece a run measured on another GPU type leaves, from pairs no task scores
+    (:func:`unscored_transfer_pairs`), each target predicted from its reference through
+    ``predict`` as the across-GPU task does. Per model, log(published / predicted) beside the
+    interval's other pieces (everything but ``uncertainty.TERM_MOE``); the piece is what the
+    errors show beyond them (``scores.net_piece``), used in place of ``SIGMA_MOE_LAYERS``
+    only where, picked leave-one-model-out, it covers at least 80 % of the held-out rows.
+    Then, as a check and never used, the scored rows predicted from the references the task
+    did not pick (other releases of the same configuration): their targets are scored."""
+    from mlflow_gpuopt.perfmodel import uncertainty as unc
+
+    rows = load_moe_rows()
+    logs: dict[str, list[tuple[float, float]]] = {}
+    print("Mixture of experts, another GPU type, pairs whose target no task scores "
+          "(token-dropping rows, the same release on the other GPU type as the observation):")
+    for target, ref in unscored_transfer_pairs(rows):
+        label = (f"{target.date[:7]} {target.model[:28]} {target.gpus}x{target.gpu} "
+                 f"from {ref.model[:28]} {ref.gpus}x{ref.gpu}")
+        try:
+            got, _, _, _, out = predict(target, [ref], tmp)
+        except PredictError as exc:
+            print(f"  {label}: not predicted ({exc})")
+            continue
+        e = math.log(target.tokens_per_s_per_gpu / got)
+        rest = other_pieces(out, unc.TERM_MOE)
+        logs.setdefault(target.config, []).append((e, rest))
+        print(f"  {label}: log(published/predicted) {e:+.3f}, other pieces {rest:.3f}")
+    errors = [e for v in logs.values() for e, _ in v]
+    piece = net_piece(logs)
+    covered, n = leave_one_model_out(logs)
+    if n:
+        rms_e = math.sqrt(sum(e * e for e in errors) / n)
+        rms_rest = math.sqrt(sum(s * s for v in logs.values() for _, s in v) / n)
+        print(f"  RMS {rms_e:.3f} over {n} rows of {len(logs)} models, other pieces "
+              f"{rms_rest:.3f}: MoE piece {piece:.3f}; leave-one-model-out coverage "
+              f"{100 * covered / n:.1f}% of {n} rows")
+    used = n > 0 and covered >= 0.8 * n
+    print(f"  MoE transfer piece {piece:.3f}: "
+          + ("used" if used else f"not used, SIGMA_MOE_LAYERS {unc.SIGMA_MOE_LAYERS} stays "
+             "(leave-one-model-out coverage below 80 %)"))
+    print("  check, not used (scored targets, the references the task did not pick):")
+    scored = [r for r in rows if r.skip_reason() is None]
+    both = {m: list(v) for m, v in logs.items()}
+    for t, refs in moe_tasks(rows)[TASKS[1]]:
+        for ref in scored:
+            if (ref not in refs and ref.gpu != t.gpu and ref.source == t.source
+                    and ref.config == t.config and ref.precision == t.precision):
+                got, _, _, _, out = predict(t, [ref], tmp)
+                e = math.log(t.tokens_per_s_per_gpu / got)
+                rest = other_pieces(out, unc.TERM_MOE)
+                both.setdefault(t.config, []).append((e, rest))
+                print(f"    {t.date[:7]} {t.model[:20]} {t.gpus}x{t.gpu} from {ref.date[:7]} "
+                      f"{ref.gpus}x{ref.gpu}: {e:+.3f}, other pieces {rest:.3f}")
+    covered, n = leave_one_model_out(both)
+    if n:
+        print(f"    with them: MoE piece {net_piece(both):.3f} over {n} rows, "
+              f"leave-one-model-out coverage {100 * covered / n:.1f}%")
+    return piece

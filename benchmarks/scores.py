@@ -55,3 +55,32 @@ def explain_widths(name: str, rows: list[tuple[str, float, list[dict], float]],
             out.append(f"      {label}: log error {e:+.3f}, σ {s:.3f} = "
                        + " ⊕ ".join(f"{t['log_sigma']:.3f}" for t in terms))
     return out
+
+
+def net_piece(logs: dict[str, list[tuple[float, float]]]) -> float:
+    """The piece a set of transfer pairs shows beyond the widths their intervals already
+    hold: ``logs`` holds per model (log(published / predicted), the combined σ of the
+    interval's other pieces) per row; sqrt(max(0, mean e² − mean σ²)) over the rows or over
+    the models weighted equally (each model's own mean), whichever is larger; 0 where the
+    other pieces already hold the errors. 0 for no rows."""
+    rows = [x for v in logs.values() for x in v]
+    if not rows:
+        return 0.0
+
+    def excess(v: list[tuple[float, float]]) -> float:
+        return statistics.fmean(e * e - s * s for e, s in v)
+
+    every = excess(rows)
+    per_model = statistics.fmean(excess(v) for v in logs.values())
+    return math.sqrt(max(0.0, every, per_model))
+
+
+def leave_one_model_out(logs: dict[str, list[tuple[float, float]]],
+                        z: float = 1.6448536269514722) -> tuple[int, int]:
+    """(rows covered, rows) when each model's rows get the :func:`net_piece` of the other
+    models beside their own other pieces: covered where |e| <= z · hypot(piece, σ)."""
+    covered = 0
+    for held, own in logs.items():
+        piece = net_piece({m: v for m, v in logs.items() if m != held})
+        covered += sum(abs(e) <= z * math.hypot(piece, s) for e, s in own)
+    return covered, sum(len(v) for v in logs.values())

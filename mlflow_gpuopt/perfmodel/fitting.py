@@ -451,7 +451,8 @@ def excess_as_throughput(split: tuple[float, float, tuple[float, float]],
 def excess_is_throughput(workload: Workload) -> bool:
     """Whether a measurement's time beyond the roofline is carried to another GPU type as GPU
     throughput work (:func:`excess_as_throughput`, with the width
-    ``uncertainty.TERM_UNEXPLAINED`` half the log distance to the latency-bound reading)
+    ``uncertainty.TERM_UNEXPLAINED`` a share of the log distance to the latency-bound reading,
+    ``uncertainty.UNEXPLAINED_SCALING_SHARE``)
     rather than as latency-bound work: for a mixture of experts. Megatron-Bridge's dropless
     Qwen3-30B-A3B runs, the MoE runs measured slower than their roofline on two GPU types,
     show an excess that grows with the tokens (H100 at micro-batch 1 and 2: ~1 ms a layer

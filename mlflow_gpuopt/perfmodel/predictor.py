@@ -375,13 +375,14 @@ class Predictor:
         hypotheses = self._hypotheses.get(key)
         if hypotheses is not None:
             # The measured time beyond the roofline carried as throughput work: the width is
-            # half the log distance to the latency-bound reading.
+            # the share of the log distance to the latency-bound reading that the measured
+            # excess's scaling leaves open (uncertainty.UNEXPLAINED_SCALING_SHARE).
             ends = [step_terms(self.workload, hardware, precision, layout, m, config.grad_accum,
                                self._shape, self._opt_bytes, c, rfactor, recompute == "full")
                     for c in hypotheses]
-            widths.append((unc.TERM_UNEXPLAINED, 0.5 * abs(math.log(
-                (ends[0].samples_per_step / ends[0].step_s)
-                / (ends[1].samples_per_step / ends[1].step_s)))))
+            widths.append((unc.TERM_UNEXPLAINED, unc.unexplained_sigma(
+                ends[1].samples_per_step / ends[1].step_s,
+                ends[0].samples_per_step / ends[0].step_s)))
         if key not in res.log_compute_scale and res.log_compute_scale:
             # FLOPs-only fallbacks (architecture unknown) widen a prediction carried from
             # another GPU or precision: each default's spread times how far it moves this
