@@ -100,6 +100,10 @@ class WorkloadProfile:
     amp_traffic_bytes_per_sample: float | None = None
     #: the part of it moved by matrix products and convolutions
     amp_matmul_traffic_bytes_per_sample: float | None = None
+    #: ``kernels_per_micro_step`` as the step would launch them under CUDA autocast: the
+    #: eager count plus the cast kernels autocast puts before the operators (:mod:`.traffic`)
+    #: for an fp32/TF32 step, the count itself for a step that ran 16-bit; None: not counted
+    amp_kernels_per_micro_step: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
