@@ -915,11 +915,13 @@ def kernel_count(workload: Workload, precision: str | None = None
 def amp_kernels(workload: Workload, precision: str) -> float | None:
     """Kernels per micro-step of an fp32/TF32 workload at a mixed ``precision`` (fp16, bf16,
     FP8) from its measured ``amp_kernels_per_micro_step``, or None where there is none or no
-    conversion is asked (a workload measured 16-bit counted its casts as it ran them;
-    docs/metrics.md#artifacts-and-profilejson)."""
+    conversion is asked (a workload measured 16-bit counted its casts as it ran them; a
+    ``master_weights`` job runs a 16-bit model, which autocast does not cast operator by
+    operator; docs/metrics.md#artifacts-and-profilejson)."""
     amp = workload.amp_kernels_per_micro_step
     if (not amp or amp <= 0 or not is_mixed(normalize_precision(precision))
-            or is_mixed(normalize_precision(workload.precision))):
+            or is_mixed(normalize_precision(workload.precision))
+            or mixed_precision_mode(workload) == "master_weights"):
         return None
     return float(amp)
 

@@ -139,5 +139,8 @@ def test_the_dispatch_terms_take_the_casts():
     # a 16-bit workload's count has its casts: the autocast one is not read
     half = dataclasses.replace(FP32, precision="bf16")
     assert compute.kernel_count(half, "fp16") == (1000.0, "measured")
+    # the model itself in 16 bits (apex O2): no per-operator casts
+    o2 = dataclasses.replace(FP32, mixed_precision="master_weights")
+    assert compute.kernel_count(o2, "fp16") == (1000.0, "measured")
     assert fitting.dispatch_bound_s(FP32, "fp32") == pytest.approx(
         1000 * compute.KERNEL_DISPATCH_S)
