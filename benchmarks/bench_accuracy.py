@@ -31,7 +31,8 @@ adds the tracked path's tasks beside tasks 3 and 2 on the same rows: 3t, no GPU 
 ``predict --run-id`` with the row's batch and precision (with its leave-one-model-out width
 check), and 2t, the GPU row with the run's ``profile.json`` as the workload file.
 ``--store DIR`` keeps that store (and ``DIR/runs.json``, the run of each model) in DIR;
-``--reuse`` beside it scores the runs DIR already holds instead of tracking them again.
+``--reuse`` beside it scores the runs DIR already holds instead of tracking them again;
+``--dump FILE`` writes tasks 3t's and 2t's rows as JSON (to pool the runs of several stores).
 
 
 Run: ``python benchmarks/bench_accuracy.py`` (a few seconds, CPU only); ``--explain-width``
@@ -56,7 +57,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from cli_path import observations_args, run_predict
@@ -240,6 +241,7 @@ class Result:
     log_error: float = math.nan  # log(published / predicted)
     width_terms: tuple = ()  # predict --json's width_terms
     log_sigma: float = math.nan
+    family: str = ""  # the row's precision family (FAMILY): fp32 (FP32, TF32) or amp
 
 
 _TMP: list[Path] = []
@@ -490,7 +492,24 @@ def _tracked_result(t: Row, units: int, p: dict) -> Result:
     actual = t.throughput / units  # the run's samples are batch items (clips, sentences)
     return Result(t.model, abs(p["throughput_samples_per_s"] / actual - 1),
                   p["low"] <= actual <= p["high"], math.nan, p["high"] / p["low"],
-                  log_error=math.log(actual / p["throughput_samples_per_s"]))
+                  log_error=math.log(actual / p["throughput_samples_per_s"]),
+                  family=FAMILY[t.precision])
+
+
+def print_precision_gap(results: list[Result]) -> None:
+    """Per model: mean log(published / predicted) of its mixed-precision rows, of its
+    FP32/TF32 rows, and the difference (AMP minus FP32): what a precision change the model
+    misses leaves."""
+    by = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        by[r.model][r.family].append(r.log_error)
+    for model in sorted(by):
+        amp, fp32 = by[model].get("amp"), by[model].get("fp32")
+        if not amp or not fp32:
+            continue
+        a, f = statistics.fmean(amp), statistics.fmean(fp32)
+        print(f"  {model:28s} AMP {a:+.3f} ({len(amp)})  FP32/TF32 {f:+.3f} ({len(fp32)})  "
+              f"AMP - FP32 {a - f:+.3f}")
 
 
 def task_tracked_prior(rows, wl, runs) -> list[Result]:
@@ -730,13 +749,22 @@ def main() -> int:
         summaries["3t no GPU run, tracked CPU profile"] = report(
             "Task 3t: no GPU measurement, predict --run-id of the CPU run", tracked_prior,
             "none")
+        print("\n== Task 3t mean log(published / predicted) by precision")
+        print_precision_gap(tracked_prior)
         print("\n== Task 3t interval width leave-one-model-out (not-described models)")
         lomo_tracked_prior_width(tracked_prior, wl)
         summaries["2 across GPU types, the tracked models' files"] = report(
             "Task 2 on the tracked models, workload files", cross, "peak-FLOPs ratio")
+        tracked_cross = task_tracked_cross_gpu(rows, wl, runs)
         summaries["2t across GPU types, tracked profile"] = report(
             "Task 2t: across GPU types, the GPU row + the CPU run's profile.json",
-            task_tracked_cross_gpu(rows, wl, runs), "none")
+            tracked_cross, "none")
+        print("\n== Task 2t mean log(published / predicted) by precision")
+        print_precision_gap(tracked_cross)
+        if "--dump" in sys.argv[1:]:  # the tracked tasks' rows, to pool several stores
+            Path(sys.argv[sys.argv.index("--dump") + 1]).write_text(json.dumps(
+                {"3t": [asdict(r) for r in tracked_prior],
+                 "2t": [asdict(r) for r in tracked_cross]}, default=str))
     if "--lomo" in sys.argv[1:]:
         print("\n== Task 2 leave-one-model-out: constants picked without the model scored")
         summaries["2 across GPU types, leave-one-model-out"] = report(

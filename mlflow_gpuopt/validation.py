@@ -104,6 +104,7 @@ BOUNDS: dict[str, Bound] = {
     "recompute_flops_per_sample": Bound(0, 1e21, "a replay reruns at most the forward"),
     # An eager step of a large model dispatches ~1e4–1e5 operators.
     "kernels_per_micro_step": Bound(0, 1e8, "an eager step launches ~1e5 kernels"),
+    "amp_kernels_per_micro_step": Bound(0, 1e8, "an eager step launches ~1e5 kernels"),
     "num_layers": Bound(0, 1e5, "the deepest trained networks have ~1e3-1e4 layers"),
     "hidden_size": Bound(0, 1e7, "the widest models have hidden sizes ~3e4"),
     # The largest runs train on ~1.5e13 tokens (Llama 3); a sample holds at least one token.

@@ -58,7 +58,8 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "recompute_flops_per_sample", "capacity_factor",
                "weight_traffic_bytes_per_micro_step", "matmul_traffic_bytes_per_sample",
                "gemm_reduction_per_micro_step", "amp_traffic_bytes_per_sample",
-               "amp_matmul_traffic_bytes_per_sample", "nchw_conv_bytes_per_sample"}
+               "amp_matmul_traffic_bytes_per_sample", "nchw_conv_bytes_per_sample",
+               "amp_kernels_per_micro_step"}
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
              "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing", "tp_overlap",

@@ -907,17 +907,36 @@ def weight_bytes_per_param(precision: str) -> int:
     return 2 if is_mixed(precision) else 4
 
 
-def kernel_count(workload: Workload) -> tuple[float | None, str]:
-    """(operators one forward+backward of a micro-batch dispatches, where the number comes
-    from): the profile's count (``measured``); for a transformer whose architecture is given,
-    ``KERNELS_PER_LAYER_STEP`` × layers + ``KERNELS_OUTSIDE_LAYERS`` (``architecture``); else
-    (None, ``flat``): the flat ``MICRO_STEP_OVERHEAD_S`` applies."""
+def kernel_count(workload: Workload, precision: str | None = None
+                 ) -> tuple[float | None, str]:
+    """(operators one forward+backward of a micro-batch dispatches at ``precision``, where
+    the number comes from): the profile's count (``measured``), under CUDA autocast
+    (``amp_kernels_per_micro_step``: the casts autocast launches included) for a mixed
+    ``precision`` of an fp32/TF32 workload (:func:`amp_kernels`); for a transformer whose
+    architecture is given, ``KERNELS_PER_LAYER_STEP`` × layers + ``KERNELS_OUTSIDE_LAYERS``
+    (``architecture``); else (None, ``flat``): the flat ``MICRO_STEP_OVERHEAD_S`` applies.
+    Without ``precision``, the count at the workload's own."""
     if workload.kernels_per_micro_step and workload.kernels_per_micro_step > 0:
-        return float(workload.kernels_per_micro_step), "measured"
+        amp = amp_kernels(workload, precision) if precision is not None else None
+        return float(amp if amp is not None else workload.kernels_per_micro_step), "measured"
     if formula_activation_bytes_per_sample(workload, "bf16") is not None:
         return (float(KERNELS_PER_LAYER_STEP * int(workload.num_layers)
                       + KERNELS_OUTSIDE_LAYERS), "architecture")
     return None, "flat"
+
+
+def amp_kernels(workload: Workload, precision: str) -> float | None:
+    """Kernels per micro-step of an fp32/TF32 workload at a mixed ``precision`` (fp16, bf16,
+    FP8) from its measured ``amp_kernels_per_micro_step``, or None where there is none or no
+    conversion is asked (a workload measured 16-bit counted its casts as it ran them; a
+    ``master_weights`` job runs a 16-bit model, which autocast does not cast operator by
+    operator; docs/metrics.md#artifacts-and-profilejson)."""
+    amp = workload.amp_kernels_per_micro_step
+    if (not amp or amp <= 0 or not is_mixed(normalize_precision(precision))
+            or is_mixed(normalize_precision(workload.precision))
+            or mixed_precision_mode(workload) == "master_weights"):
+        return None
+    return float(amp)
 
 
 def micro_step_overhead_s(kernels_per_micro_step: float | None) -> float:
@@ -1135,5 +1154,5 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
                                            m * float(workload.tokens_per_sample or 0))
     out["latency"] = latency_time_s(latency_flops[0], latency_flops[1], m, hardware)
     overhead = k * fixed_scale if overhead_scale is None else overhead_scale
-    out["dispatch"] = overhead * micro_step_overhead_s(kernel_count(workload)[0])
+    out["dispatch"] = overhead * micro_step_overhead_s(kernel_count(workload, p)[0])
     return out

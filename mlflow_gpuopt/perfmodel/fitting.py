@@ -382,7 +382,8 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
     measured layout (:func:`moe_split_terms`: host seconds with ``a``, GPU seconds with
     ``b·m``), which the fit scaled as the step does and which the roofline has too.
     """
-    a = fixed_time_prior_s(workload.params, hardware, precision, kernel_count(workload)[0],
+    a = fixed_time_prior_s(workload.params, hardware, precision,
+                           kernel_count(workload, precision)[0],
                            workload) + moe_s[0]
     b = (per_sample_time_prior_s(workload, hardware, precision)
          + (moe_s[1] / micro_batch if micro_batch > 0 else 0.0))
@@ -395,7 +396,7 @@ def split_latency_bound(workload: Workload, hardware: Hardware, precision: str,
         k_new = min(fitted_b, b) / b
         r_new = min(fitted_a, a) / (a * k_new)
         return k_new, r_new, (max(0.0, fitted_a - a) * rate, max(0.0, fitted_b - b) * rate)
-    fixed = min(LATENCY_FIXED_SHARE * excess, dispatch_bound_s(workload))
+    fixed = min(LATENCY_FIXED_SHARE * excess, dispatch_bound_s(workload, precision))
     return 1.0, fixed_scale, (fixed * rate, (excess - fixed) * rate / micro_batch)
 
 
@@ -487,10 +488,11 @@ def moe_split_terms(workload: Workload, layout: Layout, hardware: Hardware, prec
             * layout.tp * layout.pp * layout.cp)
 
 
-def dispatch_bound_s(workload: Workload) -> float:
+def dispatch_bound_s(workload: Workload, precision: str | None = None) -> float:
     """Cap (seconds) on the batch-independent share of a micro-step's time beyond the
     roofline: its kernels one after another at ``KERNEL_DISPATCH_S`` each — the profiled
-    count (``kernels_per_micro_step``) where the workload has one, else
+    count at ``precision`` (``kernels_per_micro_step``, under autocast for a mixed precision
+    of an fp32 profile: ``compute.kernel_count``) where the workload has one, else
     ``KERNELS_PER_LAYER_STEP`` per layer (a guess that misses recurrent loops: a 570-step
     decoder launches thousands).
 
@@ -500,7 +502,7 @@ def dispatch_bound_s(workload: Workload) -> float:
     bounded by the same per-kernel figure. Additive rather than max(dispatch, GPU): host
     dispatch and GPU-side latency are spent one after the other for kernels too small to
     overlap, and the additive form predicts ``benchmarks/bench_accuracy.py`` better."""
-    count, _ = kernel_count(workload)
+    count, _ = kernel_count(workload, precision)
     if count:
         return count * KERNEL_DISPATCH_S
     layers = model_shape(workload).num_layers

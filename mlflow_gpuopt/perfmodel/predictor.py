@@ -136,10 +136,12 @@ class Predictor:
 
     def with_kernels_per_micro_step(self, kernels: float) -> Predictor:
         """The same fitted model for the workload launching ``kernels`` per micro-step (a
-        compiled one): only the dispatch term of the step changes."""
+        compiled one, its casts fused into its kernels): only the dispatch term of the step
+        changes."""
         from dataclasses import replace
 
-        return Predictor(replace(self.workload, kernels_per_micro_step=kernels), self.result,
+        return Predictor(replace(self.workload, kernels_per_micro_step=kernels,
+                                 amp_kernels_per_micro_step=None), self.result,
                          self._observed)
 
     @property

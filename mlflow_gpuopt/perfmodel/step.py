@@ -201,7 +201,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     kr = k * calib.fixed_scale
     # Each pipeline stage's process dispatches its own layers' kernels; tensor parallelism
     # splits each kernel but still dispatches all of them. Counted, or from the architecture.
-    kernels, _ = kernel_count(workload)
+    kernels, _ = kernel_count(workload, precision)
     overhead = micro_step_overhead_s(kernels / pp if kernels else None)
     a = (kr * (weight_traffic_time_s(params_shard, hardware, precision, workload)
                + wave_tail_time_s(workload, hardware, precision) / pp)

@@ -107,7 +107,11 @@ def transfer(proxy: Predictor, target: Workload, *, source: str = "") -> Predict
     if not kernels and src.kernels_per_micro_step:
         per_layer = src.kernels_per_micro_step / proxy_layers
         kernels = per_layer * target_layers
-        target = replace(target, kernels_per_micro_step=kernels)
+        # the casts autocast adds (compute.kernel_count) scale with the same layers
+        amp = (src.amp_kernels_per_micro_step / proxy_layers * target_layers
+               if src.amp_kernels_per_micro_step and not target.amp_kernels_per_micro_step
+               else target.amp_kernels_per_micro_step)
+        target = replace(target, kernels_per_micro_step=kernels, amp_kernels_per_micro_step=amp)
         kernel_note = (f"kernels per micro-step {kernels:,.0f}: the proxy's "
                        f"{src.kernels_per_micro_step:,.0f} over {proxy_layers} layer(s)"
                        + (" (estimated)" if proxy_est else "") + f" × {target_layers} layer(s)"

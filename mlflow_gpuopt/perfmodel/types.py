@@ -64,6 +64,10 @@ class Workload:
     #: kernels launched by one forward+backward of a micro-batch (the profiler counts the
     #: operators dispatched in eager mode); bounds the batch-independent latency of a step
     kernels_per_micro_step: float | None = None
+    #: ``kernels_per_micro_step`` under CUDA autocast (the eager count plus the cast kernels
+    #: autocast launches before the operators), measured; used for a 16-bit prediction of an
+    #: fp32/TF32 workload (``compute.kernel_count``). None: the count as it is
+    amp_kernels_per_micro_step: float | None = None
     #: Architecture for the activation formula (:mod:`.activations`); with ``num_layers``,
     #: ``hidden_size`` and ``tokens_per_sample`` (the sequence length) it replaces the
     #: FLOPs-based activation estimate when no measured figure is given.

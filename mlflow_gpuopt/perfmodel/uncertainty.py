@@ -39,10 +39,10 @@ SIGMA_PRIOR_ONLY = 0.75
 #: strays on whole steps. ``bench_accuracy.py --tracked`` prints, for the eight
 #: DeepLearningExamples models it tracks that are not described transformers, the mean
 #: log(published / predicted) of their 1-GPU rows through ``predict --run-id`` (AMP rows from
-#: the profile's bytes under autocast): NCF +0.06, Transformer-XL base +0.12, SSD300 −0.06,
-#: Transformer-XL large +0.09, ResNet-50 −0.09, GNMT +0.20, Tacotron 2 −0.37, WaveGlow −0.86
-#: (RMS 0.07, 0.15, 0.14, 0.17, 0.11, 0.21, 0.49, 0.90); per-class root-mean-square 0.384
-#: (0.319 over the 50 rows), 0.39 (90 % interval ×/÷1.9, width 3.6× against
+#: the profile's bytes and kernels under autocast): NCF +0.06, Transformer-XL base +0.12,
+#: SSD300 −0.06, Transformer-XL large +0.09, ResNet-50 −0.09, GNMT +0.20, Tacotron 2 −0.36,
+#: WaveGlow −0.86 (RMS 0.08, 0.15, 0.13, 0.17, 0.10, 0.21, 0.48, 0.90); per-class
+#: root-mean-square 0.382 (0.317 over the 50 rows), 0.39 (90 % interval ×/÷1.9, width 3.6× against
 #: ``SIGMA_PRIOR_ONLY``'s 11.8×). Picked leave-one-model-out (the other seven classes' RMS,
 #: 0.23-0.41) it covers 88.0 % of the rows (the misses two of Tacotron 2's four, all four of
 #: WaveGlow's). The GEMMs' wave tails (``compute.wave_tail_time_s``, the tile of the path

@@ -10,6 +10,9 @@ copy, no extra forward) and divides by the samples they held.
   optimizer's own ``step()`` (a closure passed to ``step()`` is wrapped for the profiled step
   only and its operators stay in), divided by the forwards. The loss, gradient clipping, a
   GradScaler's unscale and host-to-device copies stay in: they cost launches every step.
+* Kernels under CUDA autocast: that count plus the cast kernels autocast would put before
+  the operators of an fp32/TF32 step (:class:`~.traffic.TrafficCount`'s ``amp_casts``), per
+  micro-step; a step that ran 16-bit launched its casts already and keeps its own count.
 * Activation bytes, from the first forward: saved-for-backward tensors
   (``saved_tensors_hooks``, de-duplicated by storage, parameters excluded), and on CUDA the
   allocator's peak growth during the forward.
@@ -160,6 +163,13 @@ class WorkloadProfiler:
         self._gemm_mode.__enter__()
         if self._in_optimizer_step:  # begun in a closure: the step's operators so far are 0
             self._step_pre_count = 0
+
+    def new_forward(self) -> None:
+        """The forward of another micro-batch of the profiled step begins (after the first):
+        autocast would cast the weights again (:meth:`~.traffic.TrafficCount.new_forward`)."""
+        traffic = self.ops.traffic if self.ops is not None else None
+        if traffic is not None:
+            traffic.new_forward()
 
     def _grad_storages(self) -> set[int]:
         """Storages of the parameters' gradients as they are now."""
@@ -338,6 +348,8 @@ class WorkloadProfiler:
         precision, fp8_recipe = self.ran_precision()
         amp_ps, amp_matmul_ps = self._amp_traffic(samples, traffic_ps, matmul_ps,
                                                   o.get("precision") or precision)
+        amp_kernels = self._amp_kernels(eager_kernels, forwards, traffic_ps,
+                                        o.get("precision") or precision)
         from mlflow_gpuopt.tracking.architecture import architecture_of
         from mlflow_gpuopt.tracking.moe_layers import moe_fields_of
 
@@ -378,6 +390,7 @@ class WorkloadProfiler:
             nchw_conv_bytes_per_sample=nchw_conv_ps,
             optimizer_param_tensors=loop_tensors,
             optimizer_impl=loop_impl,
+            amp_kernels_per_micro_step=amp_kernels,
             **shape,
         )
 
@@ -406,6 +419,19 @@ class WorkloadProfiler:
             return traffic_ps, matmul_ps
         traffic = self.ops.traffic
         return traffic.amp_activation_bytes / samples, traffic.amp_matmul_bytes / samples
+
+    def _amp_kernels(self, eager_kernels: float | None, forwards: int,
+                     traffic_ps: float | None, precision: str | None) -> float | None:
+        """Kernels per micro-step under CUDA autocast: the eager count plus the casts
+        autocast would launch (:class:`~.traffic.TrafficCount`'s ``amp_casts``) for an
+        fp32/TF32 step; the eager count itself where the step ran 16-bit (its casts were
+        dispatched and counted). None where the operators' census is not complete
+        (``traffic_ps`` None: a compiled step, a census that failed)."""
+        if eager_kernels is None or traffic_ps is None:
+            return None
+        if precision in ("fp16", "bf16", "fp8"):
+            return eager_kernels
+        return eager_kernels + self.ops.traffic.amp_casts / max(1, forwards)
 
     def ran_precision(self) -> tuple[str | None, str | None]:
         """``(precision, fp8_recipe)`` of the profiled step: FP8 layers that ran FP8, else

@@ -247,6 +247,8 @@ class StepClock:
                     if x.dim() == 2 and not x.is_floating_point():
                         self._count_tokens(x, kwargs)
                 self.pending_forwards += 1
+                if self.profiler is not None and self.profiler.active:
+                    self.profiler.new_forward()  # another micro-batch of the profiled step
         except Exception as exc:
             self._fail("forward hook", exc)
             return None

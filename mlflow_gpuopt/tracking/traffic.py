@@ -43,6 +43,13 @@ their inputs' type). Every other operator reads each
 input at its own width and writes the widest floating input's (type promotion; 0-dim
 scalars do not promote; batch norm writes its input's, as cuDNN's mixed kernel does). Only
 fp32 tensors change width.
+
+Each of those casts is a kernel of its own (``aten::_to_copy``) that the fp32 step did not
+launch: ``amp_casts`` counts them (a weight's once a forward, autocast's cache lasting one
+autocast region: :meth:`TrafficCount.new_forward`; an activation's at every forward use; a
+gradient's on its way into a lower-precision backward operator or up into a float32-list
+one). Mixed-dtype inputs of every other operator are converted inside its kernel (CUDA's
+TensorIterator casts as it loads), so they launch nothing more.
 """
 
 from __future__ import annotations
@@ -218,6 +225,8 @@ class TrafficCount:
         self.amp_activation_bytes = 0.0
         self.amp_weight_bytes = 0.0
         self.amp_matmul_bytes = 0.0
+        #: cast kernels autocast would launch before the operators (see the module doc)
+        self.amp_casts = 0
         #: fp32 storages that hold 16-bit data under autocast
         self._half: set[int] = set()
         #: storages whose cast autocast keeps: an fp32 one's 16-bit copy (a weight's, cached
@@ -313,6 +322,12 @@ class TrafficCount:
         else:
             self._half.discard(ptr)
 
+    def new_forward(self) -> None:
+        """A forward of the next micro-batch begins: autocast's cache of the weights' 16-bit
+        copies lasts one autocast region (``torch.autocast`` clears it on exit, and a
+        training loop enters one per forward), so this forward casts the weights again."""
+        self._copies -= self._weights
+
     def _amp_read(self, ptr: int, nbytes: int, is_fp32: bool, policy: str,
                   backward: bool) -> float:
         """Bytes under autocast of reading ``nbytes`` (as they ran) of storage ``ptr`` by an
@@ -327,11 +342,13 @@ class TrafficCount:
             if ptr in self._copies and (backward or ptr in self._weights):
                 return nbytes / 2
             self._copies.add(ptr)
+            self.amp_casts += 1
             return nbytes + nbytes / 2 + nbytes / 2  # cast: read 4, write 2; then read 2
         if policy == "fp32" and half:
             if ptr in self._copies and backward:  # the fp32 copy saved for the backward
                 return float(nbytes)
             self._copies.add(ptr)
+            self.amp_casts += 1
             return nbytes / 2 + nbytes + nbytes  # cast up: read 2, write 4; then read 4
         return nbytes / 2 if half else float(nbytes)
 

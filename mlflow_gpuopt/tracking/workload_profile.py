@@ -108,6 +108,10 @@ class WorkloadProfile:
     #: foreach, fused: :func:`.optimizers.optimizer_loop_facts`); None: not known
     optimizer_param_tensors: int | None = None
     optimizer_impl: str | None = None
+    #: ``kernels_per_micro_step`` as the step would launch them under CUDA autocast: the
+    #: eager count plus the cast kernels autocast puts before the operators (:mod:`.traffic`)
+    #: for an fp32/TF32 step, the count itself for a step that ran 16-bit; None: not counted
+    amp_kernels_per_micro_step: float | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""

@@ -102,6 +102,17 @@ def test_kernels_per_layer_carry_to_the_target_shape():
     assert own.workload.kernels_per_micro_step == 7.0
 
 
+def test_the_autocast_count_carries_per_layer_with_the_kernels():
+    # 16 layers: 125 kernels and 150 under autocast (the casts) per layer, to 24 layers
+    proxy = replace(SMALL, kernels_per_micro_step=2000.0, amp_kernels_per_micro_step=2400.0)
+    pred = fit_proxy(proxy, _measured(proxy, 1.2), HW, BIG)
+    assert pred.workload.kernels_per_micro_step == pytest.approx(125.0 * 24)
+    assert pred.workload.amp_kernels_per_micro_step == pytest.approx(150.0 * 24)
+    plain = fit_proxy(replace(proxy, amp_kernels_per_micro_step=None),
+                      _measured(proxy, 1.2), HW, BIG)
+    assert plain.workload.amp_kernels_per_micro_step is None
+
+
 def test_cpu_proxy_carries_only_its_kernels_per_layer():
     proxy = replace(SMALL, kernels_per_micro_step=800.0)  # 50 per layer
     cpu = [Observation(gpu="cpu", gpu_count=1, throughput_samples_per_s=3.0, micro_batch=4)]
