@@ -6,6 +6,7 @@ module. Each test counts steps, samples, micro-batches and FLOPs itself and comp
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -374,3 +375,52 @@ def test_gan_step_framed_by_hand_is_profiled_whole(tracking_uri, caplog):
     assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
         gan_iteration_flops_per_sample("iteration"), rel=0.01)
     assert gpuopt_warnings(caplog) == []
+
+
+class _SlowOnCall(nn.Module):
+    """A linear layer whose forward sleeps ``pause_s`` on call ``slow_call`` (0-based)."""
+
+    def __init__(self, slow_call: int, pause_s: float) -> None:
+        super().__init__()
+        self.lin, self.calls, self.slow_call, self.pause_s = nn.Linear(16, 4), 0, slow_call, \
+            pause_s
+
+    def forward(self, x):
+        if self.calls == self.slow_call:
+            time.sleep(self.pause_s)
+        self.calls += 1
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("warmup,steps,steady", [(1, 10, 8), (0, 10, 9), (6, 4, 2)],
+                         ids=["warmup-1", "warmup-0", "run-shorter-than-warmup"])
+def test_the_profiled_step_is_left_out_of_the_steady_state(tracking_uri, warmup, steps,
+                                                           steady):
+    """The profiled step (``profile_step`` 1: FLOP counting, saved-tensor hooks and, first in
+    a process, torch's FLOP-counter imports, ~2 s on a CPU) is not a steady step whatever
+    ``warmup_steps`` is: with it in, a 10-step run's throughput read 1/100 of the truth.
+    Here that step's forward also sleeps, so keeping it would show in the mean."""
+    torch.manual_seed(0)
+    model = _SlowOnCall(slow_call=1, pause_s=0.3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    own = []
+    with gpuopt.track(model=model, optimizer=opt, interval_s=0.1, print_summary=False,
+                      warmup_steps=warmup) as tracker:
+        for _ in range(steps):
+            start = time.perf_counter()
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            own.append(time.perf_counter() - start)
+    _, m = logged(tracker.run_id)
+    assert own[1] >= 0.3
+    assert m["gpuopt/summary/steady_steps"] == steady
+    assert m["gpuopt/summary/warmup_steps"] == steps - steady
+    # the steps after warm-up but the profiled one (a run shorter than its warm-up: all
+    # but the first and the profiled one), timed here
+    first = warmup if warmup < steps else 1
+    kept = [t for i, t in enumerate(own) if i >= first and i != 1]
+    assert len(kept) == steady
+    assert m["gpuopt/summary/step_time_mean_s"] < 0.3 / steady
+    assert m["gpuopt/summary/throughput_samples_per_s"] == pytest.approx(
+        8 * steady / sum(kept), rel=0.5)
