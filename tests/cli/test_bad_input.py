@@ -141,6 +141,10 @@ FILES = {
     "w_amp_matmul_infinity.json": _profile().replace(
         b'"tokens_per_sample": null', b'"amp_matmul_traffic_bytes_per_sample": -Infinity'),
     "moe.json": _moe(),
+    # DeepSeek-V3's config.json with its routing groups gone: "topk_group must be 1 to 1"
+    "v3_no_n_group.json": json.dumps({
+        **json.loads((Path(__file__).parents[1] / "fixtures" / "hf_configs"
+                      / "deepseek_v3.json").read_text()), "n_group": None}).encode(),
     # a run's experts' tensor parallel that its own tp (1 for ep8xfsdp) cannot hold
     "o_moe_etp_2_tp1.csv": (MOE_OBS_HEADER + "H100,8,1,1,5.0,ep8xfsdp,bf16,2\n").encode(),
     "o_moe_etp_1e308.csv": (MOE_OBS_HEADER + "H100,8,1,1,5.0,ep8xfsdp,bf16,1e308\n").encode(),
@@ -380,6 +384,9 @@ CASES = [
      ["predict", "--gpu", "H100", "--gpus", "8", "--workload", "{f}moe.json",
       "--observations", "{f}o_moe_etp_1e308.csv", "--strategy", "ep8xfsdp"],
      "'expert_tensor_parallel' = '1e308'"),
+    ("predict-config-topk-group-without-n-group",
+     [*PREDICT, "--workload", "{f}v3_no_n_group.json", "--seq-len", "4096"],
+     "'topk_group' 4 needs 'n_group' (the expert groups it picks from), got None"),
     ("predict-observations-misspelt-column",
      [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_typo_column.csv"],
      "unknown column 'moe_dispacher'; did you mean 'moe_dispatcher'?"),
