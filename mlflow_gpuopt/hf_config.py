@@ -480,6 +480,11 @@ def _mla_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: 
     n_shared = 0 if n_shared in (None, 0) else _count(doc, ("n_shared_experts",), where,
                                                        high=experts)
     groups = _count(doc, ("n_group",), where, default=1, high=experts)
+    asked = doc.get("topk_group")
+    if groups == 1 and isinstance(asked, (int, float)) and not isinstance(asked, bool) \
+            and asked > 1:
+        raise HfConfigError(f"{where}: 'topk_group' {_short(asked)} needs 'n_group' (the "
+                            f"expert groups it picks from), got {_short(doc.get('n_group'))}")
     per_token = _count(doc, ("topk_group",), where, default=groups, high=groups)
     if groups > 1 and (experts % groups or k > per_token * (experts // groups)):
         raise HfConfigError(f"{where}: 'n_group' {groups} and 'topk_group' {per_token} do not "

@@ -107,6 +107,30 @@ BOUNDS: dict[str, Bound] = {
     "amp_kernels_per_micro_step": Bound(0, 1e8, "an eager step launches ~1e5 kernels"),
     "num_layers": Bound(0, 1e5, "the deepest trained networks have ~1e3-1e4 layers"),
     "hidden_size": Bound(0, 1e7, "the widest models have hidden sizes ~3e4"),
+    # Architecture counts of a workload file (a Hugging Face config.json is held to the same
+    # ranges in hf_config): far beyond any published model, and below where the models'
+    # arithmetic (float of an int, combinations of experts) overflows.
+    "num_heads": Bound(0, 1e7, "at most the hidden size (the widest models ~3e4)"),
+    "num_kv_heads": Bound(0, 1e7, "at most the query heads"),
+    "vocab_size": Bound(0, 1e8, "vocabularies of published models reach ~2.6e5 rows"),
+    "ffn_hidden_size": Bound(0, 1e7, "the widest feed-forward layers are ~1e5 wide"),
+    "expert_ffn_hidden_size": Bound(0, 1e7, "the widest feed-forward layers are ~1e5 wide"),
+    "qkv_width": Bound(0, 1e8, "a few times the hidden size (~3e4)"),
+    # Fine-grained mixtures route over ~1e3 (DeepSeek-V3: 256) experts; 1e6-expert layers
+    # are research prototypes.
+    "num_experts": Bound(0, 1e7, "the most fine-grained mixtures have ~1e6 experts"),
+    "experts_per_token": Bound(0, 1e7, "at most the routed experts"),
+    "num_shared_experts": Bound(0, 1e7, "at most a few (DeepSeek: 1 or 2)"),
+    "num_expert_groups": Bound(0, 1e7, "at most the routed experts (DeepSeek-V3: 8)"),
+    "expert_groups_per_token": Bound(0, 1e7, "at most the groups (DeepSeek-V3: 4)"),
+    "moe_layer_freq": Bound(0, 1e5, "at most the layers"),
+    "first_dense_layers": Bound(0, 1e5, "below the layers"),
+    # A capacity factor of the expert count drops no token; published ones are 1 to 2.
+    "capacity_factor": Bound(0, 1e7, "published capacity factors are 1 to 2",
+                             low_open=True),
+    # Tensor parallelism stays inside one NVLink domain (GB200 NVL72: 72 GPUs).
+    "expert_tensor_parallel": Bound(0, 1024, "a tensor-parallel degree stays inside one "
+                                             "NVLink domain (at most 72 GPUs)"),
     # The largest runs train on ~1.5e13 tokens (Llama 3); a sample holds at least one token.
     "target_samples": Bound(0, 1e18, "the largest runs train on ~1.5e13 tokens",
                             low_open=True),

@@ -8,6 +8,7 @@ line naming the file, the row or key, and what was expected, so the CLI can prin
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
@@ -32,7 +33,11 @@ from mlflow_gpuopt.perfmodel.compute import (
 )
 from mlflow_gpuopt.perfmodel.comm import normalize_tp_overlap
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
-from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
+from mlflow_gpuopt.perfmodel.moe import (
+    normalize_dispatcher,
+    normalize_routing,
+    routed_expert_params,
+)
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
@@ -212,7 +217,10 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
         elif key in _FLOAT_KEYS:
             kwargs[key] = _number(value, key, where, float)
         elif key in _STR_KEYS:
-            kwargs[key] = str(value)
+            if not isinstance(value, str):  # str() of a list would be read as a word
+                raise WorkloadFileError(f"{where}: {key!r} must be text, got "
+                                        f"{short_repr(value)}")
+            kwargs[key] = value
         elif key == "sequence_bins":
             kwargs[key] = value  # checked once tokens_per_sample is known (_sequence_bins)
         elif key in _BOOL_KEYS:
@@ -236,7 +244,20 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
         kwargs.pop("micro_batch")
     if "grad_accum" in kwargs:
         kwargs["grad_accum"] = max(1, kwargs["grad_accum"])
-    return Workload(**kwargs)
+    workload = Workload(**kwargs)
+    _check_expert_weights(workload, where)
+    return workload
+
+
+def _check_expert_weights(workload: Workload, where: str) -> None:
+    """The routed experts' weights the architecture keys describe fit in ``params``: more
+    would leave the dense part (and every size and time computed from it) negative."""
+    routed = routed_expert_params(workload)
+    if routed > workload.params:
+        raise WorkloadFileError(
+            f"{where}: the routed experts' weights ({routed:.3g}: MoE layers x "
+            f"'num_experts' x 'hidden_size' x 'expert_ffn_hidden_size' x 3 matrices, 2 for "
+            f"gelu) exceed 'params' ({workload.params:.3g}); fix the expert keys or 'params'")
 
 
 def _word_normalisers() -> dict[str, Callable[[str], str]]:
@@ -306,6 +327,9 @@ def _sequence_bins(value: Any, longest: float | None,
                                     f"'tokens_per_sample' ({longest:g}), got {short_repr(tokens)}")
         bins[t] = bins.get(t, 0.0) + w
     total = sum(bins.values())
+    if not math.isfinite(total):  # sample counts near 1e308 overflow their sum
+        raise WorkloadFileError(f"{where}: {key!r} shares (or sample counts) sum beyond "
+                                "float range; give shares of 1")
     if total <= 0:
         raise WorkloadFileError(f"{where}: {key!r} shares must not all be 0")
     if abs(total - 1.0) < 1e-9:  # already shares: kept as given (a round trip stays equal)
@@ -366,6 +390,11 @@ def _check_moe(kwargs: dict[str, Any], where: str) -> None:
     if first and layers and first >= layers:
         raise WorkloadFileError(f"{where}: 'first_dense_layers' ({first}) must be below "
                                 f"'num_layers' ({layers}): a MoE model has a MoE layer")
+    freq = kwargs.get("moe_layer_freq")
+    if experts > 1 and freq and layers and freq > layers - (first or 0):
+        raise WorkloadFileError(f"{where}: 'moe_layer_freq' ({freq}) must be at most the "
+                                f"{layers - (first or 0)} layers after 'first_dense_layers': "
+                                "a MoE model has a MoE layer")
 
 
 def _strategy(text: str) -> str:
@@ -449,18 +478,25 @@ def parse_observations_csv(text: str, where: str = "observations",
 
 def _parse_observations(text: str, where: str,
                         resolve_gpu: Callable[[str], str] | None) -> list[Observation]:
-    reader = csv.DictReader(io.StringIO(text))
+    body = text.lstrip("\r\n")  # blank lines above the header: the header is the first line
+    skipped = text[:len(text) - len(body)].count("\n")
+    reader = csv.DictReader(io.StringIO(body))
     header = [h.strip() for h in (reader.fieldnames or [])]
     twice = sorted({h for h in header if h and header.count(h) > 1})
     if twice:  # DictReader would keep the last cell and drop the other silently
         raise WorkloadFileError(f"{where}: column(s) {', '.join(twice)} given twice")
+    for h in header:  # a misspelt column would be read as absent: the default, silently
+        close = difflib.get_close_matches(h, OBSERVATION_COLUMNS, n=1, cutoff=0.85)
+        if h not in OBSERVATION_COLUMNS and close:
+            raise WorkloadFileError(f"{where}: unknown column {h!r}; did you mean "
+                                    f"{close[0]!r}? (columns: {', '.join(OBSERVATION_COLUMNS)})")
     missing = [c for c in REQUIRED_OBSERVATION_COLUMNS if c not in header]
     if missing:
         raise WorkloadFileError(
             f"{where}: missing column(s) {', '.join(missing)} "
             f"(columns: {', '.join(OBSERVATION_COLUMNS)})")
     out: list[Observation] = []
-    for line, raw in enumerate(reader, start=2):
+    for line, raw in enumerate(reader, start=2 + skipped):
         at = f"{where}, row {line}"
         if None in raw:  # csv.DictReader files surplus cells under the key None
             raise WorkloadFileError(f"{at}: more cells than the header has columns")
@@ -515,6 +551,11 @@ def _parse_observations(text: str, where: str,
             etp = _number(row["expert_tensor_parallel"], "expert_tensor_parallel", at, int)
             if etp < 1:
                 raise WorkloadFileError(f"{at}: expert_tensor_parallel must be >= 1")
+            tp = parse_layout(strategy)[1] or count // nodes  # tp alone: the node's GPUs
+            if tp % etp:
+                raise WorkloadFileError(f"{at}: expert_tensor_parallel {etp} must divide the "
+                                        f"row's tensor-parallel degree tp{tp} (strategy "
+                                        f"{strategy})")
         out.append(Observation(
             gpu=gpu, gpu_count=count, throughput_samples_per_s=thr, nodes=nodes,
             micro_batch=_number(row["micro_batch"], "micro_batch", at, int)

@@ -109,6 +109,12 @@ def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
     if pp_microbatches is not None:
         workload = dataclasses.replace(workload, pp_microbatches=int(pp_microbatches))
     if expert_tensor_parallel is not None:
+        from mlflow_gpuopt.perfmodel.moe import is_moe
+
+        if not is_moe(workload):
+            raise InputError(f"--expert-tensor-parallel {expert_tensor_parallel}: the "
+                             "experts' tensor parallel needs a mixture-of-experts workload "
+                             "(num_experts of 2 or more)")
         workload = dataclasses.replace(workload,
                                        expert_tensor_parallel=int(expert_tensor_parallel))
     return workload

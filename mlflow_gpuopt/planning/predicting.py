@@ -151,6 +151,11 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         tp = per_node
     if pp == 0:
         pp = max(1, gpus // max(1, tp))
+    etp = r.expert_tensor_parallel
+    if etp is not None and tp % etp:
+        raise InputError(f"--expert-tensor-parallel {etp} must divide the tensor-parallel "
+                         f"degree tp{tp} of --strategy {strategy or 'ddp'} (the experts "
+                         "split within the tensor-parallel group)")
     precision = normalize_precision(r.precision) if r.precision is not None else None
     used_precision = precision or normalize_precision(workload.precision)
     if used_precision == "fp8" and not catalog.gpus[target].fp8_tflops:

@@ -99,7 +99,8 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
     space = search_space(catalog, providers=request.providers, region=request.region,
                          spot=request.spot, max_gpus=request.max_gpus,
                          max_nodes=request.max_nodes,
-                         memory_headroom=request.memory_headroom)
+                         memory_headroom=request.memory_headroom,
+                         tp_multiple=request.expert_tensor_parallel or 1)
     inputs = read_inputs(run_ids=request.run_ids, experiment=request.experiment,
                          workload_path=request.workload_path,
                          observations_path=request.observations_path,

@@ -12,10 +12,12 @@ from mlflow_gpuopt.planning.target import TrainingTarget
 
 def search_space(catalog: Any, *, providers: Sequence[str] = (), region: str | None = None,
                  spot: bool | None = None, max_gpus: int | None = None,
-                 max_nodes: int | None = None, memory_headroom: float = 0.10):
+                 max_nodes: int | None = None, memory_headroom: float = 0.10,
+                 tp_multiple: int = 1):
     """The :class:`~mlflow_gpuopt.recommend.SearchSpace` asked for (``max_nodes`` None: what
     the catalog's largest clusters allow; ``memory_headroom``: the share of each GPU's
-    usable memory a plan leaves free at its predicted peak), checked to match at least one
+    usable memory a plan leaves free at its predicted peak; ``tp_multiple``: what every
+    plan's tensor-parallel degree is a multiple of), checked to match at least one
     offer (:class:`~mlflow_gpuopt.recommend.NoOffersError` otherwise)."""
     from mlflow_gpuopt.recommend import SearchSpace, filter_offers
 
@@ -23,8 +25,14 @@ def search_space(catalog: Any, *, providers: Sequence[str] = (), region: str | N
         max_nodes = max((o.max_nodes for o in catalog.offers), default=1)
     space = SearchSpace(providers=tuple(p.lower() for p in providers) or None,
                         region=region, spot=spot, max_gpus=max_gpus, max_nodes=max_nodes,
-                        memory_headroom=memory_headroom)
-    filter_offers(catalog.offers, space, catalog.gpus)
+                        memory_headroom=memory_headroom, tp_multiple=tp_multiple)
+    offers = filter_offers(catalog.offers, space, catalog.gpus)
+    if tp_multiple > 1 and not any(o.gpu_count % tp_multiple == 0 for o in offers):
+        from mlflow_gpuopt.errors import InputError
+
+        raise InputError(f"--expert-tensor-parallel {tp_multiple} divides no offer's GPUs per "
+                         f"node (at most {max(o.gpu_count for o in offers)}): tensor "
+                         "parallelism, and the experts' within it, stays inside a node")
     return space
 
 

@@ -421,6 +421,8 @@ class _Search:
                 for strategy, tp, pp in _shapes(offer, nodes, compound=compound,
                                                 num_layers=self.workload.num_layers,
                                                 num_experts=ep_experts, seq_len=cp_seq):
+                    if tp % self.space.tp_multiple:
+                        continue  # the experts' tensor parallel asked for does not divide tp
                     ladder = strategy in DATA_PARALLEL_LADDER and tp * pp == 1
                     # epN / cpN layouts are searched for their own degree
                     experts = expert_degree(strategy) > 1 or context_degree(strategy) > 1

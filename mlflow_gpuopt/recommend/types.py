@@ -95,6 +95,9 @@ class SearchSpace:
     #: Share of each GPU's usable memory a plan leaves free at its predicted median peak
     #: (plans above it are dropped): a margin for what the estimate's spread does not cover.
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM
+    #: Plans' tensor-parallel degree is a multiple of this: ``--expert-tensor-parallel N``,
+    #: the routed experts split N ways inside the tensor-parallel group.
+    tp_multiple: int = 1
 
 
 @dataclass(frozen=True)

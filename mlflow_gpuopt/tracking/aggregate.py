@@ -66,8 +66,14 @@ class StepAggregator:
     has completed (``query()``), so nothing ever synchronises during training.
     """
 
-    def __init__(self, start_time_s: float, warmup_steps: int, start_event: object = None) -> None:
+    def __init__(self, start_time_s: float, warmup_steps: int, start_event: object = None,
+                 profiled_step: int | None = None) -> None:
         self.warmup_steps = warmup_steps
+        #: the step (1-based) the profiler instruments: FLOP counting, saved-tensor hooks and
+        #: the first import of torch's FLOP counter make it up to seconds slower, so it is
+        #: left out of the steady state whatever ``warmup_steps`` is
+        self.profiled_step = profiled_step
+        self._profiled_at: int | None = None  # its index in the warm-up lists
         self.hist = LogHistogram()
         self.warmup_times: list[float] = []
         self.warmup_samples: list[int] = []
@@ -135,8 +141,11 @@ class StepAggregator:
         """One step's communication: the difference of cumulative meter totals."""
         prev = self._prev_comm
         self._prev_comm = self.total_comm = comm
-        if self.steps > self.warmup_steps:
+        if self._steady(self.steps):
             self.steady_comm = self.steady_comm.plus(comm.minus(prev))
+
+    def _steady(self, step: int) -> bool:
+        return step > self.warmup_steps and step != self.profiled_step
 
     def comm_summary(self) -> CommSummary:
         """Communication over the steady steps; all steps while there is no steady state."""
@@ -148,7 +157,9 @@ class StepAggregator:
         self.steps += 1
         if samples <= 0:
             self.samples_known = False
-        if self.steps <= self.warmup_steps:
+        if not self._steady(self.steps):
+            if self.steps == self.profiled_step:
+                self._profiled_at = len(self.warmup_times)
             self.warmup_times.append(dt)
             self.warmup_samples.append(samples)
             self.warmup_tokens.append(tokens)
@@ -163,10 +174,15 @@ class StepAggregator:
         if self.hist.count:
             p50, p90, mean = self.hist.quantile(0.5), self.hist.quantile(0.9), self.hist.mean
             n, time_s = self.hist.count, self.steady_time_s
-            samples, tokens, skipped = self.steady_samples, self.steady_tokens, self.warmup_steps
+            samples, tokens = self.steady_samples, self.steady_tokens
+            skipped = len(self.warmup_times)
         else:
-            drop = 1 if len(self.warmup_times) > 1 else 0
-            times = self.warmup_times[drop:]
+            # the first step, and the profiled one, as long as a step remains
+            keep = list(range(len(self.warmup_times)))
+            for drop in (0, self._profiled_at):
+                if drop is not None and drop in keep and len(keep) > 1:
+                    keep.remove(drop)
+            times = [self.warmup_times[i] for i in keep]
             if not times:
                 return SteadyState(0, 0, None, None, None, None, None, None)
             srt = sorted(times)
@@ -174,8 +190,9 @@ class StepAggregator:
             p90 = srt[int(0.9 * (len(srt) - 1))]
             n, time_s = len(times), sum(times)
             mean = time_s / n
-            samples, tokens = sum(self.warmup_samples[drop:]), sum(self.warmup_tokens[drop:])
-            skipped = drop
+            samples = sum(self.warmup_samples[i] for i in keep)
+            tokens = sum(self.warmup_tokens[i] for i in keep)
+            skipped = len(self.warmup_times) - len(keep)
 
         def rate(x):
             return x / time_s if time_s > 0 and x > 0 else None

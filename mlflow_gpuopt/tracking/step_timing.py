@@ -38,7 +38,9 @@ class StepTiming:
                                has_model=model is not None, sample_dim=sample_dim(model))
         self.clock.input_wait_from_step = config.warmup_steps  # as the steady state does
         self.agg = StepAggregator(self.clock.start_time, config.warmup_steps,
-                                  self.clock.start_event)
+                                  self.clock.start_event,
+                                  profiled_step=(config.profile_step + 1
+                                                 if profiler is not None else None))
         self._input_wait_seen = (0.0, 0)  # the clock's wait sum and count at the last tick
 
     def install(self, model: Any, handles: list[Any]) -> None:

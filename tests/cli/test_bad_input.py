@@ -43,6 +43,14 @@ PARAMS = {"gpuopt.device": "NVIDIA A100-SXM4-80GB", "gpuopt.device_count": "1",
           "gpuopt.params": "25557032", "gpuopt.flops_per_sample": "2.46e+10"}
 OBS_HEADER = "gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,precision\n"
 OBS_GOOD = OBS_HEADER + "NVIDIA A100-SXM4-80GB,1,1,256,2470,single,fp16\n"
+#: A Mixtral-8x7B-shaped workload: 32 MoE layers of 8 experts (4.5e10 routed weights).
+MOE_WORKLOAD = {"schema": "gpuopt.workload/1", "name": "moe", "params": 46_700_000_000,
+                "flops_per_sample": 6 * 12.9e9 * 4096, "precision": "bf16", "micro_batch": 1,
+                "tokens_per_sample": 4096, "num_layers": 32, "hidden_size": 4096,
+                "num_heads": 32, "num_kv_heads": 8, "vocab_size": 32000,
+                "ffn_hidden_size": 28672, "mlp": "swiglu", "num_experts": 8,
+                "experts_per_token": 2, "expert_ffn_hidden_size": 14336}
+MOE_OBS_HEADER = OBS_HEADER.strip() + ",expert_tensor_parallel\n"
 
 
 def _deep(depth: int = 100_000) -> bytes:
@@ -51,6 +59,10 @@ def _deep(depth: int = 100_000) -> bytes:
 
 def _profile(**changes) -> bytes:
     return json.dumps({**WORKLOAD, **changes}).encode()
+
+
+def _moe(**changes) -> bytes:
+    return json.dumps({**MOE_WORKLOAD, **changes}).encode()
 
 
 #: Run name -> (profile.json bytes or None for "no profile", param overrides).
@@ -103,6 +115,47 @@ FILES = {
                          ).encode(),
     "o_cell_5000.csv": (OBS_HEADER + "NVIDIA A100-SXM4-80GB,1,1,256,2470,single," + "f" * 5000
                         + "\n").encode(),
+    # counts beyond anything trained: a float of the int overflowed, or the arithmetic
+    # raised (math domain error), a traceback; a 1e308 group count echoed 309 digits
+    "w_moe_experts_1e12.json": _moe(num_experts=10**12, experts_per_token=2),
+    "w_moe_groups_1e308.json": _moe(num_expert_groups=1e308, expert_groups_per_token=1),
+    "w_moe_group_topk_1e308.json": _moe(num_expert_groups=4, expert_groups_per_token=1e308),
+    "w_moe_etp_1e308.json": _moe(expert_tensor_parallel=1e308),  # was read, silently
+    "w_moe_heads_1e308.json": _moe(num_heads=1e308),
+    # expert weights the architecture gives beyond 'params': a negative dense part
+    "w_moe_experts_exceed_params.json": _moe(expert_ffn_hidden_size=10**7),
+    "w_moe_layer_freq_above_layers.json": _moe(moe_layer_freq=64),
+    # sample counts whose sum overflows: every share became 0 (ZeroDivisionError)
+    "w_bins_overflow.json": _moe(sequence_bins=[[128, 1e308], [4096, 1e308]]),
+    # str() of a list was read as the optimizer's name
+    "w_optimizer_list.json": _profile(optimizer=["AdamW"]),
+    "w_mixed_precision_list.json": _profile(mixed_precision=["autocast"]),
+    "w_grad_clip_text.json": _profile(grad_clip="true"),
+    "w_mixed_precision_o3.json": _profile(mixed_precision="o3"),
+    "w_moe_group_topk_above_groups.json": _moe(num_expert_groups=4,
+                                               expert_groups_per_token=5),
+    "w_moe_groups_not_dividing.json": _moe(num_expert_groups=3, expert_groups_per_token=1),
+    "w_bins_longer.json": _moe(sequence_bins={"128": 0.5, "8192": 0.5}),
+    "w_gemm_reduction_nan.json": _profile().replace(b'"tokens_per_sample": null',
+                                                    b'"gemm_reduction_per_micro_step": NaN'),
+    "w_amp_matmul_infinity.json": _profile().replace(
+        b'"tokens_per_sample": null', b'"amp_matmul_traffic_bytes_per_sample": -Infinity'),
+    "moe.json": _moe(),
+    # DeepSeek-V3's config.json with its routing groups gone: "topk_group must be 1 to 1"
+    "v3_no_n_group.json": json.dumps({
+        **json.loads((Path(__file__).parents[1] / "fixtures" / "hf_configs"
+                      / "deepseek_v3.json").read_text()), "n_group": None}).encode(),
+    # a run's experts' tensor parallel that its own tp (1 for ep8xfsdp) cannot hold
+    "o_moe_etp_2_tp1.csv": (MOE_OBS_HEADER + "H100,8,1,1,5.0,ep8xfsdp,bf16,2\n").encode(),
+    "o_moe_etp_1e308.csv": (MOE_OBS_HEADER + "H100,8,1,1,5.0,ep8xfsdp,bf16,1e308\n").encode(),
+    # a misspelt column was read as absent: the workload's default, silently
+    "o_typo_column.csv": (OBS_HEADER.strip() + ",moe_dispacher\n"
+                          "NVIDIA A100-SXM4-80GB,1,1,256,2470,single,fp16,flex\n").encode(),
+    "o_moe_dispatcher_unknown.csv": (OBS_HEADER.strip() + ",moe_dispatcher\n"
+                                     "H100,8,1,1,5.0,ep8xfsdp,bf16,pigeon\n").encode(),
+    "o_moe_routing_unknown.csv": (OBS_HEADER.strip() + ",moe_routing\n"
+                                  "H100,8,1,1,5.0,ep8xfsdp,bf16,sticky\n").encode(),
+    "o_header_only.csv": OBS_HEADER.encode(),
     # DictReader keeps the last of two same-named columns, silently
     "o_dup_columns.csv": b"gpu,gpu_count,throughput_samples_per_s,gpu_count\n"
                          b"NVIDIA A100-SXM4-80GB,1,2470,8\n",
@@ -287,6 +340,60 @@ CASES = [
      "--virtual-stages"),
     ("predict-pp-microbatches-1e14", [*PREDICT_FILES, "--pp-microbatches", "99999999999999"],
      "--pp-microbatches"),
+    # mixture-of-experts keys and flags
+    ("predict-workload-experts-1e12", [*PREDICT, "--workload", "{f}w_moe_experts_1e12.json"],
+     "'num_experts' = 1000000000000"),
+    ("predict-workload-expert-groups-1e308",
+     [*PREDICT, "--workload", "{f}w_moe_groups_1e308.json"], "'num_expert_groups' = 1e+308"),
+    ("predict-workload-expert-groups-per-token-1e308",
+     [*PREDICT, "--workload", "{f}w_moe_group_topk_1e308.json"],
+     "'expert_groups_per_token' = 1e+308"),
+    ("predict-workload-expert-tp-1e308", [*PREDICT, "--workload", "{f}w_moe_etp_1e308.json"],
+     "'expert_tensor_parallel' = 1e+308"),
+    ("predict-workload-heads-1e308", [*PREDICT, "--workload", "{f}w_moe_heads_1e308.json"],
+     "'num_heads' = 1e+308"),
+    ("predict-workload-experts-exceed-params",
+     [*PREDICT, "--workload", "{f}w_moe_experts_exceed_params.json"], "exceed 'params'"),
+    ("predict-workload-moe-layer-freq-above-layers",
+     [*PREDICT, "--workload", "{f}w_moe_layer_freq_above_layers.json"], "'moe_layer_freq'"),
+    ("predict-workload-sequence-bins-overflow",
+     [*PREDICT, "--workload", "{f}w_bins_overflow.json"], "'sequence_bins'"),
+    ("predict-workload-optimizer-list", [*PREDICT, "--workload", "{f}w_optimizer_list.json"],
+     "'optimizer' must be text"),
+    ("predict-workload-mixed-precision-list",
+     [*PREDICT, "--workload", "{f}w_mixed_precision_list.json"],
+     "'mixed_precision' must be text"),
+    ("predict-expert-tp-not-dividing-tp",
+     ["predict", "--gpu", "H100", "--gpus", "8", "--workload", "{f}moe.json",
+      "--strategy", "tp2xep4xfsdp", "--expert-tensor-parallel", "4"],
+     "--expert-tensor-parallel 4 must divide the tensor-parallel degree tp2"),
+    ("predict-expert-tp-without-tp",
+     ["predict", "--gpu", "H100", "--gpus", "8", "--workload", "{f}moe.json",
+      "--strategy", "ep8xfsdp", "--expert-tensor-parallel", "2"],
+     "--expert-tensor-parallel 2 must divide the tensor-parallel degree tp1"),
+    ("predict-expert-tp-dense", [*PREDICT_FILES, "--expert-tensor-parallel", "2"],
+     "--expert-tensor-parallel 2: the experts' tensor parallel needs a mixture-of-experts"),
+    ("recommend-expert-tp-dense",
+     [*RECOMMEND, "--run-id", "{good}", "--expert-tensor-parallel", "2"],
+     "needs a mixture-of-experts workload"),
+    ("recommend-expert-tp-divides-no-node",
+     ["recommend", "--workload", "{f}moe.json", "--tokens", "1B", "--no-log",
+      "--expert-tensor-parallel", "3"],
+     "--expert-tensor-parallel 3 divides no offer's GPUs per node"),
+    ("predict-observations-expert-tp-above-tp",
+     ["predict", "--gpu", "H100", "--gpus", "8", "--workload", "{f}moe.json",
+      "--observations", "{f}o_moe_etp_2_tp1.csv", "--strategy", "ep8xfsdp"],
+     "expert_tensor_parallel 2 must divide the row's tensor-parallel degree tp1"),
+    ("predict-observations-expert-tp-1e308",
+     ["predict", "--gpu", "H100", "--gpus", "8", "--workload", "{f}moe.json",
+      "--observations", "{f}o_moe_etp_1e308.csv", "--strategy", "ep8xfsdp"],
+     "'expert_tensor_parallel' = '1e308'"),
+    ("predict-config-topk-group-without-n-group",
+     [*PREDICT, "--workload", "{f}v3_no_n_group.json", "--seq-len", "4096"],
+     "'topk_group' 4 needs 'n_group' (the expert groups it picks from), got None"),
+    ("predict-observations-misspelt-column",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_typo_column.csv"],
+     "unknown column 'moe_dispacher'; did you mean 'moe_dispatcher'?"),
 ]
 
 #: Bad inputs that already ended in one line and exit 2 before the checks above; kept so the
@@ -304,6 +411,39 @@ HELD = [
      "--confidence"),
     ("recommend-confidence-1", [*RECOMMEND, "--run-id", "{good}", "--confidence", "1"],
      "--confidence"),
+    ("predict-workload-grad-clip-text", [*PREDICT, "--workload", "{f}w_grad_clip_text.json"],
+     "'grad_clip' must be true or false"),
+    ("predict-workload-mixed-precision-o3",
+     [*PREDICT, "--workload", "{f}w_mixed_precision_o3.json"], "unknown mixed_precision 'o3'"),
+    ("predict-workload-expert-groups-per-token-above-groups",
+     [*PREDICT, "--workload", "{f}w_moe_group_topk_above_groups.json"],
+     "'expert_groups_per_token' (5) must be 1 to 'num_expert_groups' (4)"),
+    ("predict-workload-expert-groups-not-dividing",
+     [*PREDICT, "--workload", "{f}w_moe_groups_not_dividing.json"],
+     "'num_expert_groups' (3) must divide 'num_experts' (8)"),
+    ("predict-workload-sequence-bins-longer",
+     [*PREDICT, "--workload", "{f}w_bins_longer.json"], "at most 'tokens_per_sample' (4096)"),
+    ("predict-workload-gemm-reduction-nan",
+     [*PREDICT, "--workload", "{f}w_gemm_reduction_nan.json"],
+     "'gemm_reduction_per_micro_step' must be a finite number"),
+    ("predict-workload-amp-matmul-minus-infinity",
+     [*PREDICT, "--workload", "{f}w_amp_matmul_infinity.json"],
+     "'amp_matmul_traffic_bytes_per_sample' must be a finite number"),
+    ("predict-expert-tp-0", [*PREDICT_FILES, "--expert-tensor-parallel", "0"],
+     "--expert-tensor-parallel"),
+    ("predict-attention-kernel-unknown", [*PREDICT_FILES, "--attention-kernel", "fa9"],
+     "--attention-kernel: unknown attention_kernel 'fa9'"),
+    ("recommend-attention-kernel-unknown",
+     [*RECOMMEND, "--run-id", "{good}", "--attention-kernel", "fa9"], "--attention-kernel"),
+    ("predict-observations-dispatcher-unknown",
+     ["predict", "--gpu", "H100", "--gpus", "8", "--workload", "{f}moe.json",
+      "--observations", "{f}o_moe_dispatcher_unknown.csv"], "unknown moe_dispatcher 'pigeon'"),
+    ("predict-observations-routing-unknown",
+     ["predict", "--gpu", "H100", "--gpus", "8", "--workload", "{f}moe.json",
+      "--observations", "{f}o_moe_routing_unknown.csv"], "unknown moe_routing 'sticky'"),
+    ("predict-observations-header-only",
+     [*PREDICT, "--workload", "{f}workload.json", "--observations", "{f}o_header_only.csv"],
+     "no observations"),
 ]
 
 
@@ -354,6 +494,47 @@ def test_observations_with_a_byte_order_mark_are_read(store):
             for p in (plain, bom)]
     assert [r.exit_code for r in runs] == [0, 0], runs[1].output
     assert json.loads(runs[1].stdout) == json.loads(runs[0].stdout)
+
+
+def test_observations_with_crlf_blank_lines_and_a_notes_column_are_read(store):
+    """Windows line ends, blank lines above the header and between rows, and a column of
+    the user's own (not a misspelt one of ours) read as the plain file does."""
+    plain = store.files / "obs.csv"
+    header, row = OBS_GOOD.strip().split("\n")
+    messy = store.files / "obs_messy.csv"
+    messy.write_bytes(f"\ufeff\r\n\r\n{header},notes\r\n\r\n{row},first run\r\n\r\n"
+                      .encode())
+    args = [*PREDICT, "--workload", "{f}workload.json", "--json", "--observations"]
+    runs = [CliRunner().invoke(gpuopt, _argv(store, [*args, str(p)]), env=_env(store))
+            for p in (plain, messy)]
+    assert [r.exit_code for r in runs] == [0, 0], runs[1].output
+    assert json.loads(runs[1].stdout) == json.loads(runs[0].stdout)
+
+
+def _run_record(store: Store, run_id: str) -> tuple:
+    c = store.client()
+    run = c.get_run(run_id)
+    artifacts = sorted(a.path for a in c.list_artifacts(run_id, "gpuopt"))
+    return (run.data.params, run.data.metrics, run.data.tags, artifacts)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--expert-tensor-parallel", "2"], "mixture-of-experts"),
+    (["--attention-kernel", "fa9"], "--attention-kernel"),
+    (["--moe-dispatcher", "pigeon"], "--moe-dispatcher"),
+], ids=["expert-tp-dense", "attention-kernel", "dispatcher"])
+def test_a_failing_recommend_that_would_log_leaves_the_run_as_it_was(store, extra, message):
+    """Without --no-log, a recommendation that fails on its input logs nothing: no nested
+    run, no param, metric, tag or artifact added to the source run."""
+    rid = store.runs["good"]
+    before, count = _run_record(store, rid), store.run_count()
+    result = CliRunner().invoke(gpuopt, ["recommend", "--samples", "1M", "--run-id", rid,
+                                         *extra], env=_env(store))
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert _run_record(store, rid) == before
+    assert store.run_count() == count
 
 
 @pytest.mark.parametrize("args", [

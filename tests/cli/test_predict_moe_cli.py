@@ -103,3 +103,19 @@ def test_the_attention_kernel_flag_reaches_the_workload(config):
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert r.output.strip() == ("Error: --attention-kernel: unknown attention_kernel 'flash9'; "
                                 "expected fa2, fa3, te, cudnn or sdpa")
+
+
+def test_recommend_keeps_the_experts_tensor_parallel_it_was_given(config):
+    """``recommend --expert-tensor-parallel 2`` plans only layouts whose tp it divides (the
+    experts split within the tensor-parallel group); without the flag tp-1 plans win, so the
+    filter is what removes them."""
+    def plans(*extra):
+        r = CliRunner().invoke(gpuopt, ["recommend", "--workload", config, "--seq-len", "4096",
+                                        "--tokens", "1B", "--deadline", "1000h", "--json",
+                                        *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["candidates"]
+
+    free, etp2 = plans(), plans("--expert-tensor-parallel", "2")
+    assert any(c["tp"] % 2 for c in free)
+    assert etp2 and all(c["tp"] % 2 == 0 for c in etp2)

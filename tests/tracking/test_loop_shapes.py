@@ -5,8 +5,12 @@ module. Each test counts steps, samples, micro-batches and FLOPs itself and comp
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import time
 
+import mlflow
 import pytest
 import torch
 import torch.nn as nn
@@ -374,3 +378,126 @@ def test_gan_step_framed_by_hand_is_profiled_whole(tracking_uri, caplog):
     assert float(params["gpuopt.flops_per_sample"]) == pytest.approx(
         gan_iteration_flops_per_sample("iteration"), rel=0.01)
     assert gpuopt_warnings(caplog) == []
+
+
+class _SlowOnCall(nn.Module):
+    """A linear layer whose forward sleeps ``pause_s`` on call ``slow_call`` (0-based)."""
+
+    def __init__(self, slow_call: int, pause_s: float) -> None:
+        super().__init__()
+        self.lin, self.calls, self.slow_call, self.pause_s = nn.Linear(16, 4), 0, slow_call, \
+            pause_s
+
+    def forward(self, x):
+        if self.calls == self.slow_call:
+            time.sleep(self.pause_s)
+        self.calls += 1
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("warmup,steps,steady", [(1, 10, 8), (0, 10, 9), (6, 4, 2)],
+                         ids=["warmup-1", "warmup-0", "run-shorter-than-warmup"])
+def test_the_profiled_step_is_left_out_of_the_steady_state(tracking_uri, warmup, steps,
+                                                           steady):
+    """The profiled step (``profile_step`` 1: FLOP counting, saved-tensor hooks and, first in
+    a process, torch's FLOP-counter imports, ~2 s on a CPU) is not a steady step whatever
+    ``warmup_steps`` is: with it in, a 10-step run's throughput read 1/100 of the truth.
+    Here that step's forward also sleeps, so keeping it would show in the mean."""
+    torch.manual_seed(0)
+    model = _SlowOnCall(slow_call=1, pause_s=0.3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    own = []
+    with gpuopt.track(model=model, optimizer=opt, interval_s=0.1, print_summary=False,
+                      warmup_steps=warmup) as tracker:
+        for _ in range(steps):
+            start = time.perf_counter()
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            own.append(time.perf_counter() - start)
+    _, m = logged(tracker.run_id)
+    assert own[1] >= 0.3
+    assert m["gpuopt/summary/steady_steps"] == steady
+    assert m["gpuopt/summary/warmup_steps"] == steps - steady
+    # the steps after warm-up but the profiled one (a run shorter than its warm-up: all
+    # but the first and the profiled one), timed here
+    first = warmup if warmup < steps else 1
+    kept = [t for i, t in enumerate(own) if i >= first and i != 1]
+    assert len(kept) == steady
+    assert m["gpuopt/summary/step_time_mean_s"] < 0.3 / steady
+    assert m["gpuopt/summary/throughput_samples_per_s"] == pytest.approx(
+        8 * steady / sum(kept), rel=0.5)
+
+
+class _Unpack(nn.Module):
+    """Takes the batch as the hostile loops below hand it: a generator of rows, or a dict
+    of a (tensor, name) tuple and non-tensor leaves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, batch):
+        if isinstance(batch, dict):
+            return self.lin(batch["x"][0]) * batch["meta"]["scale"]
+        return self.lin(torch.stack(list(batch)))
+
+
+def _hostile_loop(kind: str, model: nn.Module, opt, steps: int) -> list[float]:
+    gen = torch.Generator().manual_seed(2)
+    losses = []
+    for i in range(steps):
+        rows = 0 if kind == "zero-size" else 8
+        x = torch.randn(rows, 16, generator=gen)
+        if kind == "dtype-change" and i == 4:
+            model.to(torch.float64)
+        dtype = next(model.parameters()).dtype
+        if kind == "generator":
+            batch = (row for row in x)
+        elif kind == "nested":
+            batch = {"x": (x, "name"), "meta": {"scale": 2.0, "ids": [1, 2], "note": None}}
+        else:
+            batch = x.to(dtype)
+        opt.zero_grad()
+        # + 0 x the weights: a zero-row batch still gives every parameter a gradient
+        loss = model(batch).sum() + sum(p.sum() for p in model.parameters()) * 0
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if kind == "raises" and i == 5:
+            raise RuntimeError("the loop's own error")
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["generator", "nested", "zero-size", "dtype-change",
+                                  "raises"])
+def test_hostile_loops_train_as_untracked_and_log_only_what_is_known(tracking_uri, kind):
+    """A generator batch, a dict of tuples with non-tensor leaves, zero-row batches, a model
+    cast to float64 mid-run and a step that raises: training runs exactly as without
+    tracking (same losses; the loop's own exception comes out unchanged), every step is
+    counted, and no metric is NaN, infinite or negative (a throughput the batch does not
+    tell is left out, not guessed)."""
+    def fresh():
+        torch.manual_seed(0)
+        model = _Unpack() if kind in ("generator", "nested") else nn.Linear(16, 4)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    steps = 8
+    expect_error = pytest.raises(RuntimeError, match="the loop's own error") \
+        if kind == "raises" else contextlib.nullcontext()
+    model, opt = fresh()
+    with expect_error:
+        plain = _hostile_loop(kind, model, opt, steps)
+    model, opt = fresh()
+    tracked: list[float] = []
+    with expect_error, gpuopt.track(model=model, optimizer=opt, **OPTS) as tracker:
+        tracked = _hostile_loop(kind, model, opt, steps)
+    if kind != "raises":
+        assert tracked == plain
+    _, m = logged(tracker.run_id)
+    assert m["gpuopt/summary/steps"] == (6 if kind == "raises" else steps)
+    assert all(math.isfinite(v) and v >= 0 for v in m.values()), m
+    if kind == "zero-size":
+        assert "gpuopt/summary/throughput_samples_per_s" not in m
+    if kind == "raises":
+        assert mlflow.get_run(tracker.run_id).info.status == "FAILED"
