@@ -891,8 +891,9 @@ def wave_tail_time_s(workload: Workload | None, hardware: Hardware, precision: s
     peak at its attainable share (:func:`matmul_efficiency`), summed over the
     products by the profile's ``gemm_reduction_per_micro_step`` (Σ K over the forward's
     products and their data gradients; a recurrent network's at every time step, each step
-    waiting for the one before). Batch-independent: what a small-batch product loses does
-    not shrink with fewer rows. 0 where the profile did not record it."""
+    waiting for the one before; products that run side by side, a bidirectional layer's two
+    directions, once: their tiles fill the same waves). Batch-independent: what a small-batch
+    product loses does not shrink with fewer rows. 0 where the profile did not record it."""
     reduction = workload.gemm_reduction_per_micro_step if workload is not None else None
     if not reduction or reduction <= 0:
         return 0.0

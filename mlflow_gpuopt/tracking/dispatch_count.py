@@ -345,7 +345,10 @@ def rnn_reduction(name: str, args: tuple) -> list[tuple[int, int]]:
     direction the input projection once for all steps (rows batch × steps; K = input size,
     its data gradient K = 4·hidden for an LSTM, the gates' width) and, at every time step,
     the hidden-to-hidden product (rows: the batch; K = hidden) and its data gradient (K =
-    gates' width). Empty for any other operator."""
+    gates' width). A bidirectional layer's reverse direction runs its steps' products beside
+    the forward direction's, the two independent, so their tiles share the same waves (one
+    partial wave per step for both, docs/models.md#wave-quantisation-of-the-gemms): its
+    per-step products are not counted again. Empty for any other operator."""
     import torch
 
     if name == "mkldnn_rnn_layer":
@@ -361,6 +364,10 @@ def rnn_reduction(name: str, args: tuple) -> list[tuple[int, int]]:
         mkldnn = name == "mkldnn_rnn_layer"
         batch_sizes = args[8] if mkldnn else args[14]
         batch_first = False if mkldnn else bool(args[10])
+        bidirectional = bool(args[13])
+        # mkldnn_rnn_layer: one direction a call, ``reverse`` (args[7]) the second one's;
+        # _cudnn_rnn: every layer's forward then reverse direction in its weight list
+        reverse_call = mkldnn and bidirectional and bool(args[7])
         if batch_sizes:
             steps, batch = len(batch_sizes), int(batch_sizes[0])
             rows = int(inp.shape[0])
@@ -377,10 +384,11 @@ def rnn_reduction(name: str, args: tuple) -> list[tuple[int, int]]:
     out = []
     # (gates × input), (gates × hidden) per layer and direction (an LSTM with proj_size adds
     # a third 2-D weight, its projection, which this pairing does not follow)
-    for w_ih, w_hh in zip(mats[0::2], mats[1::2], strict=False):
+    for i, (w_ih, w_hh) in enumerate(zip(mats[0::2], mats[1::2], strict=False)):
         gates = int(w_ih.shape[0])
         out.append((rows, int(w_ih.shape[1]) + gates))
-        out.append((batch, steps * (int(w_hh.shape[1]) + gates)))
+        if not (reverse_call or (not mkldnn and bidirectional and i % 2 == 1)):
+            out.append((batch, steps * (int(w_hh.shape[1]) + gates)))
     return out
 
 

@@ -312,10 +312,10 @@ class WorkloadProfiler:
 
     def _batch_row_reduction(self, micro: int | None) -> float | None:
         """Σ K of the products whose output rows are at most the micro-batch's samples (a
-        recurrent step's, fewer where a packed sequence's shorter samples have ended; a
-        per-sample head's): those stay under a wave or two at a training batch
-        (docs/models.md#wave-quantisation-of-the-gemms). None when there are none, or the
-        batch is not known."""
+        recurrent step's, fewer where a packed sequence's shorter samples have ended, a
+        bidirectional layer's two directions once; a per-sample head's): those stay under a
+        wave or two at a training batch (docs/models.md#wave-quantisation-of-the-gemms). None
+        when there are none, or the batch is not known."""
         by_rows = self.gemm_reduction_by_rows
         if not by_rows or not micro:
             return None

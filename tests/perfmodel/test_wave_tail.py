@@ -18,7 +18,7 @@ A100 = Hardware(gpu="A100-40GB-SXM4", memory_bytes=40e9, memory_bandwidth_bytes_
 V100 = Hardware(gpu="V100-SXM2-16GB", memory_bytes=16e9, memory_bandwidth_bytes_per_s=900e9,
                 peak_flops_per_s={"fp32": 15.7e12, "fp16": 125e12},
                 intra_node_bytes_per_s=150e9, inter_node_bytes_per_s=12.5e9)
-# a GNMT-like recurrent network: 9 LSTM layer-directions of hidden 1,024 over 27 steps
+# a recurrent network of 9 LSTM layers run one after another, hidden 1,024, over 27 steps
 REDUCTION = 9 * 27 * (1024 + 4096)
 RNN = Workload(params=160_000_000, flops_per_sample=2e10, precision="fp32",
                kernels_per_micro_step=186, gemm_reduction_per_micro_step=REDUCTION)

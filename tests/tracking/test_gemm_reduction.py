@@ -1,8 +1,8 @@
 """The profile's ``gemm_reduction_per_micro_step``: Σ K over the forward's matrix products and
 their data gradients (K + N each) whose output rows are the micro-batch's samples alone, a
-fused RNN's hidden products at every time step; products over batch × sequence rows are
-recorded apart and left out. Real CPU steps through the real profiler; expected sums from
-the layers' sizes."""
+fused RNN's hidden products at every time step (a bidirectional layer's two directions, run
+side by side, once); products over batch × sequence rows are recorded apart and left out.
+Real CPU steps through the real profiler; expected sums from the layers' sizes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mlflow_gpuopt.tracking.dispatch_count import gemm_shape_mode_class
+from mlflow_gpuopt.tracking.dispatch_count import gemm_shape_mode_class, rnn_reduction
 from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
 
 
@@ -19,6 +19,11 @@ def lstm_layer(inp: int, hidden: int, steps: int) -> int:
     input, K = 4·hidden), at every step the hidden product and its data gradient."""
     gates = 4 * hidden
     return inp + gates + steps * (hidden + gates)
+
+
+def bidirectional_layer(inp: int, hidden: int, steps: int) -> int:
+    """Both directions' input projections, the steps' hidden products once for the pair."""
+    return inp + 4 * hidden + lstm_layer(inp, hidden, steps)
 
 
 class Seq(nn.Module):
@@ -48,10 +53,11 @@ def test_a_fused_lstm_counts_every_time_step(batch_first):
     steps, batch = 5, 3
     x = torch.randn(batch, steps, 16) if batch_first else torch.randn(steps, batch, 16)
     p = profile(Seq(batch_first), x, batch)
-    # four layer-directions' hidden products and their gradients (K 32 and 4 x 32) at every
-    # step; the input projections and the head run over batch x steps rows
+    # two layers' hidden products and their gradients (K 32 and 4 x 32) at every step, each
+    # layer's reverse direction beside its forward one; the input projections and the head
+    # run over batch x steps rows
     assert p.micro_batch == batch
-    assert p.gemm_reduction_per_micro_step == 4 * steps * (32 + 128)
+    assert p.gemm_reduction_per_micro_step == 2 * steps * (32 + 128)
 
 
 def test_the_rows_of_every_product_are_kept_apart():
@@ -59,12 +65,25 @@ def test_the_rows_of_every_product_are_kept_apart():
     with gemm_shape_mode_class()() as mode:
         Seq(True)(torch.randn(batch, steps, 16))
     # over batch x steps rows: two input projections of layer 1 (K 16 and 4 x 32), two of
-    # layer 2 (K 64), the head (64 -> 8); over the batch: the hidden products at every step
+    # layer 2 (K 64), the head (64 -> 8); over the batch: the hidden products at every step,
+    # a layer's two directions once
     assert mode.reduction_by_rows == {
         batch * steps: 2 * (16 + 128) + 2 * (64 + 128) + (64 + 8),
-        batch: 4 * steps * (32 + 128)}
-    assert mode.reduction == (2 * lstm_layer(16, 32, steps) + 2 * lstm_layer(64, 32, steps)
-                              + 64 + 8)
+        batch: 2 * steps * (32 + 128)}
+    assert mode.reduction == (bidirectional_layer(16, 32, steps)
+                              + bidirectional_layer(64, 32, steps) + 64 + 8)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_directions_of_a_bidirectional_layer_share_their_steps(bidirectional):
+    steps, batch = 6, 4
+    with gemm_shape_mode_class()() as mode:
+        nn.LSTM(8, 16, bidirectional=bidirectional)(torch.randn(steps, batch, 8))
+    # the input projections over 24 rows (K 8, gradient K 64) once per direction; the
+    # hidden products (K 16, gradient K 64) at every step once, either way
+    directions = 2 if bidirectional else 1
+    assert mode.reduction_by_rows == {steps * batch: directions * (8 + 64),
+                                      batch: steps * (16 + 64)}
 
 
 def test_a_packed_sequence_counts_its_longest_length():
@@ -120,3 +139,23 @@ def test_a_model_without_products_records_none():
     model = nn.Sequential(nn.Conv1d(4, 4, 3))
     p = profile(model, torch.randn(2, 4, 9), 2)
     assert p.gemm_reduction_per_micro_step is None
+
+
+def test_cudnns_weight_list_takes_each_layers_reverse_direction_beside_the_forward():
+    # _cudnn_rnn's arguments as PyTorch hands them (no CUDA here: the count reads shapes):
+    # two layers, both directions, weights per layer-direction w_ih, w_hh, b_ih, b_hh
+    hidden, inp, steps, batch = 16, 8, 5, 3
+    weights = []
+    for layer in range(2):
+        for _direction in range(2):
+            weights += [torch.zeros(4 * hidden, inp if layer == 0 else 2 * hidden),
+                        torch.zeros(4 * hidden, hidden), torch.zeros(4 * hidden),
+                        torch.zeros(4 * hidden)]
+    args = (torch.zeros(steps, batch, inp), weights, 4, None, None, None, 2, hidden, 0, 2,
+            False, 0.0, True, True, [], None)
+    assert rnn_reduction("_cudnn_rnn", args) == [
+        (15, 8 + 64), (3, steps * (16 + 64)), (15, 8 + 64),
+        (15, 32 + 64), (3, steps * (16 + 64)), (15, 32 + 64)]
+    one_way = args[:13] + (False,) + args[14:]
+    assert [r for rows, r in rnn_reduction("_cudnn_rnn", one_way) if rows == 3] == [
+        steps * (16 + 64)] * 4
