@@ -85,6 +85,10 @@ def test_predict_adds_the_wrappers_host_time(tmp_path):
     assert flag["step_time_s"] - base["step_time_s"] == pytest.approx(10_000 * 0.125 * 47e-6,
                                                                       rel=1e-6)
     assert key["step_time_s"] == pytest.approx(flag["step_time_s"], rel=1e-12)
+    # the prediction says what it added
+    assert any("apex AMP O1" in a and "47 us" in a for a in flag["assumptions"]), \
+        flag["assumptions"]
+    assert not any("apex AMP O1" in a for a in base["assumptions"])
     # the flag overrides the file: autocast takes the wrappers off again
     back = _predict(tmp_path, {"mixed_precision": "apex_o1"}, ["--mixed-precision", "amp"])
     assert back["step_time_s"] == pytest.approx(base["step_time_s"], rel=1e-12)
