@@ -208,6 +208,18 @@ def optimizer_args(wl, model: str) -> list[str]:
     return ["--optimizer-impl", impl] if impl else []
 
 
+def mixed_precision_args(wl, model: str) -> list[str]:
+    """``--mixed-precision apex_o1`` where DeepLearningExamples runs ``model``'s 16-bit rows
+    under apex AMP O1 (the file's ``mixed_precision``: Tacotron 2, WaveGlow), else nothing.
+    How the user ran each row, as a user knows it; a CPU run cannot show it, and the flag
+    states all of it. Transformer-XL's apex O2 (``master_weights``) goes with LAMB and
+    clipping, which ``predict --run-id`` has no flags for: stated alone it would take O2's
+    16-bit traffic without the optimizer bytes that come with it, so this task reads that run
+    as tracked and the cross-GPU one lays all three over the profile (``RUN_KEYS``)."""
+    mode = json.loads(Path(wl[model][0]).read_text()).get("mixed_precision")
+    return ["--mixed-precision", mode] if mode == "apex_o1" else []
+
+
 def workload_path(path: Path, precision: str) -> Path:
     """``path`` itself, or a copy in the temporary folder with ``memory_format`` set to how
     the rows at ``precision`` ran (:func:`memory_format`) where that differs from the file's."""
@@ -520,7 +532,7 @@ def task_tracked_prior(rows, wl, runs) -> list[Result]:
         if t.gpus != 1 or t.multinode_table or _run_for(runs, wl, t) is None:
             continue
         p = run_predict(["--run-id", _run_for(runs, wl, t), *_target_args(t),
-                         *optimizer_args(wl, t.model)])
+                         *optimizer_args(wl, t.model), *mixed_precision_args(wl, t.model)])
         out.append(_tracked_result(t, wl[t.model][1], p))
     return out
 

@@ -98,6 +98,10 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
               help="How the job's optimizer step runs on the GPU: for-loop (a loop over the "
                    "parameter tensors: torch.optim before PyTorch 2.0, foreach=False), "
                    "foreach or fused; overrides the workload's optimizer_impl.")
+@click.option("--mixed-precision", default=None, metavar="NAME",
+              help="How a 16-bit job runs its mixed precision: autocast (torch.amp, the "
+                   "default), master_weights (the model in 16 bits: apex O2) or apex_o1 "
+                   "(apex AMP O1's wrappers); overrides the workload's mixed_precision.")
 @click.option("--instance-type", default=None,
               help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -110,7 +114,7 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
 def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, nodes, strategy,
             micro_batch, grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
             pp_microbatches, moe_dispatcher, moe_routing, expert_tensor_parallel,
-            attention_kernel, optimizer_impl, instance_type,
+            attention_kernel, optimizer_impl, mixed_precision, instance_type,
             inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens, steps,
             as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
@@ -135,7 +139,7 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
         moe_routing=moe_routing, expert_tensor_parallel=expert_tensor_parallel,
         attention_kernel=attention_kernel, optimizer_impl=optimizer_impl,
-        instance_type=instance_type,
+        mixed_precision=mixed_precision, instance_type=instance_type,
         inter_node_gbps=inter_node_gbps, power_limit_w=power_limit_w, target=training_target),
         load_catalog_or_fail())
     if as_json:

@@ -175,13 +175,34 @@ _MEMORY_FORMAT_ALIASES = {"contiguous": "contiguous", "contiguous_format": "cont
 #: ``amp_traffic_bytes_per_sample``) or ``master_weights`` (the model cast to 16 bits, so
 #: every activation is 16-bit, half the fp32 bytes; fp32 master weights and gradients in the
 #: optimizer: apex AMP O2, which DeepLearningExamples' Transformer-XL runs by default, and
-#: Megatron's fp16 module).
-MIXED_PRECISION_MODES = ("autocast", "master_weights")
+#: Megatron's fp16 module) or ``apex_o1`` (apex AMP O1: fp32 weights and casts before the
+#: operators of its lists as autocast puts them, through Python wrappers whose host time
+#: :func:`apex_o1_host_s` adds; DeepLearningExamples' Tacotron 2 and WaveGlow).
+MIXED_PRECISION_MODES = ("autocast", "master_weights", "apex_o1")
 _MIXED_PRECISION_ALIASES = {"autocast": "autocast", "amp": "autocast", "torch.amp": "autocast",
                             "torch_amp": "autocast", "native": "autocast",
                             "master_weights": "master_weights", "o2": "master_weights",
                             "apex_o2": "master_weights", "apex": "master_weights",
-                            "fp16_module": "master_weights", "half_model": "master_weights"}
+                            "fp16_module": "master_weights", "half_model": "master_weights",
+                            "apex_o1": "apex_o1", "o1": "apex_o1"}
+#: apex AMP O1 (``apex/amp/wrap.py``) replaces every function of its lists (torch's,
+#: ``torch.Tensor``'s and ``torch.nn.functional``'s FP16, FP32, promote and sequence lists and
+#: the RNN cells: matmuls, convolutions, linear layers, the arithmetic operators, cat/stack,
+#: softmax, norms, losses) by a Python function that, on every forward call, looks each fp32
+#: weight up in its cast cache and tests each argument's type before calling the original;
+#: the backward runs in C++ through none of them. ``benchmarks/workloads/
+#: measure_apex_o1_overhead.py`` re-implements those checks and measures, on a CPU, side by
+#: side with a plain eager operator: a Tacotron 2 step at DeepLearningExamples' shapes (570
+#: mel frames) makes 9,745 wrapped calls, 0.125 per operator the profiler counts (17 per mel
+#: frame: five linear layers, four cats, three additions, the two LSTM cells, the location
+#: convolution, softmax, bmm), each costing 4.7 plain eager operators of host time on
+#: average (a linear layer's 5.5 and an LSTM cell's 16 with their cached weights, an
+#: addition's 2.1, a cat's 1.3). Carried as multiples of ``KERNEL_DISPATCH_S``: the wrappers'
+#: Python work is taken to scale with the host as an eager operator's host work does. A
+#: workload's own share of wrapped calls is not known (the profile does not count them):
+#: Tacotron 2's stands for every ``apex_o1`` job (docs/models.md#batch-independent-work-a).
+APEX_O1_WRAPPED_CALLS_PER_KERNEL = 0.125
+APEX_O1_EXTRA_OPERATORS_PER_CALL = 4.7
 #: DRAM bytes per parameter one optimizer step moves beyond Adam's read and write of the
 #: fp32 weight and its state and read of the gradient (``2·(4 + K) + 4``;
 #: docs/models.md#optimizer-step):
@@ -462,22 +483,23 @@ def normalize_memory_format(name: str | None) -> str | None:
 
 
 def normalize_mixed_precision(name: str | None) -> str | None:
-    """``autocast`` or ``master_weights`` (``MIXED_PRECISION_MODES``) from the usual
-    spellings (``amp``, ``torch.amp``; ``apex_o2``, ``o2``, ``fp16_module``); None stays None
-    (autocast)."""
+    """``autocast``, ``master_weights`` or ``apex_o1`` (``MIXED_PRECISION_MODES``) from the
+    usual spellings (``amp``, ``torch.amp``; ``apex_o2``, ``o2``, ``fp16_module``; ``o1``);
+    None stays None (autocast)."""
     if name is None or not str(name).strip():
         return None
     key = str(name).strip().lower().replace("-", "_").replace(" ", "_")
     if key not in _MIXED_PRECISION_ALIASES:
-        raise ValueError(f"unknown mixed_precision {name!r}; expected autocast (torch.amp) or "
+        raise ValueError(f"unknown mixed_precision {name!r}; expected autocast (torch.amp), "
                          "master_weights (the model in 16 bits with fp32 master weights: "
-                         "apex O2)")
+                         "apex O2) or apex_o1 (apex AMP O1)")
     return _MIXED_PRECISION_ALIASES[key]
 
 
 def mixed_precision_mode(workload: Workload | None) -> str:
     """How ``workload`` runs a 16-bit precision: ``autocast`` unless it says
-    ``master_weights``."""
+    ``master_weights`` or ``apex_o1`` (which casts as autocast does, so every test for
+    ``master_weights`` treats it as autocast)."""
     mode = workload.mixed_precision if workload is not None else None
     return normalize_mixed_precision(mode) or "autocast"
 
@@ -940,6 +962,29 @@ def amp_kernels(workload: Workload, precision: str) -> float | None:
     return float(amp)
 
 
+def apex_o1_host_s(workload: Workload | None, precision: str,
+                   kernels_per_micro_step: float | None) -> float:
+    """Host seconds apex AMP O1's Python wrappers add to one micro-step of ``workload`` at a
+    16-bit ``precision`` (0 otherwise): ``APEX_O1_WRAPPED_CALLS_PER_KERNEL`` of the counted
+    kernels (without a count, the ``MICRO_STEP_OVERHEAD_S``'s worth of them) each
+    ``APEX_O1_EXTRA_OPERATORS_PER_CALL`` × ``KERNEL_DISPATCH_S``. CPU time, as the dispatch."""
+    if (workload is None or mixed_precision_mode(workload) != "apex_o1"
+            or not is_mixed(normalize_precision(precision))):
+        return 0.0
+    kernels = (kernels_per_micro_step if kernels_per_micro_step and kernels_per_micro_step > 0
+               else MICRO_STEP_OVERHEAD_S / KERNEL_DISPATCH_S)
+    return (kernels * APEX_O1_WRAPPED_CALLS_PER_KERNEL * APEX_O1_EXTRA_OPERATORS_PER_CALL
+            * KERNEL_DISPATCH_S)
+
+
+def dispatch_time_s(workload: Workload | None, precision: str,
+                    kernels_per_micro_step: float | None) -> float:
+    """Host-side seconds of one micro-step: :func:`micro_step_overhead_s` of the kernels plus
+    apex O1's wrappers where the job runs them (:func:`apex_o1_host_s`)."""
+    return (micro_step_overhead_s(kernels_per_micro_step)
+            + apex_o1_host_s(workload, precision, kernels_per_micro_step))
+
+
 def micro_step_overhead_s(kernels_per_micro_step: float | None) -> float:
     """Host-side seconds of one micro-step, the same on every GPU: the counted kernels (operators
     one forward+backward dispatches in eager PyTorch) × ``KERNEL_DISPATCH_S`` each, dispatched one
@@ -974,10 +1019,10 @@ def fixed_time_prior_s(params_per_gpu: float, hardware: Hardware, precision: str
                        kernels_per_micro_step: float | None = None,
                        workload: Workload | None = None) -> float:
     """``a``: seconds per micro-step independent of batch: the host-side overhead
-    (:func:`micro_step_overhead_s`, from the kernel count where there is one) + the weight
+    (:func:`dispatch_time_s`, from the kernel count where there is one) + the weight
     traffic (:func:`weight_traffic_time_s`) + the GEMMs' wave tails
     (:func:`wave_tail_time_s`, where the profile recorded their reductions)."""
-    return (micro_step_overhead_s(kernels_per_micro_step)
+    return (dispatch_time_s(workload, precision, kernels_per_micro_step)
             + weight_traffic_time_s(params_per_gpu, hardware, precision, workload)
             + wave_tail_time_s(workload, hardware, precision))
 
@@ -1155,5 +1200,5 @@ def operator_class_times_s(workload: Workload, hardware: Hardware, precision: st
                                            m * float(workload.tokens_per_sample or 0))
     out["latency"] = latency_time_s(latency_flops[0], latency_flops[1], m, hardware)
     overhead = k * fixed_scale if overhead_scale is None else overhead_scale
-    out["dispatch"] = overhead * micro_step_overhead_s(kernel_count(workload, p)[0])
+    out["dispatch"] = overhead * dispatch_time_s(workload, p, kernel_count(workload, p)[0])
     return out

@@ -10,12 +10,16 @@ from dataclasses import dataclass, field, replace
 from mlflow_gpuopt.perfmodel import context, moe, sequence_bins, vendor
 from mlflow_gpuopt.perfmodel import uncertainty as unc
 from mlflow_gpuopt.perfmodel.compute import (
+    APEX_O1_EXTRA_OPERATORS_PER_CALL,
+    APEX_O1_WRAPPED_CALLS_PER_KERNEL,
     GENERATION_MFU,
+    KERNEL_DISPATCH_S,
     OPERATOR_CLASSES,
     architecture,
     attention_term,
     kernel_count,
     matmul_efficiency,
+    mixed_precision_mode,
     operator_class_times_s,
     optimizer_step_extras,
     traffic_source,
@@ -103,6 +107,12 @@ class Predictor:
         if extras:
             notes.append("optimizer step bytes per parameter beyond Adam's: "
                          + ", ".join(extras))
+        if mixed_precision_mode(workload) == "apex_o1":
+            notes.append(
+                "apex AMP O1 at 16 bits: its Python wrappers' host time, "
+                f"{APEX_O1_WRAPPED_CALLS_PER_KERNEL:g} wrapped calls per counted kernel x "
+                f"{APEX_O1_EXTRA_OPERATORS_PER_CALL * KERNEL_DISPATCH_S * 1e6:.0f} us "
+                "(a Tacotron 2 step's share and cost, measured; docs/models.md)")
         prior = "FLOPs / peak at a prior efficiency" + (
             " plus the counted kernels' dispatch" if workload.kernels_per_micro_step else "")
         self._defaults = workload_defaults(workload, self._shape, opt_assumed)

@@ -42,11 +42,11 @@ from dataclasses import dataclass
 
 from mlflow_gpuopt.perfmodel import comm, context, moe
 from mlflow_gpuopt.perfmodel.compute import (
+    dispatch_time_s,
     fp8_cast_time_s,
     kernel_count,
     latency_time_s,
     linear_gemm_times_s,
-    micro_step_overhead_s,
     normalize_fp8_recipe,
     optimizer_host_time_s,
     optimizer_time_prior_s,
@@ -200,9 +200,10 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     k = calib.compute_scale
     kr = k * calib.fixed_scale
     # Each pipeline stage's process dispatches its own layers' kernels; tensor parallelism
-    # splits each kernel but still dispatches all of them. Counted, or from the architecture.
+    # splits each kernel but still dispatches all of them. Counted, or from the architecture;
+    # apex O1's wrappers around the stage's calls with them.
     kernels, _ = kernel_count(workload, precision)
-    overhead = micro_step_overhead_s(kernels / pp if kernels else None)
+    overhead = dispatch_time_s(workload, precision, kernels / pp if kernels else None)
     a = (kr * (weight_traffic_time_s(params_shard, hardware, precision, workload)
                + wave_tail_time_s(workload, hardware, precision) / pp)
          + (kr if calib.overhead_scale is None else calib.overhead_scale) * overhead)

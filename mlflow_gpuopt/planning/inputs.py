@@ -84,12 +84,15 @@ def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
                      pp_microbatches: int | None = None,
                      attention_kernel: str | None = None,
                      expert_tensor_parallel: int | None = None,
-                     optimizer_impl: str | None = None) -> Workload:
+                     optimizer_impl: str | None = None,
+                     mixed_precision: str | None = None) -> Workload:
     """``workload`` with what ``--moe-dispatcher``, ``--moe-routing``, ``--pp-microbatches``,
-    ``--attention-kernel``, ``--expert-tensor-parallel`` and ``--optimizer-impl`` say of how
-    the job runs, where given (one clear line for an unknown word)."""
+    ``--attention-kernel``, ``--expert-tensor-parallel``, ``--optimizer-impl`` and
+    ``--mixed-precision`` say of how the job runs, where given (one clear line for an unknown
+    word)."""
     from mlflow_gpuopt.perfmodel.compute import (
         normalize_attention_kernel,
+        normalize_mixed_precision,
         normalize_optimizer_impl,
     )
     from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
@@ -99,7 +102,9 @@ def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
             ("--moe-routing", moe_routing, normalize_routing, "moe_routing"),
             ("--attention-kernel", attention_kernel, normalize_attention_kernel,
              "attention_kernel"),
-            ("--optimizer-impl", optimizer_impl, normalize_optimizer_impl, "optimizer_impl")):
+            ("--optimizer-impl", optimizer_impl, normalize_optimizer_impl, "optimizer_impl"),
+            ("--mixed-precision", mixed_precision, normalize_mixed_precision,
+             "mixed_precision")):
         if value is None:
             continue
         try:

@@ -44,6 +44,9 @@ class PredictRequest:
     #: how the job's optimizer step runs on the GPU: for-loop, foreach, fused (None: the
     #: workload's)
     optimizer_impl: str | None = None
+    #: how a 16-bit job keeps its weights and casts: autocast, master_weights, apex_o1 (None:
+    #: the workload's)
+    mixed_precision: str | None = None
     instance_type: str | None = None
     inter_node_gbps: float | None = None
     #: the GPUs' power limit (W) for the target and the runs on its GPU type (None: TDP)
@@ -119,7 +122,8 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
                                 moe_routing=r.moe_routing, pp_microbatches=r.pp_microbatches,
                                 attention_kernel=r.attention_kernel,
                                 expert_tensor_parallel=r.expert_tensor_parallel,
-                                optimizer_impl=r.optimizer_impl)
+                                optimizer_impl=r.optimizer_impl,
+                                mixed_precision=r.mixed_precision)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
