@@ -253,9 +253,7 @@ class StepClock:
                     self.pending_samples += n
                     if x.dim() == 2 and not x.is_floating_point():
                         self._count_tokens(x, kwargs)
-                        length = sequence_length_of(x, self._sample_dim)
-                        by_length = self.samples_by_length
-                        by_length[length] = by_length.get(length, 0) + n
+                        self._count_length(x, n)
                 self.pending_forwards += 1
                 if self.profiler is not None and self.profiler.active:
                     self.profiler.new_forward()  # another micro-batch of the profiled step
@@ -268,6 +266,15 @@ class StepClock:
             except Exception as exc:
                 self._profile_failed(exc)
         return None
+
+    def _count_length(self, ids: Any, samples: int) -> None:
+        """Add a micro-batch of token ids to ``samples_by_length`` under its padded length
+        (a shape read); one whose length cannot be read is skipped."""
+        try:
+            length = sequence_length_of(ids, self._sample_dim)
+        except Exception:  # an unusual tensor subclass: its length is left out, nothing else
+            return
+        self.samples_by_length[length] = self.samples_by_length.get(length, 0) + samples
 
     def _count_tokens(self, ids: Any, kwargs: dict | None) -> None:
         """A micro-batch of token ids: its real tokens are the attention mask's ones where

@@ -148,6 +148,27 @@ def test_predict_runs_at_the_observed_mix_and_plans_memory_for_the_longest(track
                                                 rel=1e-9)
 
 
+def test_the_profile_read_as_a_workload_file_is_planned_at_its_longest_bin(tracking_uri,
+                                                                           tmp_path):
+    rid = train(STEPS)
+    _, profile = params_and_profile(rid)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))  # with its hardware: a tracked profile
+    r = CliRunner().invoke(gpuopt_cli, ["predict", "--workload", str(path), "--gpu",
+                                        "A100-80GB-SXM4", "--gpus", "1", "--json"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert any("4 padded lengths of 8-32 tokens, mean 19 (tokens_per_sample 32)" in n
+               for n in out["assumptions"]), out["assumptions"]
+    # a workload file states the longest as tokens_per_sample: a longer bin is refused
+    bare = {k: v for k, v in profile.items() if k != "hardware"}
+    path.write_text(json.dumps(bare))
+    r = CliRunner().invoke(gpuopt_cli, ["predict", "--workload", str(path), "--gpu",
+                                        "A100-80GB-SXM4", "--gpus", "1"])
+    assert r.exit_code == 2 and "at most 'tokens_per_sample' (8)" in r.output
+
+
 class TimeMajorLM(nn.Module):
     """An LSTM language model over (sequence, batch) token ids (``batch_first`` False)."""
 
