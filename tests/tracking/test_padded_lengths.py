@@ -212,3 +212,39 @@ def test_many_lengths_are_rounded_up_to_the_smallest_multiple_that_fits():
     assert [w for _, w in bins] == pytest.approx([4 / 64] * 16)
     assert observed_bins({64: 3}) is None and observed_bins({}) is None
     assert observed_bins({16: 1, 64: 3}) == ((16, 0.25), (64, 0.75))
+
+
+def test_a_context_parallel_ranks_slices_are_binned_as_whole_samples():
+    """Rank 0 of a cp-2 group sees half of each sample's tokens: its lengths are doubled, as
+    ``whole_sample`` doubles its ``tokens_per_sample``. The step clock is driven by its own
+    hooks on real forwards."""
+    import logging
+
+    from mlflow_gpuopt.tracking._warn import WarnOnce
+    from mlflow_gpuopt.tracking.config import TrackConfig
+    from mlflow_gpuopt.tracking.profile_log import ProfileLog
+    from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
+    from mlflow_gpuopt.tracking.run_log import RunLog
+    from mlflow_gpuopt.tracking.steps import StepClock
+    from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile
+
+    model = nn.Sequential(nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB))
+    clock = StepClock(profiler=WorkloadProfiler(model, None), profile_step=-1)
+    for batch, half in ((2, 64), (2, 128), (4, 64)):
+        ids = torch.randint(0, VOCAB, (batch, half))
+        clock.on_forward_pre(model, (ids,), {})
+        clock.on_backward()
+        clock.mark()
+    warn = WarnOnce(logging.getLogger("test"))
+    log = ProfileLog(model, TrackConfig(), RunLog(warn), warn)
+    log.context_parallel = 2
+    log.profile = WorkloadProfile(name="m", params=1, trainable_params=1, flops_per_sample=1.0,
+                                  precision="fp32", micro_batch=2, grad_accum=1,
+                                  optimizer=None, optimizer_state_bytes_per_param=None,
+                                  activation_bytes_per_sample=None,
+                                  activation_saved_bytes_per_sample=None,
+                                  tokens_per_sample=128, largest_layer_params=None)
+    log._logged = True  # its params were logged with the profile
+    log.finish(clock)
+    assert log.profile.sequence_bins == ((128, 6 / 8), (256, 2 / 8))
+    assert log.mean_padded_tokens(clock) == pytest.approx((128 * 6 + 256 * 2) / 8)
