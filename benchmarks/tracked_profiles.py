@@ -21,7 +21,10 @@ shape (no torchvision, not installable here; no download: BERT from its config):
   context, residuals from the third, the classifier; dropout 0.2), label-smoothed (0.1)
   cross-entropy, Adam; 27 source and 27 target tokens (the workload file's ~54 per pair);
 - ``bert_large_pretrain_seq128`` / ``seq512``: ``transformers``' ``BertForPreTraining`` from a
-  BERT-large ``BertConfig`` with eager attention (as DLE's BERT runs it), MLM + NSP, AdamW.
+  BERT-large ``BertConfig`` with eager attention (as DLE's BERT runs it), MLM + NSP, AdamW;
+  seq 512 (phase 2, which DLE runs on LDDL's bins of 64) pads each of 40 steps to its bin's
+  upper edge, the bins' steps in proportion to their shares, so the profile logs the
+  ``sequence_bins`` the job ran at.
 - ``waveglow``: WaveGlow as DLE's ``PyTorch/SpeechSynthesis/Tacotron2`` trains it
   (``waveglow/arg_parser.py`` defaults: 12 flows, groups of 8, an early output of 2 channels
   every 4 flows, WN of 8 weight-normed layers of 512 channels, kernel 3; the mel upsampled by
@@ -60,7 +63,8 @@ CPU_BATCH = {"resnet50_v1.5": 2, "ncf": 4096, "tacotron2": 2, "gnmt": 4,
              "bert_large_pretrain_seq128": 2, "bert_large_pretrain_seq512": 1,
              "waveglow": 1, "ssd300": 2, "transformerxl_base": 1,
              "transformerxl_large": 1}
-#: Steps tracked: the profiled one (``profile_step`` 0) and two timed after a warm-up of one.
+#: Steps tracked: the profiled one (``profile_step`` 0) and two timed after a warm-up of one
+#: (BERT-large seq 512: ``BERT_BINNED_STEPS``, its padded lengths).
 STEPS = 3
 
 
@@ -72,6 +76,7 @@ class Job:
     name: str
     make: Callable[[], tuple]
     memory_format: str | None = None  # as the job ran: channels_last, contiguous, None
+    steps: int = STEPS  # training steps tracked
 
 
 def _resnet(channels_last: bool) -> tuple:
@@ -225,7 +230,36 @@ def _gnmt() -> tuple:
     return model, opt, step
 
 
+#: Steps of the seq-512 job: one pass over its bins in miniature (:func:`lddl_lengths`).
+BERT_BINNED_STEPS = 40
+
+
+def lddl_lengths(steps: int, seed: int = 0) -> list[int]:
+    """Padded lengths of ``steps`` phase-2 steps as LDDL's binned loader runs them: each
+    step's batch from one bin of 64 tokens, each bin's steps in proportion to its samples
+    (the shares ``workloads/bert_large_pretrain_seq512.json`` states: an epoch consumes every
+    bin's samples), shuffled, and each padded to its bin's upper edge, where the longest of
+    DLE's 16-32 samples a batch lies within 2 tokens (the workload file's notes). The counts
+    are the shares' largest-remainder rounding to ``steps``."""
+    import json
+    import random
+
+    doc = json.loads((HERE / "workloads" / "bert_large_pretrain_seq512.json").read_text())
+    bins = sorted((int(t), float(w)) for t, w in doc["sequence_bins"].items())
+    total = sum(w for _, w in bins)
+    exact = [(t, w / total * steps) for t, w in bins]
+    counts = {t: int(x) for t, x in exact}
+    by_remainder = sorted(exact, key=lambda tx: tx[1] - int(tx[1]), reverse=True)
+    for t, _ in by_remainder[:steps - sum(counts.values())]:
+        counts[t] += 1
+    lengths = [t for t, n in counts.items() for _ in range(n)]
+    random.Random(seed).shuffle(lengths)
+    return lengths
+
+
 def _bert(seq: int) -> tuple:
+    """BERT-large pre-training; at 512 tokens (phase 2) each step padded to its LDDL bin
+    (:func:`lddl_lengths`), at 128 every batch at 128 (phase 1 packs it full)."""
     import torch
     from transformers import BertConfig, BertForPreTraining
 
@@ -236,12 +270,14 @@ def _bert(seq: int) -> tuple:
     model = BertForPreTraining(config).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     b = CPU_BATCH[f"bert_large_pretrain_seq{seq}"]
-    tokens = torch.randint(0, config.vocab_size, (b, seq))
-    labels = torch.full((b, seq), -100)
-    labels[:, ::7] = tokens[:, ::7]  # ~15 % of positions masked, as MLM pre-training
+    lengths = iter(lddl_lengths(BERT_BINNED_STEPS) if seq == 512 else [seq] * STEPS)
     nsp = torch.randint(0, 2, (b,))
 
     def step() -> None:
+        n = next(lengths)
+        tokens = torch.randint(0, config.vocab_size, (b, n))
+        labels = torch.full((b, n), -100)
+        labels[:, ::7] = tokens[:, ::7]  # ~15 % of positions masked, as MLM pre-training
         model(input_ids=tokens, labels=labels, next_sentence_label=nsp).loss.backward()
         opt.step()
         opt.zero_grad()
@@ -612,7 +648,8 @@ JOBS = {
     "tacotron2": (Job("tacotron2", _tacotron2),),
     "gnmt": (Job("gnmt", _gnmt),),
     "bert_large_pretrain_seq128": (Job("bert_large_pretrain_seq128", lambda: _bert(128)),),
-    "bert_large_pretrain_seq512": (Job("bert_large_pretrain_seq512", lambda: _bert(512)),),
+    "bert_large_pretrain_seq512": (Job("bert_large_pretrain_seq512", lambda: _bert(512),
+                                       steps=BERT_BINNED_STEPS),),
     "waveglow": (Job("waveglow", _waveglow),),
     "ssd300": (Job("ssd300", lambda: _ssd300(True), "channels_last"),),
     **{name: (Job(name, lambda name=name: _transformerxl(name)),) for name in TXL},
@@ -620,7 +657,7 @@ JOBS = {
 
 
 def track_job(job: Job) -> str:
-    """Train ``job`` for ``STEPS`` steps under ``gpuopt.track()`` into the current tracking
+    """Train ``job`` for its ``steps`` under ``gpuopt.track()`` into the current tracking
     URI; its run id."""
     import torch
 
@@ -632,7 +669,7 @@ def track_job(job: Job) -> str:
     with gpuopt.track(model, opt, run_name=f"{job.name}-{job.memory_format or 'cpu'}",
                       warmup_steps=1, profile_step=0, interval_s=1.0,
                       print_summary=False) as tracker:
-        for _ in range(STEPS):
+        for _ in range(job.steps):
             step()
     print(f"  tracked {job.name} ({job.memory_format or 'default layout'}) on the CPU in "
           f"{time.perf_counter() - t0:.0f} s: run {tracker.run_id}", flush=True)

@@ -230,6 +230,9 @@ SUMMARY_INPUT_WAIT_FRACTION = summary_metric("input_wait_fraction")  # of the st
 SUMMARY_INPUT_WAIT_MEAN_S = summary_metric("input_wait_mean_s")
 SUMMARY_CPU_UTILIZATION = summary_metric("cpu_utilization_percent")  # host, mean of samples
 SUMMARY_SKIPPED_STEPS = summary_metric("skipped_steps")  # GradScaler skipped the update
+#: mean padded tokens per sample over the steps, where their padded lengths varied (the
+#: profile's ``sequence_bins``)
+SUMMARY_MEAN_PADDED_TOKENS = summary_metric("mean_padded_tokens_per_sample")
 
 SUMMARY_PREDICTION_RATIO_THROUGHPUT = summary_metric("prediction_ratio_throughput")
 SUMMARY_PREDICTION_RATIO_STEP_TIME = summary_metric("prediction_ratio_step_time")

@@ -25,6 +25,7 @@ from mlflow_gpuopt.bounded_read import read_capped
 from mlflow_gpuopt.perfmodel.activations import normalize_attention, normalize_recompute
 from mlflow_gpuopt.perfmodel.errors import PerfModelError
 from mlflow_gpuopt.perfmodel.compute import (
+    at_length,
     normalize_attention_kernel,
     normalize_fp8_recipe,
     normalize_memory_format,
@@ -40,6 +41,7 @@ from mlflow_gpuopt.perfmodel.moe import (
 )
 from mlflow_gpuopt.perfmodel.layout import parse_layout
 from mlflow_gpuopt.perfmodel.precision import normalize_precision
+from mlflow_gpuopt.perfmodel.sequence_bins import at_longest
 from mlflow_gpuopt.perfmodel.types import Observation, Workload
 from mlflow_gpuopt.validation import BOUNDS, OutOfRangeError, check, short_repr
 
@@ -192,11 +194,15 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
-def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workload:
+def workload_from_dict(doc: Mapping[str, Any], where: str = "workload",
+                       tracked_profile: bool = False) -> Workload:
     """A :class:`Workload` from a ``profile.json``/``workload.json`` document.
 
     Keys the models do not use (``schema``, ``hardware``...) are ignored; ``null`` values
     mean "unknown". Raises :class:`WorkloadFileError` for missing or malformed keys.
+    ``tracked_profile`` (or a ``hardware`` object in ``doc``): a tracked run's profile, whose
+    ``sequence_bins`` may run longer than the profiled step's ``tokens_per_sample``; the
+    workload is then scaled to the longest bin (:func:`.sequence_bins.at_longest`).
     """
     if not isinstance(doc, Mapping):
         raise WorkloadFileError(f"{where}: expected a JSON object, got {type(doc).__name__}")
@@ -235,16 +241,21 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload") -> Workl
     except PerfModelError as exc:
         raise WorkloadFileError(f"{where}: {exc}") from None
     _check_words(kwargs, where)
+    # a tracked run's profile (its reader says so; a profile.json read as a file holds the
+    # hardware it ran on) gives its figures at the profiled step's length, which its
+    # observed bins may exceed: scaled up to the longest below
+    profile = tracked_profile or isinstance(doc.get("hardware"), Mapping)
     if "sequence_bins" in kwargs:
         kwargs["sequence_bins"] = _sequence_bins(kwargs["sequence_bins"],
-                                                 kwargs.get("tokens_per_sample"), where)
+                                                 kwargs.get("tokens_per_sample"), where,
+                                                 longer_allowed=profile)
     _check_kv_heads(kwargs, where)
     _check_moe(kwargs, where)
     if kwargs.get("micro_batch") == 0:
         kwargs.pop("micro_batch")
     if "grad_accum" in kwargs:
         kwargs["grad_accum"] = max(1, kwargs["grad_accum"])
-    workload = Workload(**kwargs)
+    workload = at_longest(Workload(**kwargs), at_length)
     _check_expert_weights(workload, where)
     return workload
 
@@ -298,11 +309,13 @@ def _check_words(kwargs: dict[str, Any], where: str) -> None:
 MAX_SEQUENCE_BINS = 4096
 
 
-def _sequence_bins(value: Any, longest: float | None,
-                   where: str) -> tuple[tuple[float, float], ...]:
+def _sequence_bins(value: Any, longest: float | None, where: str,
+                   longer_allowed: bool = False) -> tuple[tuple[float, float], ...]:
     """``sequence_bins`` ({padded tokens: share or sample count}, or [[tokens, share], ...]) as
     ((tokens, share), ...) by length, shares normalised to sum to 1; each length above 0 and
-    at most ``tokens_per_sample`` (the longest, which it needs), each share >= 0, some > 0."""
+    at most ``tokens_per_sample`` (the longest, which it needs; ``longer_allowed``: any
+    length, a tracked profile's ``tokens_per_sample`` being its profiled step's), each share
+    >= 0, some > 0."""
     key = "sequence_bins"
     if isinstance(value, Mapping):
         pairs = list(value.items())
@@ -322,7 +335,7 @@ def _sequence_bins(value: Any, longest: float | None,
     for tokens, share in pairs:
         t = _number(tokens, f"{key} length", where, float)
         w = _number(share, f"{key} share", where, float)
-        if t <= 0 or t > longest:
+        if t <= 0 or (t > longest and not longer_allowed):
             raise WorkloadFileError(f"{where}: {key!r} lengths must be above 0 and at most "
                                     f"'tokens_per_sample' ({longest:g}), got {short_repr(tokens)}")
         bins[t] = bins.get(t, 0.0) + w

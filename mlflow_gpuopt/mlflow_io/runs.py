@@ -129,13 +129,14 @@ def _workload(run_id: str, params: dict[str, str], profile: dict | None,
     where = f"run {run_id}"
     arch = {k: doc.pop(k) for k in contract.ARCHITECTURE_PARAMS if doc.get(k) not in (None, "")}
     try:
-        workload = workload_from_dict(doc, where=where)
+        workload = workload_from_dict(doc, where=where, tracked_profile=True)
     except WorkloadFileError as exc:
         raise RunInputError(f"{exc}; {HOW_TO_TRACK}") from None
     kept: dict[str, Any] = {}
     for key, value in arch.items():  # in contract order: num_heads before num_kv_heads
         try:
-            workload = workload_from_dict({**doc, **kept, key: value}, where=where)
+            workload = workload_from_dict({**doc, **kept, key: value}, where=where,
+                                          tracked_profile=True)
         except WorkloadFileError as exc:
             if notes is not None:
                 notes.append(f"{exc}; the architecture field {key} was left out")

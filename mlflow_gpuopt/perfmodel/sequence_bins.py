@@ -11,7 +11,9 @@ FLOPs are ``flops_per_sample × ((1 − a)·s/S + a·(s/S)²)``, ``a`` attention
 (the linear layers grow with the tokens, attention's two batched matmuls with their square);
 measured per-sample bytes scale as the architecture's activation formula does between the
 two lengths (its ``s`` and ``s²`` terms), or with the tokens where the architecture is not
-given. docs/models.md#padded-lengths-sequence_bins.
+given. A tracked run's profile gives its figures at the profiled step's length, which may
+be shorter than the longest bin: :func:`at_longest` scales them up by the same rules.
+docs/models.md#padded-lengths-sequence_bins.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ from mlflow_gpuopt.perfmodel.types import Workload
 
 def rescaled(workload: Workload, tokens: float, attention_share: float,
              bytes_ratio: float | None) -> Workload:
-    """``workload`` as one sample padded to ``tokens`` (at most its ``tokens_per_sample``)
-    costs, without bins: FLOPs ``× ((1 − a)·r + a·r²)`` with ``r`` the tokens' share of the
-    longest and ``a`` = ``attention_share`` there; measured per-sample bytes ``×
-    bytes_ratio`` (the activation formula's ratio between the two lengths, None: ``r``).
-    ``compute.at_length`` supplies both from the architecture."""
+    """``workload`` as one sample padded to ``tokens`` costs, without bins: FLOPs ``× ((1 −
+    a)·r + a·r²)`` with ``r`` the tokens' ratio to the workload's ``tokens_per_sample`` (the
+    length its figures are at: the longest of a workload file, the profiled step's of a
+    tracked run, which may be shorter) and ``a`` = ``attention_share`` there; measured
+    per-sample bytes ``× bytes_ratio`` (the activation formula's ratio between the two
+    lengths, None: ``r``). ``compute.at_length`` supplies both from the architecture."""
     plain = replace(workload, sequence_bins=None)
-    longest = float(workload.tokens_per_sample or 0)
-    if longest <= 0 or tokens >= longest:
+    reference = float(workload.tokens_per_sample or 0)
+    if reference <= 0 or tokens == reference:
         return plain
-    r = tokens / longest
+    r = tokens / reference
     flops_scale = (1.0 - attention_share) * r + attention_share * r * r
     by = r if bytes_ratio is None else bytes_ratio
 
@@ -45,8 +48,24 @@ def rescaled(workload: Workload, tokens: float, attention_share: float,
         flops_per_sample=workload.flops_per_sample * flops_scale,
         activation_bytes_per_sample=scaled(workload.activation_bytes_per_sample, by),
         memory_traffic_bytes_per_sample=scaled(workload.memory_traffic_bytes_per_sample, by),
+        matmul_traffic_bytes_per_sample=scaled(workload.matmul_traffic_bytes_per_sample, by),
         amp_traffic_bytes_per_sample=scaled(workload.amp_traffic_bytes_per_sample, by),
+        amp_matmul_traffic_bytes_per_sample=scaled(
+            workload.amp_matmul_traffic_bytes_per_sample, by),
         recompute_flops_per_sample=scaled(workload.recompute_flops_per_sample, flops_scale))
+
+
+def at_longest(workload: Workload, at_length: Callable[[Workload, float], Workload]
+               ) -> Workload:
+    """A workload whose ``sequence_bins`` run longer than the ``tokens_per_sample`` its
+    figures are at (a tracked run whose profiled step was not its longest) as it runs at the
+    longest bin (``at_length``: ``compute.at_length``), bins kept: the longest batch sets the
+    memory plan. Any other workload unchanged."""
+    bins = workload.sequence_bins
+    reference = workload.tokens_per_sample
+    if not bins or not reference or max(t for t, _ in bins) <= reference:
+        return workload
+    return replace(at_length(workload, max(t for t, _ in bins)), sequence_bins=bins)
 
 
 def binned(per_sample: Callable[[Workload], float], workload: Workload,

@@ -6,6 +6,7 @@ Param precedence: :func:`.run_params.workload_params`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mlflow_gpuopt import contract
@@ -13,6 +14,7 @@ from mlflow_gpuopt.tracking._warn import WarnOnce
 from mlflow_gpuopt.tracking.config import TrackConfig
 from mlflow_gpuopt.tracking.guard import suppress
 from mlflow_gpuopt.tracking.model_facts import detect_precision
+from mlflow_gpuopt.tracking.padded_lengths import mean_padded_tokens, observed_bins
 from mlflow_gpuopt.tracking.run_params import profile_overrides, workload_params
 from mlflow_gpuopt.tracking.workload_profile import WorkloadProfile, whole_sample
 
@@ -47,14 +49,40 @@ class ProfileLog:
 
     def finish(self, clock: StepClock) -> None:
         """At the end, when no profile was logged: the last step's profile (the profiled one
-        never finished) and the workload params, with or without a profile."""
-        if self._logged:
-            return
-        self._logged = True
-        if self.model is not None and clock.profiler is not None:
-            self.profile = self._result(clock, clock.last_step_samples or None,
-                                        clock.last_step_forwards or None) or self.profile
-        self.log_params(clock)
+        never finished) and the workload params, with or without a profile. Then the padded
+        lengths every step ran at join the profile (:meth:`_with_bins`)."""
+        if not self._logged:
+            self._logged = True
+            if self.model is not None and clock.profiler is not None:
+                self.profile = self._result(clock, clock.last_step_samples or None,
+                                            clock.last_step_forwards or None) or self.profile
+            self.log_params(clock)
+        if self.profile is not None:
+            self.profile = self._with_bins(self.profile, clock) or self.profile
+
+    @suppress("sequence-bins", "padded lengths not logged: %s")
+    def _with_bins(self, profile: WorkloadProfile, clock: StepClock) -> WorkloadProfile:
+        """``profile`` with the ``sequence_bins`` of the run's steps where their padded
+        lengths varied (a context-parallel rank's slices scaled to whole samples, as
+        :func:`whole_sample` does)."""
+        lengths = dict(clock.samples_by_length)
+        if self.context_parallel > 1 and clock.profiler is not None \
+                and not clock.profiler.batch_is_dtensor:
+            lengths = {t * self.context_parallel: n for t, n in lengths.items()}
+        bins = observed_bins(lengths)
+        return replace(profile, sequence_bins=bins) if bins else profile
+
+    @suppress("sequence-bins", "mean padded length not logged: %s")
+    def mean_padded_tokens(self, clock: StepClock) -> float | None:
+        """Mean padded tokens per sample over the run's steps, where their lengths varied
+        (the profile has ``sequence_bins``); else None."""
+        if self.profile is None or not self.profile.sequence_bins:
+            return None
+        mean = mean_padded_tokens(clock.samples_by_length)
+        if mean is not None and self.context_parallel > 1 \
+                and not clock.profiler.batch_is_dtensor:
+            mean *= self.context_parallel
+        return mean
 
     @suppress("profile", "workload profile failed: %s")
     def _result(self, clock: StepClock, samples: int | None,

@@ -25,6 +25,9 @@ step is one micro-batch of the data's size, while loaders that fetch a batch ahe
 (accelerate's, Lightning's) do not shift samples between steps when the forwards agree with
 the data.
 
+A micro-batch of token ids also adds its samples to ``samples_by_length`` under its padded
+length, the ids' sequence dimension (a shape read, every step: :mod:`.padded_lengths`).
+
 Any exception in a hook switches the clock off (one warning) and training goes on with a hook
 that returns at once.
 """
@@ -36,7 +39,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from mlflow_gpuopt.tracking.batch_dim import samples_in
+from mlflow_gpuopt.tracking.batch_dim import samples_in, sequence_length_of
 from mlflow_gpuopt.tracking.optimizers import unwrap_optimizer
 from mlflow_gpuopt.tracking.profiler import WorkloadProfiler, first_tensor
 
@@ -134,6 +137,9 @@ class StepClock:
         self.pending_tokens: Any = 0  # an int, or a device tensor (attention masks' sums)
         self.pending_padded_tokens = 0  # token positions, padding included
         self._masked = False  # an attention mask came with this step's token ids
+        #: samples of every step's micro-batches of token ids by their padded length (the
+        #: ids' sequence dimension; :mod:`.padded_lengths`)
+        self.samples_by_length: dict[int, int] = {}
         self.pending_forwards = 0  # micro-batches counted from forwards
         self.pending_batches = 0  # DataLoader batches fetched in this step
         self.pending_batch_samples = 0
@@ -243,9 +249,11 @@ class StepClock:
                 self._backward_seen = False
                 self._counted_in_step = self._in_step
                 if x is not None and x.dim() >= 1:
-                    self.pending_samples += samples_in(x, self._sample_dim)
+                    n = samples_in(x, self._sample_dim)
+                    self.pending_samples += n
                     if x.dim() == 2 and not x.is_floating_point():
                         self._count_tokens(x, kwargs)
+                        self._count_length(x, n)
                 self.pending_forwards += 1
                 if self.profiler is not None and self.profiler.active:
                     self.profiler.new_forward()  # another micro-batch of the profiled step
@@ -258,6 +266,15 @@ class StepClock:
             except Exception as exc:
                 self._profile_failed(exc)
         return None
+
+    def _count_length(self, ids: Any, samples: int) -> None:
+        """Add a micro-batch of token ids to ``samples_by_length`` under its padded length
+        (a shape read); one whose length cannot be read is skipped."""
+        try:
+            length = sequence_length_of(ids, self._sample_dim)
+        except Exception:  # an unusual tensor subclass: its length is left out, nothing else
+            return
+        self.samples_by_length[length] = self.samples_by_length.get(length, 0) + samples
 
     def _count_tokens(self, ids: Any, kwargs: dict | None) -> None:
         """A micro-batch of token ids: its real tokens are the attention mask's ones where

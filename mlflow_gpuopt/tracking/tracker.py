@@ -294,6 +294,9 @@ class Tracker:
             plan, self.plan_check = self._run.compare_with_plan(
                 self.summary, self._profile.params(timing.clock),
                 self._hw.cpu_utilization_mean_percent, reporter.exposed_comm_fraction())
+            padded = self._profile.mean_padded_tokens(timing.clock)
+            if padded is not None:
+                metrics[contract.SUMMARY_MEAN_PADDED_TOKENS] = padded
             self._run.log_metrics({**metrics, **plan}, step)
             d = self._dist
             self._profile.save({"device": self._device, "device_count": self._device_count,

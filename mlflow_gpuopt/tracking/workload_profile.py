@@ -112,10 +112,17 @@ class WorkloadProfile:
     #: eager count plus the cast kernels autocast puts before the operators (:mod:`.traffic`)
     #: for an fp32/TF32 step, the count itself for a step that ran 16-bit; None: not counted
     amp_kernels_per_micro_step: float | None = None
+    #: padded lengths the run's steps ran at, ``((tokens, share of samples), ...)`` by
+    #: length, where they varied (:func:`.padded_lengths.observed_bins`); the per-sample
+    #: figures above are the profiled step's, at its own ``tokens_per_sample``; None: one
+    #: length (or no token ids)
+    sequence_bins: tuple[tuple[int, float], ...] | None = None
 
     def to_json(self, hardware: dict | None = None) -> dict:
         """The ``profile.json`` document: ``schema`` first, then the profile, then hardware."""
         doc: dict[str, Any] = {"schema": contract.PROFILE_SCHEMA, **asdict(self)}
+        if self.sequence_bins is not None:  # [[tokens, share], ...]: the workload key's form
+            doc["sequence_bins"] = [list(b) for b in self.sequence_bins]
         if hardware is not None:
             doc["hardware"] = hardware
         return doc
