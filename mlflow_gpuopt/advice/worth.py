@@ -389,7 +389,18 @@ def advise_plan(facts: RunFacts, ctx: PlanContext) -> list[Finding | NotEvaluate
         *rules.input_pipeline(facts), *rules.precision(facts, ctx.spec),
         *rules.gemm_shapes(facts), *rules.data_parallel(facts),
         *plan_findings(facts, ctx, base)]
-    return [price(x, ctx, facts, base) if isinstance(x, Finding) else x for x in items]
+    return [_not_a_loss(price(x, ctx, facts, base)) if isinstance(x, Finding) else x
+            for x in items]
+
+
+def _not_a_loss(f: Finding) -> Finding | NotEvaluated:
+    """A change the plan's prediction prices as slower is not advice: it is listed among the
+    rules not acted on, with the hours it would add (a dispatch-bound step, for one, gets
+    slower under autocast, whose casts are kernels too)."""
+    if f.hours_saved is None or f.hours_saved >= 0:
+        return f
+    return NotEvaluated(f.rule, f"{f.title}: the plan's prediction with the change is "
+                                f"{-f.hours_saved:.3g} h slower, so it is not advised")
 
 
 def ranked(items: list[Finding | NotEvaluated]) -> list[Finding]:

@@ -100,15 +100,22 @@ def test_slow_dataloader_is_input_starvation_priced_on_the_plan(tracking_uri):
     assert doc["findings"][0]["rule"] == "input_wait"
     usd = [f["usd_saved"] for f in doc["findings"] if f["usd_saved"] is not None]
     assert usd == sorted(usd, reverse=True)
-    # fp32 without autocast: the precision finding is about the plan's GPU
-    amp = found["precision_amp"]
-    assert doc["plan"]["gpu"] in amp["title"] and "torch.autocast" in amp["fix"]
-    assert amp["hours_saved"] >= 0
+    # fp32 without autocast: the precision rule is about the plan's GPU; a 64-wide MLP's
+    # step is bound by kernel launches, which autocast's casts add to, so it is advised only
+    # where the plan's prediction prices it as a saving
+    if "precision_amp" in found:
+        amp = found["precision_amp"]
+        assert doc["plan"]["gpu"] in amp["title"] and "torch.autocast" in amp["fix"]
+        assert amp["hours_saved"] >= 0
+    else:
+        (amp,) = [x for x in doc["not_evaluated"] if x["rule"] == "precision_amp"]
+        assert doc["plan"]["gpu"] in amp["reason"] and "slower" in amp["reason"]
     # the savings are measured from the script as it runs now on the plan's offer: printed
     base = doc["plan"]["baseline"]
     assert base["precision"] == "fp32"  # the script's, not the plan's
     assert base["hours"] > 0 and base["cost_usd"] > 0
-    assert base["hours"] > amp["hours_saved"]  # a fix saves part of the time it runs now
+    # a fix saves part of the time it runs now
+    assert "hours_saved" not in amp or base["hours"] > amp["hours_saved"]
     text = CliRunner().invoke(cli, ["advise", "--run-id", t.run_id, *TARGET, "--no-log"])
     assert text.exit_code == 0, text.output[-3000:]
     assert (f"Savings are measured from the script as it runs now on that plan (fp32, "
@@ -265,6 +272,12 @@ def test_example_as_shipped_and_its_fp32_variant(tracking_uri, tmp_path):
         assert f["evidence"] and f["fix"] and f["worth_note"] is not None
     doc = advise("--run-id", _example_run(tmp_path, "fp32", "--precision", "fp32"),
                  "--tokens", "2B", "--json", "--no-log")
-    amp = by_rule(doc)["precision_amp"]
-    assert amp["evidence"][0]["value"] == "fp32" and doc["plan"]["gpu"] in amp["title"]
-    assert amp["hours_saved"] is not None and amp["hours_saved"] >= 0
+    # the tiny GPT's step is bound by kernel launches, which autocast's casts add to: the
+    # precision rule is a finding only where the plan's prediction prices it as a saving
+    if "precision_amp" in by_rule(doc):
+        amp = by_rule(doc)["precision_amp"]
+        assert amp["evidence"][0]["value"] == "fp32" and doc["plan"]["gpu"] in amp["title"]
+        assert amp["hours_saved"] is not None and amp["hours_saved"] >= 0
+    else:
+        (amp,) = [x for x in doc["not_evaluated"] if x["rule"] == "precision_amp"]
+        assert amp["reason"].startswith("fp32 on a") and "h slower" in amp["reason"]

@@ -112,8 +112,10 @@ def found(items) -> dict[str, Finding]:
 
 
 def test_adamw_state_on_a_full_gpu_is_a_sharding_finding(tracking_uri):
-    # 6.3M parameters, AdamW's 8 bytes of state each
-    run_id = tracked_run(mlp([1024, 2048, 2048, 16]), "adamw", (1024,))
+    # 6.3M parameters in seven layers, AdamW's 8 bytes of state each: a step with
+    # per-micro-step work a larger micro-batch amortises (a three-layer MLP of the same size
+    # is compute-bound, and its larger micro-batch gains less than sharding costs)
+    run_id = tracked_run(mlp([1024] * 7 + [16]), "adamw", (1024,))
     facts, ctx, pred = ddp_plan(run_id)
     assert pred.max_micro_batch < 2 * MB  # DDP cannot double it on this GPU
     assert pred.memory.optimizer_bytes >= 8 * facts.params * 0.99
@@ -225,3 +227,19 @@ def test_compiled_run_gets_no_compile_finding(tracking_uri, monkeypatch):
     facts, ctx, _ = ddp_plan(run_id, memory="catalog")
     assert "compile" in found(advise_plan(facts, ctx))
     assert "compile" not in found(advise_plan(replace(facts, compiled=True), ctx))
+
+
+def test_a_change_priced_as_a_loss_is_not_advised():
+    """A finding whose priced saving is negative becomes a rule not acted on, naming the
+    hours it would add; a saving (or an unpriced finding) stays a finding."""
+    from mlflow_gpuopt.advice import NotEvaluated
+    from mlflow_gpuopt.advice.worth import _not_a_loss
+
+    f = Finding("precision_amp", "fp32 on a H100 with bf16 tensor cores", (), "use autocast",
+                change="precision", share=0.5)
+    loss = _not_a_loss(replace(f, hours_saved=-0.25, usd_saved=-3.0))
+    assert isinstance(loss, NotEvaluated) and loss.rule == "precision_amp"
+    assert "0.25 h slower" in loss.reason and "H100" in loss.reason
+    gain = replace(f, hours_saved=2.0, usd_saved=20.0)
+    assert _not_a_loss(gain) is gain
+    assert _not_a_loss(f) is f  # unpriced
