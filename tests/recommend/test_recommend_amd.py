@@ -71,7 +71,7 @@ def measured_run(tmp_path_factory):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         with gpuopt.track(model, opt, interval_s=0.1, print_summary=False) as t:
             for _ in range(12):
-                loss = model(torch.randn(64, 1024)).pow(2).mean()
+                loss = model(torch.randn(256, 1024)).pow(2).mean()
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
@@ -92,12 +92,12 @@ def _recommend(uri, run_id, monkeypatch, *args):
 
 def test_amd_offer_wins_when_cheapest_for_the_deadline(measured_run, monkeypatch):
     uri, run_id = measured_run
-    # 20B samples in 6 h (median time, as no GPU was measured the interval is wide): one
-    # 8-GPU A100 node needs ~7 h, MI300X and H100 nodes ~4.5 h, and the MI300X node costs
-    # half as much per hour as the H100 one; several A100 nodes cost several times more.
-    # The per-GPU batch of 64 is kept on every GPU (a global batch of 64 would give each of
-    # 8 GPUs a micro-batch of 8, too small to keep any of them busy).
-    doc = _recommend(uri, run_id, monkeypatch, "--samples", "20B", "--deadline", "6h",
+    # 40B samples in 6 h (median time, as no GPU was measured the interval is wide) at the
+    # run's per-GPU batch of 256 (kept on every GPU): one 8-GPU A100 node needs ~8 h; the
+    # MI300X node 4.6 h, two A100 nodes 4.2 h at 2 % more, one H100 node 3.9 h at 1.7x the
+    # cost. At a batch of 64 the GEMMs' 64 rows fill 16 of the MI300X's 304 CUs per wave
+    # (compute.wave_tail_time_s), and the A100 node wins.
+    doc = _recommend(uri, run_id, monkeypatch, "--samples", "40B", "--deadline", "6h",
                      "--confidence", "0.5", "--no-spot", "--keep-micro-batch")
     win = doc["winner"]
     ranked = [(c["instance_type"], c["predicted_cost_usd"], c["meets_deadline"])
