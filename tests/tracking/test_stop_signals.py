@@ -25,13 +25,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults]
 JOB = Path(__file__).with_name("_stop_job.py")
 
 
+def _default_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start(mode: str, tmp_path: Path) -> tuple[subprocess.Popen, str, Path]:
     uri = sqlite_uri(tmp_path / "mlflow.db")
     out = tmp_path / "run_id"
     env = {**os.environ, "GPUOPT_JOURNAL_DIR": str(tmp_path / "journal"),
            "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    # the job starts with SIGHUP's default action even where the test runner ignores it
+    # (under nohup, whose SIG_IGN a child inherits and track() rightly leaves alone)
     proc = subprocess.Popen([sys.executable, str(JOB), mode, uri, str(out)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sighup)
     return proc, uri, out
 
 
