@@ -92,6 +92,12 @@ class StepAggregator:
         self._prev_event = start_event
         self._waiting: deque = deque()
 
+    def restart(self, start_time_s: float, start_event: object = None) -> None:
+        """Step 0 starts at ``start_time_s`` (see :meth:`.steps.StepClock.restart`); a no-op
+        once a step was consumed."""
+        if self.steps == 0 and not self._waiting:
+            self._prev_t, self._prev_event = start_time_s, start_event
+
     def consume(self, records: deque[tuple], final: bool = False) -> StepWindow | None:
         """Take every available record; return the window they form (``None`` if no step)."""
         while True:

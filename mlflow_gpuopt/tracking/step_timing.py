@@ -63,6 +63,11 @@ class StepTiming:
                                                            with_kwargs=True))
             handles.append(model.register_forward_hook(clock.on_forward))
 
+    def restart(self) -> None:
+        """Step 0 starts now, after tracking's start-up (see :meth:`.steps.StepClock.restart`)."""
+        self.clock.restart()
+        self.agg.restart(self.clock.start_time, self.clock.start_event)
+
     def take(self, final: bool = False) -> StepWindow | None:
         """The steps completed since the last call (every step when ``final``)."""
         window = self._consume(final)

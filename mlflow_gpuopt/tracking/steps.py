@@ -186,6 +186,17 @@ class StepClock:
             self.start_event = torch.cuda.Event(enable_timing=True)
             self.start_event.record()
 
+    def restart(self) -> None:
+        """Step 0 starts now: called when tracking's own start-up (the first sample, its
+        MLflow write, the sampler thread) is done, so that work is not read as the first
+        step's. A no-op once a step has ended."""
+        if self.steps or self.records:
+            return
+        self.start_time = self._perf()
+        if self._event_cls is not None:
+            self.start_event = self._event_cls(enable_timing=True)
+            self.start_event.record()
+
     def _fail(self, where: str, exc: BaseException) -> None:
         """A hook failed: the clock is off for the rest of the run (and so is the profile)."""
         self.broken = True

@@ -215,6 +215,8 @@ class Tracker:
         self._safe_tick()  # the start sample, before the first step (so a run always has it)
         self._sampler = Sampler(self._tick, cfg.interval_s, warn=self._warn)
         self._handles += self._reporter.begin(self._sampler)
+        with self._lock:  # the sampler thread runs: its tick reads the aggregator
+            self._timing.restart()  # step 0 starts when the training loop gets control
         return True
 
     @suppress("layout", "could not read the parallel layout: %s")

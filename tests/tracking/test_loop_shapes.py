@@ -429,6 +429,38 @@ def test_the_profiled_step_is_left_out_of_the_steady_state(tracking_uri, warmup,
         8 * steady / sum(kept), rel=0.5)
 
 
+def test_tracking_start_up_is_not_the_first_steps_time(tracking_uri, monkeypatch):
+    """Step 0 starts when ``track()`` hands the loop control, not when its clock was made:
+    the start sample (hardware read, its MLflow write) and the sampler thread come between,
+    and with ``warmup_steps=0`` the first step is a steady one. Here the start sample takes
+    0.3 s; kept in step 0 it would triple the mean of three sub-millisecond steps."""
+    from mlflow_gpuopt.tracking.tracker import Tracker
+
+    real = Tracker._safe_tick
+    calls = []
+
+    def slow_first_tick(self, final=False):
+        if not calls:
+            time.sleep(0.3)
+        calls.append(final)
+        real(self, final)
+
+    monkeypatch.setattr(Tracker, "_safe_tick", slow_first_tick)
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gpuopt.track(model=model, optimizer=opt, interval_s=5.0, print_summary=False,
+                      warmup_steps=0) as tracker:
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+    _, m = logged(tracker.run_id)
+    assert calls and calls[0] is False  # the start sample was the slow one
+    assert m["gpuopt/summary/steady_steps"] == 3  # steps 0, 2, 3: the profiled one is out
+    assert m["gpuopt/summary/step_time_mean_s"] < 0.3 / 3 / 2
+
+
 class _Unpack(nn.Module):
     """Takes the batch as the hostile loops below hand it: a generator of rows, or a dict
     of a (tensor, name) tuple and non-tensor leaves."""
