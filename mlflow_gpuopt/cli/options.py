@@ -12,6 +12,7 @@ infinity, which JSON cannot hold.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import click
@@ -21,7 +22,7 @@ from mlflow_gpuopt.planning.target import TrainingTarget, check_target_samples
 
 __all__ = ["TrainingTarget", "check_run_source", "confidence_option", "load_catalog_or_fail",
            "parse_deadline", "parse_target", "reject_empty_values", "resolve_gpu_or_fail",
-           "target_options"]
+           "run_options", "target_options"]
 
 _TARGET_FORMS = "--samples N, --epochs E --dataset-size N, --tokens T or --steps S"
 
@@ -51,6 +52,60 @@ def target_options(func: Callable) -> Callable:
     )):
         func = option(func)
     return func
+
+
+#: the flags of :func:`run_options`: (flag, RunOptions field, click type, metavar, help)
+_RUN_OPTIONS = (
+    ("--pp-microbatches", "pp_microbatches", "pp_microbatches", "N",
+     "Pipeline: micro-batches one run of the schedule takes, where each "
+     "gradient-accumulation step runs it again (torchtitan, NeMo AutoModel: local batch / "
+     "pipeline micro-batch); default: the whole step's."),
+    ("--moe-dispatcher", "moe_dispatcher", None, "NAME",
+     "Mixture of experts: how expert parallelism moves the tokens: alltoall (default), "
+     "allgather or flex (deepep, hybridep); overrides the workload's moe_dispatcher."),
+    ("--moe-routing", "moe_routing", None, "NAME",
+     "Mixture of experts: random (default) or round_robin (forced-balance benchmark gates); "
+     "overrides the workload's moe_routing."),
+    ("--expert-tensor-parallel", "expert_tensor_parallel", "expert_tensor_parallel", "N",
+     "Mixture of experts: the routed experts' tensor-parallel degree (Megatron's "
+     "expert_tensor_parallel_size), dividing tp; default: tp."),
+    ("--attention-kernel", "attention_kernel", None, "NAME",
+     "The fused attention kernel the job runs: fa2 (PyTorch SDPA's flash backend, the "
+     "default) or fa3 (te, cudnn: Transformer Engine); overrides the workload's "
+     "attention_kernel."),
+    ("--optimizer-impl", "optimizer_impl", None, "NAME",
+     "How the job's optimizer step runs on the GPU: for-loop (a loop over the parameter "
+     "tensors: torch.optim before PyTorch 2.0, foreach=False), foreach or fused; overrides "
+     "the workload's optimizer_impl."),
+    ("--mixed-precision", "mixed_precision", None, "NAME",
+     "How a 16-bit job runs its mixed precision: autocast (torch.amp, the default), "
+     "master_weights (the model in 16 bits: apex O2) or apex_o1 (apex AMP O1's wrappers); "
+     "overrides the workload's mixed_precision."),
+)
+
+
+def run_options(func: Callable) -> Callable:
+    """The flags saying how the job runs, over the workload's own (``predict`` and
+    ``recommend`` alike), handed to the command as one ``run_flags``
+    (:class:`~mlflow_gpuopt.planning.inputs.RunOptions`) keyword."""
+    from mlflow_gpuopt.validation import BOUNDS
+
+    types = {"pp_microbatches": click.IntRange(min=1,
+                                               max=int(BOUNDS["pp_microbatches"].high)),
+             "expert_tensor_parallel": click.IntRange(min=1, max=64)}
+    fields = [field for _, field, *_ in _RUN_OPTIONS]
+
+    @functools.wraps(func)
+    def command(**kwargs):
+        from mlflow_gpuopt.planning.inputs import RunOptions
+
+        chosen = RunOptions(**{f: kwargs.pop(f) for f in fields})
+        return func(run_flags=chosen, **kwargs)
+
+    for flag, field, kind, metavar, text in reversed(_RUN_OPTIONS):
+        command = click.option(flag, field, type=types.get(kind), default=None,
+                               metavar=metavar, help=text)(command)
+    return command
 
 
 def parse_target(*, samples: str | None, epochs: str | None, dataset_size: str | None,

@@ -17,6 +17,7 @@ from mlflow_gpuopt.cli.options import (
     load_catalog_or_fail,
     parse_target,
     reject_empty_values,
+    run_options,
     target_options,
 )
 from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
@@ -73,35 +74,7 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
 @click.option("--virtual-stages", type=click.IntRange(min=1, max=int(BOUNDS["num_layers"].high)),
               default=None,
               help="Interleaved pipeline schedule: model chunks per pipeline stage.")
-@click.option("--pp-microbatches",
-              type=click.IntRange(min=1, max=int(BOUNDS["pp_microbatches"].high)),
-              default=None, metavar="N",
-              help="Pipeline: micro-batches one run of the schedule takes, where each "
-                   "gradient-accumulation step runs it again (torchtitan, NeMo AutoModel: "
-                   "local batch / pipeline micro-batch); default: the whole step's.")
-@click.option("--moe-dispatcher", default=None, metavar="NAME",
-              help="Mixture of experts: how expert parallelism moves the tokens: alltoall "
-                   "(default), allgather or flex (deepep, hybridep); overrides the "
-                   "workload's moe_dispatcher.")
-@click.option("--moe-routing", default=None, metavar="NAME",
-              help="Mixture of experts: random (default) or round_robin (forced-balance "
-                   "benchmark gates); overrides the workload's moe_routing.")
-@click.option("--expert-tensor-parallel", type=click.IntRange(min=1, max=64), default=None,
-              metavar="N",
-              help="Mixture of experts: the routed experts' tensor-parallel degree "
-                   "(Megatron's expert_tensor_parallel_size), dividing tp; default: tp.")
-@click.option("--attention-kernel", default=None, metavar="NAME",
-              help="The fused attention kernel the job runs: fa2 (PyTorch SDPA's flash "
-                   "backend, the default) or fa3 (te, cudnn: Transformer Engine); overrides "
-                   "the workload's attention_kernel.")
-@click.option("--optimizer-impl", default=None, metavar="NAME",
-              help="How the job's optimizer step runs on the GPU: for-loop (a loop over the "
-                   "parameter tensors: torch.optim before PyTorch 2.0, foreach=False), "
-                   "foreach or fused; overrides the workload's optimizer_impl.")
-@click.option("--mixed-precision", default=None, metavar="NAME",
-              help="How a 16-bit job runs its mixed precision: autocast (torch.amp, the "
-                   "default), master_weights (the model in 16 bits: apex O2) or apex_o1 "
-                   "(apex AMP O1's wrappers); overrides the workload's mixed_precision.")
+@run_options
 @click.option("--instance-type", default=None,
               help="A catalog offer (e.g. p5.48xlarge): its GPUs per node, NVLink and network.")
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -113,10 +86,8 @@ def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, nodes, strategy,
             micro_batch, grad_accum, precision, recompute, activation_checkpointing, virtual_stages,
-            pp_microbatches, moe_dispatcher, moe_routing, expert_tensor_parallel,
-            attention_kernel, optimizer_impl, mixed_precision, instance_type,
-            inter_node_gbps, power_limit_w, samples, epochs, dataset_size, tokens, steps,
-            as_json, seq_len) -> None:
+            run_flags, instance_type, inter_node_gbps, power_limit_w, samples, epochs,
+            dataset_size, tokens, steps, as_json, seq_len) -> None:
     """Predict throughput, memory and step time for one configuration, and with a target
     (--samples, --epochs/--dataset-size, --tokens or --steps) the time to train."""
     from mlflow_gpuopt.planning.predicting import PredictRequest
@@ -136,10 +107,7 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
         nodes=nodes, strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum,
         precision=precision, recompute=recompute,
         activation_checkpointing=activation_checkpointing, virtual_stages=virtual_stages,
-        pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
-        moe_routing=moe_routing, expert_tensor_parallel=expert_tensor_parallel,
-        attention_kernel=attention_kernel, optimizer_impl=optimizer_impl,
-        mixed_precision=mixed_precision, instance_type=instance_type,
+        run=run_flags, instance_type=instance_type,
         inter_node_gbps=inter_node_gbps, power_limit_w=power_limit_w, target=training_target),
         load_catalog_or_fail())
     if as_json:

@@ -24,6 +24,7 @@ from mlflow_gpuopt.cli.options import (
     parse_deadline,
     parse_target,
     reject_empty_values,
+    run_options,
     target_options,
 )
 from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
@@ -71,23 +72,7 @@ from mlflow_gpuopt.validation import BOUNDS
                    "batch grows with the GPU count.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-log", is_flag=True, help="Do not log the recommendation to MLflow.")
-@click.option("--pp-microbatches",
-              type=click.IntRange(min=1, max=int(BOUNDS["pp_microbatches"].high)),
-              default=None, metavar="N",
-              help="Pipeline: micro-batches one run of the schedule takes, where each "
-                   "gradient-accumulation step runs it again (torchtitan, NeMo AutoModel).")
-@click.option("--moe-dispatcher", default=None, metavar="NAME",
-              help="Mixture of experts: alltoall (default), allgather or flex (deepep, "
-                   "hybridep).")
-@click.option("--moe-routing", default=None, metavar="NAME",
-              help="Mixture of experts: random (default) or round_robin.")
-@click.option("--expert-tensor-parallel", type=click.IntRange(min=1, max=64), default=None,
-              metavar="N",
-              help="Mixture of experts: the routed experts' tensor-parallel degree, dividing "
-                   "each plan's tp (default: tp).")
-@click.option("--attention-kernel", default=None, metavar="NAME",
-              help="The fused attention kernel the job runs: fa2 (default) or fa3 (te, "
-                   "cudnn).")
+@run_options
 @click.option("--recompute", type=click.Choice(list(RECOMPUTE_MODES)), default=None,
               help="Activation recomputation the plans run with (default: the run's own, else "
                    "none); plans that fit only with full recomputation still get it.")
@@ -102,8 +87,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
               dataset_size, tokens, steps, deadline, providers, region, spot, max_gpus,
               max_nodes, confidence, top, global_batch, keep_micro_batch, as_json, no_log,
               recompute, activation_checkpointing, memory_headroom, emit, plan_rank, out_path,
-              force, script, seq_len, pp_microbatches, moe_dispatcher, moe_routing,
-              expert_tensor_parallel, attention_kernel):
+              force, script, seq_len, run_flags):
     """Rank instance × GPU count × parallelism by expected cost for a target time-to-train.
 
     From measured runs (--run-id, --experiment), or before any run exists from a workload
@@ -144,9 +128,7 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
         max_gpus=max_gpus, max_nodes=max_nodes, top=top, global_batch=global_batch,
         keep_micro_batch=keep_micro_batch,
         recompute=recompute or ("full" if activation_checkpointing else None),
-        pp_microbatches=pp_microbatches, moe_dispatcher=moe_dispatcher,
-        moe_routing=moe_routing, attention_kernel=attention_kernel,
-        expert_tensor_parallel=expert_tensor_parallel, memory_headroom=memory_headroom,
+        run=run_flags, memory_headroom=memory_headroom,
         log=not no_log,
         emit=check_request(emit, plan_rank, out_path, force, script, top))
 

@@ -79,50 +79,63 @@ class PlanInputs:
                                    workload=dataclasses.replace(self.workload, recompute=mode))
 
 
-def with_run_options(workload: Workload, *, moe_dispatcher: str | None = None,
-                     moe_routing: str | None = None,
-                     pp_microbatches: int | None = None,
-                     attention_kernel: str | None = None,
-                     expert_tensor_parallel: int | None = None,
-                     optimizer_impl: str | None = None,
-                     mixed_precision: str | None = None) -> Workload:
-    """``workload`` with what ``--moe-dispatcher``, ``--moe-routing``, ``--pp-microbatches``,
-    ``--attention-kernel``, ``--expert-tensor-parallel``, ``--optimizer-impl`` and
-    ``--mixed-precision`` say of how the job runs, where given (one clear line for an unknown
-    word)."""
-    from mlflow_gpuopt.perfmodel.compute import (
-        normalize_attention_kernel,
-        normalize_mixed_precision,
-        normalize_optimizer_impl,
-    )
-    from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
+@dataclass(frozen=True)
+class RunOptions:
+    """How the job runs, where the user says so over the workload's own (``None``: the
+    workload's): the flags ``predict`` and ``recommend`` share (``cli.options.run_options``)."""
 
-    for flag, value, normalize, key in (
-            ("--moe-dispatcher", moe_dispatcher, normalize_dispatcher, "moe_dispatcher"),
-            ("--moe-routing", moe_routing, normalize_routing, "moe_routing"),
-            ("--attention-kernel", attention_kernel, normalize_attention_kernel,
-             "attention_kernel"),
-            ("--optimizer-impl", optimizer_impl, normalize_optimizer_impl, "optimizer_impl"),
-            ("--mixed-precision", mixed_precision, normalize_mixed_precision,
-             "mixed_precision")):
-        if value is None:
-            continue
-        try:
-            workload = dataclasses.replace(workload, **{key: normalize(value)})
-        except ValueError as exc:
-            raise InputError(f"{flag}: {exc}") from None
-    if pp_microbatches is not None:
-        workload = dataclasses.replace(workload, pp_microbatches=int(pp_microbatches))
-    if expert_tensor_parallel is not None:
-        from mlflow_gpuopt.perfmodel.moe import is_moe
+    #: micro-batches per run of the pipeline schedule
+    pp_microbatches: int | None = None
+    #: mixture of experts: the token dispatcher (alltoall, allgather, flex) and the routing
+    moe_dispatcher: str | None = None
+    moe_routing: str | None = None
+    #: the routed experts' tensor-parallel degree (dividing tp)
+    expert_tensor_parallel: int | None = None
+    #: the fused attention kernel (fa2, fa3)
+    attention_kernel: str | None = None
+    #: how the optimizer step runs on the GPU: for-loop, foreach, fused
+    optimizer_impl: str | None = None
+    #: how a 16-bit job keeps its weights and casts: autocast, master_weights, apex_o1
+    mixed_precision: str | None = None
 
-        if not is_moe(workload):
-            raise InputError(f"--expert-tensor-parallel {expert_tensor_parallel}: the "
-                             "experts' tensor parallel needs a mixture-of-experts workload "
-                             "(num_experts of 2 or more)")
-        workload = dataclasses.replace(workload,
-                                       expert_tensor_parallel=int(expert_tensor_parallel))
-    return workload
+    def applied_to(self, workload: Workload) -> Workload:
+        """``workload`` with what the flags say, where given (one clear line for an unknown
+        word, or an expert tensor parallel on a dense model)."""
+        from mlflow_gpuopt.perfmodel.compute import (
+            normalize_attention_kernel,
+            normalize_mixed_precision,
+            normalize_optimizer_impl,
+        )
+        from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
+
+        for flag, value, normalize, key in (
+                ("--moe-dispatcher", self.moe_dispatcher, normalize_dispatcher,
+                 "moe_dispatcher"),
+                ("--moe-routing", self.moe_routing, normalize_routing, "moe_routing"),
+                ("--attention-kernel", self.attention_kernel, normalize_attention_kernel,
+                 "attention_kernel"),
+                ("--optimizer-impl", self.optimizer_impl, normalize_optimizer_impl,
+                 "optimizer_impl"),
+                ("--mixed-precision", self.mixed_precision, normalize_mixed_precision,
+                 "mixed_precision")):
+            if value is None:
+                continue
+            try:
+                workload = dataclasses.replace(workload, **{key: normalize(value)})
+            except ValueError as exc:
+                raise InputError(f"{flag}: {exc}") from None
+        if self.pp_microbatches is not None:
+            workload = dataclasses.replace(workload, pp_microbatches=int(self.pp_microbatches))
+        etp = self.expert_tensor_parallel
+        if etp is not None:
+            from mlflow_gpuopt.perfmodel.moe import is_moe
+
+            if not is_moe(workload):
+                raise InputError(f"--expert-tensor-parallel {etp}: the experts' tensor "
+                                 "parallel needs a mixture-of-experts workload (num_experts "
+                                 "of 2 or more)")
+            workload = dataclasses.replace(workload, expert_tensor_parallel=int(etp))
+        return workload
 
 
 def read_runs(run_ids: Sequence[str], catalog: Any, *, experiment: str | None = None,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlflow_gpuopt.errors import InputError
+from mlflow_gpuopt.planning.inputs import RunOptions
 from mlflow_gpuopt.planning.target import TrainingTarget
 
 
@@ -32,21 +33,9 @@ class PredictRequest:
     recompute: str | None = None
     activation_checkpointing: bool = False
     virtual_stages: int | None = None
-    #: micro-batches per run of the pipeline schedule (None: the workload's)
-    pp_microbatches: int | None = None
-    #: mixture of experts: the token dispatcher and the routing (None: the workload's)
-    moe_dispatcher: str | None = None
-    moe_routing: str | None = None
-    #: the routed experts' tensor-parallel degree (None: the workload's, else tp)
-    expert_tensor_parallel: int | None = None
-    #: the fused attention kernel the job runs (None: the workload's)
-    attention_kernel: str | None = None
-    #: how the job's optimizer step runs on the GPU: for-loop, foreach, fused (None: the
-    #: workload's)
-    optimizer_impl: str | None = None
-    #: how a 16-bit job keeps its weights and casts: autocast, master_weights, apex_o1 (None:
-    #: the workload's)
-    mixed_precision: str | None = None
+    #: how the job runs, over the workload's own (pipeline micro-batches, MoE dispatch and
+    #: routing, expert tensor parallel, attention kernel, optimizer loop, mixed precision)
+    run: RunOptions = RunOptions()
     instance_type: str | None = None
     inter_node_gbps: float | None = None
     #: the GPUs' power limit (W) for the target and the runs on its GPU type (None: TDP)
@@ -105,7 +94,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     from mlflow_gpuopt.perfmodel import ParallelConfig, normalize_precision
     from mlflow_gpuopt.perfmodel.layout import context_degree, expert_degree, parse_layout
     from mlflow_gpuopt.planning.fitting import fit_runs
-    from mlflow_gpuopt.planning.inputs import read_inputs, with_run_options
+    from mlflow_gpuopt.planning.inputs import read_inputs
 
     r = request
     if catalog is None:
@@ -118,12 +107,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
                          observations_path=r.observations_path, seq_len=r.seq_len,
                          proxy_path=r.proxy_path, catalog=catalog)
     workload, observations = inputs.workload, inputs.observations
-    workload = with_run_options(workload, moe_dispatcher=r.moe_dispatcher,
-                                moe_routing=r.moe_routing, pp_microbatches=r.pp_microbatches,
-                                attention_kernel=r.attention_kernel,
-                                expert_tensor_parallel=r.expert_tensor_parallel,
-                                optimizer_impl=r.optimizer_impl,
-                                mixed_precision=r.mixed_precision)
+    workload = r.run.applied_to(workload)
 
     # A node larger than any known machine is a typo more often than a machine: at most
     # 8 GPUs (the usual server), or more where the catalog sells or a run measured such a
@@ -155,7 +139,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         tp = per_node
     if pp == 0:
         pp = max(1, gpus // max(1, tp))
-    etp = r.expert_tensor_parallel
+    etp = r.run.expert_tensor_parallel
     if etp is not None and tp % etp:
         raise InputError(f"--expert-tensor-parallel {etp} must divide the tensor-parallel "
                          f"degree tp{tp} of --strategy {strategy or 'ddp'} (the experts "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlflow_gpuopt.planning.emitting import EmitRequest
-from mlflow_gpuopt.planning.inputs import PlanInputs
+from mlflow_gpuopt.planning.inputs import PlanInputs, RunOptions
 from mlflow_gpuopt.planning.target import TrainingTarget
 from mlflow_gpuopt.recommend.result import PlanResult
 
@@ -48,12 +48,8 @@ class RecommendRequest:
     global_batch: int | None = None
     keep_micro_batch: bool = False
     recompute: str | None = None
-    #: how the job runs, over the workload's own (None: the workload's)
-    pp_microbatches: int | None = None
-    moe_dispatcher: str | None = None
-    moe_routing: str | None = None
-    attention_kernel: str | None = None
-    expert_tensor_parallel: int | None = None
+    #: how the job runs, over the workload's own (``predict`` takes the same)
+    run: RunOptions = RunOptions()
     #: share of each GPU's usable memory a plan leaves free at its predicted peak
     memory_headroom: float = 0.10
     log: bool = True
@@ -89,7 +85,7 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
     """Read, fit, search, price advice, log and emit, as ``recommend`` does."""
     from mlflow_gpuopt.planning import emitting
     from mlflow_gpuopt.planning.fitting import fit_runs
-    from mlflow_gpuopt.planning.inputs import read_inputs, with_run_options
+    from mlflow_gpuopt.planning.inputs import read_inputs
     from mlflow_gpuopt.planning.searching import make_target, search, search_space
 
     if catalog is None:
@@ -100,17 +96,13 @@ def plan(request: RecommendRequest, catalog: Any = None) -> RecommendResult:
                          spot=request.spot, max_gpus=request.max_gpus,
                          max_nodes=request.max_nodes,
                          memory_headroom=request.memory_headroom,
-                         tp_multiple=request.expert_tensor_parallel or 1)
+                         tp_multiple=request.run.expert_tensor_parallel or 1)
     inputs = read_inputs(run_ids=request.run_ids, experiment=request.experiment,
                          workload_path=request.workload_path,
                          observations_path=request.observations_path,
                          seq_len=request.seq_len, proxy_path=request.proxy_path,
                          catalog=catalog).with_recompute(request.recompute)
-    inputs = replace(inputs, workload=with_run_options(
-        inputs.workload, moe_dispatcher=request.moe_dispatcher,
-        moe_routing=request.moe_routing, pp_microbatches=request.pp_microbatches,
-        attention_kernel=request.attention_kernel,
-        expert_tensor_parallel=request.expert_tensor_parallel))
+    inputs = replace(inputs, workload=request.run.applied_to(inputs.workload))
     logged_row = emitting.check_logged_plan(request.emit, inputs.workload)
     target = make_target(inputs, request.target, deadline_hours=request.deadline_hours,
                          confidence=request.confidence, global_batch=request.global_batch,

@@ -84,3 +84,39 @@ def test_an_unknown_implementation_is_one_line_and_exit_2(tmp_path):
         lines = [ln for ln in r.output.splitlines() if ln.strip()]
         assert r.exit_code == 2 and len(lines) == 1 and "optimizer_impl" in lines[0], r.output
         assert "Traceback" not in r.output
+
+
+def _recommend(tmp_path, extra: dict, flags: list[str]) -> dict:
+    doc = {"name": "net", "params": 1_000_000, "flops_per_sample": 1e9, "precision": "fp32",
+           "optimizer": "Adam", "kernels_per_micro_step": 100, "micro_batch": 8,
+           "memory_traffic_bytes_per_sample": 1e6, "optimizer_param_tensors": 1000, **extra}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    r = CliRunner().invoke(gpuopt, ["recommend", "--workload", str(path), "--samples", "1e7",
+                                    "--provider", "aws", "--no-log", "--json", *flags])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)["winner"]
+
+
+def test_recommend_takes_the_run_flags_predict_takes(tmp_path):
+    """``recommend --optimizer-impl`` (and the other run flags) say what the workload key
+    says, as ``predict``'s do: the loop's 136 ms a step then sets every plan's step."""
+    base = _recommend(tmp_path, {}, [])
+    flag = _recommend(tmp_path, {}, ["--optimizer-impl", "for-loop"])
+    key = _recommend(tmp_path, {"optimizer_impl": "for-loop"}, [])
+    assert flag == key
+    assert flag["step_time_s"] > 1000 * 42.69e-3 / 314 > 50 * base["step_time_s"]
+    back = _recommend(tmp_path, {"optimizer_impl": "for-loop"}, ["--optimizer-impl", "fused"])
+    assert back["step_time_s"] == pytest.approx(base["step_time_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("flag, word, key", [("--optimizer-impl", "loopy", "optimizer_impl"),
+                                             ("--mixed-precision", "o3", "mixed_precision")])
+def test_recommend_refuses_an_unknown_run_flag_word_in_one_line(tmp_path, flag, word, key):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({"params": 1e6, "flops_per_sample": 1e9, "precision": "fp32"}))
+    r = CliRunner().invoke(gpuopt, ["recommend", "--workload", str(path), "--samples", "1e7",
+                                    "--no-log", flag, word])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert flag in lines[0] and key in lines[0], r.output
