@@ -709,6 +709,9 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
           f"the other pieces of the same intervals (fit, micro-batch, carried defaults) "
           f"{rest:.3f}; net, the transfer's own piece: {net(every):.3f}; shipped "
           f"{SIGMA_OTHER_GPU_SAME_PRECISION}")
+    quiet = [(e, r) for e, r in every if r < 0.15 ** 2]  # the carried defaults swamp the rest
+    print(f"  the {len(quiet)} rows whose other pieces are under 0.15: RMS "
+          f"{math.sqrt(statistics.fmean(e * e for e, _ in quiet)):.3f}, net {net(quiet):.3f}")
     covered = 0
     for held in sorted(logs):
         width = net([x for m, v in logs.items() if m != held for x in v])
@@ -716,6 +719,58 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
         covered += inside
         print(f"  without {held:28s} net piece {width:.3f}, covers "
               f"{inside}/{len(logs[held])}")
+    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+
+
+def derive_precision_width(rows, wl, hw) -> None:
+    """``uncertainty.SIGMA_OTHER_PRECISION`` derived from the pairs no task scores: each
+    1-GPU row predicted from the same model's row at the other precision family on the same
+    GPU (fp32 or TF32 <-> AMP). Printed: the RMS of log(published / predicted) and the net
+    piece (the mean of the other pieces' variances taken out of the mean squared error) over
+    the rows whose other pieces are under 0.15 (the carried FLOPs-only defaults swamp the
+    rest); the maximum-likelihood piece over every row, each with its own other pieces; and
+    that piece picked leave-one-model-out with how many held-out rows fall inside ±1.645 of
+    it."""
+    from mlflow_gpuopt.perfmodel.uncertainty import (
+        SIGMA_OTHER_PRECISION,
+        TERM_OTHER_PRECISION,
+        Z90,
+    )
+
+    logs = defaultdict(list)  # per class: (log error, variance of the row's other pieces)
+    singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
+    for src in singles:
+        for t in singles:
+            if (t.model != src.model or t.gpu != src.gpu
+                    or FAMILY[t.precision] == FAMILY[src.precision]):
+                continue
+            path, units, _ = wl[src.model]
+            if memory_format(path, src.precision) != memory_format(path, t.precision):
+                continue  # ResNet-50's AMP rows ran channels-last: another layout as well
+            p = cli_predict(path, units, [src], t)
+            logs[t.model].append((math.log(t.throughput / p["throughput_samples_per_s"]),
+                                  sum(w["log_sigma"] ** 2 for w in p["width_terms"]
+                                      if w["term"] != TERM_OTHER_PRECISION)))
+    every = [x for v in logs.values() for x in v]
+    quiet = [(e, r) for e, r in every if r < 0.15 ** 2]
+    rms = math.sqrt(statistics.fmean(e * e for e, _ in quiet))
+    net = math.sqrt(max(0.0, statistics.fmean(e * e - r for e, r in quiet)))
+    grid = [i / 1000 for i in range(501)]
+
+    def likeliest(pairs) -> float:
+        return min(grid, key=lambda s: sum(math.log(r + s * s) + e * e / (r + s * s)
+                                           for e, r in pairs))
+
+    print(f"  {len(every)} same-GPU other-precision rows of {len(logs)} models; the "
+          f"{len(quiet)} with other pieces under 0.15: RMS log(published / predicted) "
+          f"{rms:.3f}, net of those pieces {net:.3f}; maximum likelihood over all "
+          f"{likeliest(every):.3f}; shipped {SIGMA_OTHER_PRECISION}")
+    covered = 0
+    for held in sorted(logs):
+        piece = likeliest([x for m, v in logs.items() if m != held for x in v])
+        inside = sum(abs(e) <= Z90 * math.sqrt(piece * piece + r) for e, r in logs[held])
+        covered += inside
+        print(f"  without {held:28s} piece {piece:.3f}, covers {inside}/{len(logs[held])}")
     print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
 
 
@@ -786,6 +841,9 @@ def main() -> int:
         lomo_other_gpu_width(rows, wl, hw)
         print("\n== Task 3 interval width leave-one-model-out")
         lomo_prior_width(rows, wl, hw)
+    if "--derive-precision-width" in sys.argv[1:]:
+        print("\n== Another precision's width from the same-GPU pairs no task scores")
+        derive_precision_width(rows, wl, hw)
     print("\nSummary (goal: median <= 10%, p90 <= 25%, coverage >= 80%)")
     for name, s in summaries.items():
         print(f"  {name:38s} n={s['n']:3d} median {s['median_pct']:5.1f}%  "
