@@ -673,6 +673,24 @@ def lomo_prior_width(rows, wl, hw) -> None:
     _print_lomo_coverage(logs, means, digits=2)
 
 
+def pair_logs(rows, wl, keep, term: str) -> dict[str, list[tuple[float, float]]]:
+    """Per model: (log(published / predicted), the variance of the interval's pieces other
+    than ``term``) of each 1-GPU row predicted from another 1-GPU row of the same model where
+    ``keep(source, target)``, through the CLI path (:func:`cli_predict`)."""
+    logs = defaultdict(list)
+    singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
+    for src in singles:
+        for t in singles:
+            if t.model != src.model or not keep(src, t):
+                continue
+            path, units, _ = wl[src.model]
+            p = cli_predict(path, units, [src], t)
+            logs[t.model].append((math.log(t.throughput / p["throughput_samples_per_s"]),
+                                  sum(w["log_sigma"] ** 2 for w in p["width_terms"]
+                                      if w["term"] != term)))
+    return logs
+
+
 def lomo_other_gpu_width(rows, wl, hw) -> None:
     """``uncertainty.SIGMA_OTHER_GPU_SAME_PRECISION`` derived and checked leave-one-model-out
     over the amp <-> amp transfers of task 2: the RMS of log(published / predicted), net of
@@ -686,18 +704,9 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
         Z90,
     )
 
-    logs = defaultdict(list)  # per class: (log error, variance of the row's other pieces)
-    singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
-    for src in singles:
-        for t in singles:
-            if (t.model != src.model or FAMILY[t.precision] != "amp"
-                    or FAMILY[src.precision] != "amp" or t.gpu[:4] == src.gpu[:4]):
-                continue
-            path, units, _ = wl[src.model]
-            p = cli_predict(path, units, [src], t)
-            logs[t.model].append((math.log(t.throughput / p["throughput_samples_per_s"]),
-                                  sum(w["log_sigma"] ** 2 for w in p["width_terms"]
-                                      if w["term"] != TERM_OTHER_GPU)))
+    logs = pair_logs(rows, wl, lambda src, t: (
+        FAMILY[t.precision] == FAMILY[src.precision] == "amp" and t.gpu[:4] != src.gpu[:4]),
+        TERM_OTHER_GPU)
 
     def net(pairs) -> float:
         return math.sqrt(max(0.0, statistics.fmean(e * e - r for e, r in pairs)))
@@ -737,20 +746,12 @@ def derive_precision_width(rows, wl, hw) -> None:
         Z90,
     )
 
-    logs = defaultdict(list)  # per class: (log error, variance of the row's other pieces)
-    singles = [r for r in rows if r.gpus == 1 and not r.multinode_table]
-    for src in singles:
-        for t in singles:
-            if (t.model != src.model or t.gpu != src.gpu
-                    or FAMILY[t.precision] == FAMILY[src.precision]):
-                continue
-            path, units, _ = wl[src.model]
-            if memory_format(path, src.precision) != memory_format(path, t.precision):
-                continue  # ResNet-50's AMP rows ran channels-last: another layout as well
-            p = cli_predict(path, units, [src], t)
-            logs[t.model].append((math.log(t.throughput / p["throughput_samples_per_s"]),
-                                  sum(w["log_sigma"] ** 2 for w in p["width_terms"]
-                                      if w["term"] != TERM_OTHER_PRECISION)))
+    def same_gpu_other_family(src: Row, t: Row) -> bool:
+        path = wl[src.model][0]  # ResNet-50's AMP rows ran channels-last: another layout too
+        return (t.gpu == src.gpu and FAMILY[t.precision] != FAMILY[src.precision]
+                and memory_format(path, src.precision) == memory_format(path, t.precision))
+
+    logs = pair_logs(rows, wl, same_gpu_other_family, TERM_OTHER_PRECISION)
     every = [x for v in logs.values() for x in v]
     quiet = [(e, r) for e, r in every if r < 0.15 ** 2]
     rms = math.sqrt(statistics.fmean(e * e for e, _ in quiet))
