@@ -20,9 +20,10 @@ import click
 from mlflow_gpuopt.cli._errors import UsageError
 from mlflow_gpuopt.planning.target import TrainingTarget, check_target_samples
 
-__all__ = ["TrainingTarget", "check_run_source", "confidence_option", "load_catalog_or_fail",
+__all__ = ["TrainingTarget", "check_file_inputs", "check_run_source", "confidence_option",
+           "load_catalog_or_fail",
            "parse_deadline", "parse_target", "reject_empty_values", "resolve_gpu_or_fail",
-           "run_options", "target_options"]
+           "run_options", "target_options", "workload_file_options"]
 
 _TARGET_FORMS = "--samples N, --epochs E --dataset-size N, --tokens T or --steps S"
 
@@ -52,6 +53,51 @@ def target_options(func: Callable) -> Callable:
     )):
         func = option(func)
     return func
+
+
+def workload_file_options(func: Callable) -> Callable:
+    """``--workload``, ``--seq-len``, ``--observations`` and ``--proxy-workload``: planning
+    from files (``predict`` and ``recommend`` alike; :func:`check_file_inputs` checks their
+    combinations)."""
+    for option in reversed((
+        click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
+                     help="workload.json (params, flops_per_sample, precision, ...) or a "
+                          "Hugging Face config.json (with --seq-len); with runs, the model "
+                          "to plan from those (proxy) runs."),
+        click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N",
+                     default=None, help="With a Hugging Face config.json: the training "
+                                        "sequence length (tokens)."),
+        click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
+                     help="With --workload: measured throughputs, CSV (gpu, gpu_count, nodes, "
+                          "micro_batch, throughput_samples_per_s, strategy, precision)."),
+        click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
+                     help="workload.json of the smaller model --observations measured (a "
+                          "proxy); --workload is the model to plan."),
+    )):
+        func = option(func)
+    return func
+
+
+def check_file_inputs(runs: bool, workload_path, observations_path, proxy_path, seq_len,
+                      runs_hint: str = "--run-id ID") -> None:
+    """The input flags' combinations, before anything is read: measured runs (``runs``:
+    ``--run-id`` or ``--experiment``, which ``runs_hint`` names), or ``--workload`` (with
+    ``--observations``), or a proxy (runs, or ``--proxy-workload`` with its
+    ``--observations``) planning ``--workload``."""
+    if observations_path and not workload_path:
+        raise UsageError("--observations needs --workload W.json")
+    if runs and (observations_path or proxy_path):
+        raise UsageError("give measured runs or --observations/--proxy-workload, not both "
+                         "(with runs, --workload is the model to plan from those proxy runs)")
+    if proxy_path and not observations_path:
+        raise UsageError("--proxy-workload needs --observations O.csv (the proxy's "
+                         "measurements)")
+    if not runs and not workload_path:
+        raise UsageError(f"give {runs_hint}, or --workload W.json [--observations O.csv] "
+                         "before any run exists")
+    if runs and seq_len is not None and not workload_path:
+        raise UsageError("--seq-len goes with --workload CONFIG.json (a Hugging Face "
+                         "config), not measured runs")
 
 
 #: the flags of :func:`run_options`: (flag, RunOptions field, click type, metavar, help)

@@ -14,45 +14,22 @@ import click
 from mlflow_gpuopt.cli import _json
 from mlflow_gpuopt.cli._errors import UsageError
 from mlflow_gpuopt.cli.options import (
+    check_file_inputs,
     load_catalog_or_fail,
     parse_target,
     reject_empty_values,
     run_options,
     target_options,
+    workload_file_options,
 )
 from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
 from mlflow_gpuopt.validation import BOUNDS
 
 
-def check_proxy_flags(run_ids, workload_path, observations_path, proxy_path) -> None:
-    """The input flags' combinations: runs, a workload file (with observations), or a proxy
-    (runs, or ``--proxy-workload`` with its ``--observations``) planning ``--workload``."""
-    if run_ids and (observations_path or proxy_path):
-        raise UsageError("give --run-id or --observations/--proxy-workload, not both (with "
-                         "--run-id, --workload is the model to plan from that proxy run)")
-    if not run_ids and not workload_path:
-        raise UsageError("give --run-id ID, or --workload W.json [--observations O.csv]")
-    if observations_path and not workload_path:
-        raise UsageError("--observations needs --workload W.json")
-    if proxy_path and not observations_path:
-        raise UsageError("--proxy-workload needs --observations O.csv (the proxy's "
-                         "measurements)")
-
-
 @click.command("predict")
 @click.option("--run-id", "run_ids", multiple=True,
               help="Run tracked with gpuopt.track() (repeatable).")
-@click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="workload.json (params, flops_per_sample, precision, ...) or a Hugging "
-                   "Face config.json (with --seq-len).")
-@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
-              help="With a Hugging Face config.json: the training sequence length (tokens).")
-@click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
-              help="CSV: gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
-                   "precision.")
-@click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
-              help="workload.json of the smaller model --observations measured (a proxy); "
-                   "--workload is the model to predict.")
+@workload_file_options
 @click.option("--gpu", required=True, help="GPU to predict on (NVML or catalog name).")
 @click.option("--gpus", type=click.IntRange(min=1, max=int(BOUNDS["gpu_count"].high)),
               required=True, help="Total GPUs.")
@@ -96,9 +73,7 @@ def predict(run_ids, workload_path, observations_path, proxy_path, gpu, gpus, no
     reject_empty_values(click.get_current_context())
     training_target = parse_target(samples=samples, epochs=epochs, dataset_size=dataset_size,
                                    tokens=tokens, steps=steps, required=False)
-    check_proxy_flags(run_ids, workload_path, observations_path, proxy_path)
-    if run_ids and seq_len is not None and not workload_path:
-        raise UsageError("--seq-len goes with --workload CONFIG.json, not --run-id")
+    check_file_inputs(bool(run_ids), workload_path, observations_path, proxy_path, seq_len)
     if activation_checkpointing and recompute not in (None, "full"):
         raise UsageError("--activation-checkpointing means --recompute full; give one of them")
     result = run_predict(PredictRequest(

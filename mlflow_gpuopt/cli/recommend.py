@@ -18,6 +18,7 @@ from mlflow_gpuopt.cli import _json
 from mlflow_gpuopt.cli.emit import emit_options
 from mlflow_gpuopt.cli._errors import LoggingFailed, UsageError
 from mlflow_gpuopt.cli.options import (
+    check_file_inputs,
     check_run_source,
     confidence_option,
     load_catalog_or_fail,
@@ -26,6 +27,7 @@ from mlflow_gpuopt.cli.options import (
     reject_empty_values,
     run_options,
     target_options,
+    workload_file_options,
 )
 from mlflow_gpuopt.perfmodel.activations import RECOMPUTE_MODES
 from mlflow_gpuopt.validation import BOUNDS
@@ -36,16 +38,7 @@ from mlflow_gpuopt.validation import BOUNDS
               help="Measured run(s) to fit (repeat for several).")
 @click.option("--experiment", metavar="NAME",
               help="Fit all measured runs of the newest run's workload in this experiment.")
-@click.option("--workload", "workload_path", type=click.Path(dir_okay=False),
-              help="Plan before a run exists: workload.json or a Hugging Face config.json "
-                   "(as predict takes); not logged.")
-@click.option("--seq-len", "seq_len", type=click.IntRange(min=1), metavar="N", default=None,
-              help="With a Hugging Face config.json: the training sequence length (tokens).")
-@click.option("--observations", "observations_path", type=click.Path(dir_okay=False),
-              help="With --workload: measured throughputs CSV (as predict takes).")
-@click.option("--proxy-workload", "proxy_path", type=click.Path(dir_okay=False),
-              help="workload.json of the smaller model --observations measured (a proxy); "
-                   "--workload is the model to plan.")
+@workload_file_options
 @target_options
 @click.option("--deadline", metavar="DURATION", help="Wall-clock deadline: 24h, 90m, 2d, 1d12h.")
 @click.option("--provider", "providers", multiple=True,
@@ -100,22 +93,10 @@ def recommend(run_ids, experiment, workload_path, observations_path, proxy_path,
     reject_empty_values(click.get_current_context())
     if activation_checkpointing and recompute not in (None, "full"):
         raise UsageError("--activation-checkpointing means --recompute full; give one of them")
-    if observations_path and not workload_path:
-        raise UsageError("--observations needs --workload W.json")
-    if not (run_ids or experiment or workload_path):
-        raise UsageError("give --run-id ID or --experiment NAME (or --workload W.json before "
-                         "any run exists)")
-    if proxy_path and (run_ids or experiment or not observations_path):
-        raise UsageError("--proxy-workload goes with --observations O.csv (the proxy's "
-                         "measurements) and --workload, not with --run-id / --experiment")
-    if (run_ids or experiment) and observations_path:
-        raise UsageError("give --run-id / --experiment or --observations, not both (with "
-                         "runs, --workload is the model to plan from those proxy runs)")
-    if run_ids or experiment or not workload_path:
+    check_file_inputs(bool(run_ids or experiment), workload_path, observations_path, proxy_path,
+                      seq_len, runs_hint="--run-id ID or --experiment NAME")
+    if run_ids or experiment:
         check_run_source(run_ids, experiment)
-        if seq_len is not None and not workload_path:
-            raise UsageError("--seq-len goes with --workload CONFIG.json (a Hugging Face "
-                             "config), not measured runs")
     if global_batch is not None and keep_micro_batch:
         raise UsageError("give --global-batch N or --keep-micro-batch, not both")
     request = RecommendRequest(

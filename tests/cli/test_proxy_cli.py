@@ -99,7 +99,7 @@ def test_the_target_may_be_a_hugging_face_config(proxy_files, tmp_path):
     ("predict", ["--proxy-workload", "{small}"], "--proxy-workload needs --observations"),
     ("predict", ["--run-id", "abc", "--proxy-workload", "{small}", "--observations", "{obs}"],
      "not both"),
-    ("recommend", ["--proxy-workload", "{small}"], "--proxy-workload goes with --observations"),
+    ("recommend", ["--proxy-workload", "{small}"], "--proxy-workload needs --observations"),
     ("recommend", ["--run-id", "abc", "--observations", "{obs}"], "not both"),
 ])
 def test_bad_proxy_flags_are_one_line(proxy_files, cmd, extra, message):
