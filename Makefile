@@ -10,6 +10,10 @@ SKY_PY := $(abspath $(SKY_VENV))/bin/python
 SKY_STAMP := $(SKY_VENV)/.installed-stamp
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 export OMP_NUM_THREADS ?= 2
+# Test processes (pytest-xdist): most tests wait on subprocesses, servers and sockets, so two
+# workers on two cores halve the suite's wall time; PYTEST_WORKERS=0 runs it in one process.
+# Each worker's torch takes one thread (tests/conftest.py's default), not the demo's two.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test setup browser clean bench skypilot faults
 
@@ -42,7 +46,8 @@ demo: $(STAMP)
 
 test: $(STAMP) browser skypilot
 	$(BIN)/ruff check mlflow_gpuopt tests examples benchmarks
-	GPUOPT_SKYPILOT_PYTHON=$(SKY_PY) $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 GPUOPT_SKYPILOT_PYTHON=$(SKY_PY) $(BIN)/python -m pytest -q \
+	  -n $(PYTEST_WORKERS)
 
 # The fault-injection suite (real mlflow servers, full disks, corrupt journals, bad input),
 # then its figures: values delivered/lost/duplicated per outage, bad inputs, secrets found.
