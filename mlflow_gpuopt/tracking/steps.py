@@ -484,11 +484,6 @@ class StepClock:
 
     def _mark(self, samples: int, tokens: int) -> None:
         try:
-            t = self._perf()
-            ev = None
-            if self._event_cls is not None:
-                ev = self._event_cls(enable_timing=True)
-                ev.record()
             forwards = self.pending_forwards
             s = self.pending_samples
             batches = self.pending_batches
@@ -510,6 +505,14 @@ class StepClock:
             padded = self.pending_padded_tokens if self._masked else 0
             self.pending_padded_tokens = 0
             self._masked = False
+            profiling = self.steps == self.profile_step and self.profiler.active
+            if profiling:  # its finish (FLOP totals, traffic) belongs to the profiled step
+                self._finish_profile(s, k, padded, tokens, forwards)
+            t = self._perf()  # the boundary: after the tracker's own work at the step's end
+            ev = None
+            if self._event_cls is not None:
+                ev = self._event_cls(enable_timing=True)
+                ev.record()
             comm = self._comm_step() if self._comm_step is not None else None
             # a plain tuple, read as a StepRecord off the training thread: the garbage
             # collector untracks exact tuples of plain values, while it would traverse every
@@ -522,7 +525,6 @@ class StepClock:
             self.pending_samples = self.pending_tokens = self.pending_forwards = 0
             self._last_mark_s = self._perf()
             self.pending_batches = self.pending_batch_samples = 0
-            profiling = self.steps == self.profile_step and self.profiler.active
             if profiling:
                 self._profiled_index = self.steps
             self.steps += 1
@@ -535,16 +537,21 @@ class StepClock:
             return
         if self.steps == 2 and self.total_calls == 0:
             self.check_model_ran()  # said while training, not only at the end
-        if profiling:
-            self.profile_step = -1
-            self.profile_samples = s
-            if padded and not tokens:
-                try:  # the profiled step's one synchronisation for its real tokens
-                    self.profiler.padding_fraction = max(0.0, 1.0 - float(k) / padded)
-                except Exception as exc:
-                    logger.debug("gpuopt: padding not measured: %s", exc)
-            self.profile_forwards = self.last_step_forwards
-            try:
-                self.profiler.end_step()
+
+    def _finish_profile(self, samples: int, tokens: Any, padded: int, given_tokens: int,
+                        forwards: int) -> None:
+        """End the profiled step's profile, before its boundary is stamped: the FLOP totals
+        and the traffic count take milliseconds to seconds, which stamped after would be read
+        as the next step's, the first steady one."""
+        self.profile_step = -1
+        self.profile_samples = samples
+        if padded and not given_tokens:
+            try:  # the profiled step's one synchronisation for its real tokens
+                self.profiler.padding_fraction = max(0.0, 1.0 - float(tokens) / padded)
             except Exception as exc:
-                self._profile_failed(exc)
+                logger.debug("gpuopt: padding not measured: %s", exc)
+        self.profile_forwards = forwards
+        try:
+            self.profiler.end_step()
+        except Exception as exc:
+            self._profile_failed(exc)

@@ -461,6 +461,37 @@ def test_tracking_start_up_is_not_the_first_steps_time(tracking_uri, monkeypatch
     assert m["gpuopt/summary/step_time_mean_s"] < 0.3 / 3 / 2
 
 
+def test_the_profiles_finish_is_the_profiled_steps_time_not_the_next_ones(tracking_uri,
+                                                                        monkeypatch):
+    """Ending the profile (the FLOP counter's totals, the traffic count: milliseconds to
+    seconds) happens at the profiled step's boundary; it is stamped after that work, so the
+    next step, the first steady one, does not carry it. Here the finish takes 0.3 s."""
+    from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
+
+    real = WorkloadProfiler.end_step
+    ended = []
+
+    def slow_end(self):
+        time.sleep(0.3)
+        ended.append(True)
+        real(self)
+
+    monkeypatch.setattr(WorkloadProfiler, "end_step", slow_end)
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gpuopt.track(model=model, optimizer=opt, interval_s=5.0, print_summary=False,
+                      warmup_steps=1) as tracker:
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+    _, m = logged(tracker.run_id)
+    assert ended == [True]
+    assert m["gpuopt/summary/steady_steps"] == 3  # steps 2-4: the profiled one, 1, is out
+    assert m["gpuopt/summary/step_time_mean_s"] < 0.3 / 3 / 2
+
+
 class _Unpack(nn.Module):
     """Takes the batch as the hostile loops below hand it: a generator of rows, or a dict
     of a (tensor, name) tuple and non-tensor leaves."""
