@@ -20,6 +20,8 @@ from support.wait import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 DISK_BYTES = 16 * 1024
+#: the simulated disks' byte counts (no tmpfs: not root), by mount directory
+_SIMULATED: dict[Path, list[int]] = {}
 
 
 @pytest.fixture
@@ -33,10 +35,16 @@ def full_disk(tmp_path, monkeypatch):
     if not mounted:  # simulate: the journal's writes fail once the "disk" is full
         from mlflow_gpuopt.mlflow_io import journal
 
-        used = [0]
+        used = _SIMULATED.setdefault(mount, [0])
         real_write = os.write
 
         def write(fd, data):
+            try:  # only the small disk's files fill it
+                on_disk = os.readlink(f"/proc/self/fd/{fd}").startswith(str(mount))
+            except OSError:
+                on_disk = True
+            if not on_disk:
+                return real_write(fd, data)
             if used[0] + len(data) > DISK_BYTES:
                 raise OSError(errno.ENOSPC, "No space left on device")
             used[0] += len(data)
@@ -50,8 +58,28 @@ def full_disk(tmp_path, monkeypatch):
     try:
         yield mount
     finally:
+        _SIMULATED.pop(mount, None)
         if mounted:
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _fill(mount: Path) -> None:
+    """Take what room the disk still has: the writer's last refused write may have been
+    larger than what was left, and a replay's own small writes must find the disk full."""
+    if mount in _SIMULATED:
+        _SIMULATED[mount][0] = DISK_BYTES
+        return
+    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for chunk in (4096, 512, 1):
+            for _ in range(DISK_BYTES // chunk + 1):
+                try:
+                    os.write(fd, b"\0" * chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+    finally:
+        os.close(fd)
 
 
 def _run(uri: str) -> str:
@@ -128,6 +156,7 @@ def test_disk_full_and_server_gone_at_exit_says_truthfully_what_was_lost(
 
     from mlflow_gpuopt.cli import gpuopt
 
+    _fill(full_disk)
     before = journal.read_bytes()
     with contextlib.chdir(tmp_path):
         still_full = CliRunner().invoke(gpuopt, ["replay", str(journal)])
