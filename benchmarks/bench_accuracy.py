@@ -698,11 +698,7 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
     their variances taken out of the mean squared error); then for each workload class that
     net piece from the other classes' rows, with each held-out row's own other pieces, and
     how many of the held-out class's rows fall inside ±1.645 of it."""
-    from mlflow_gpuopt.perfmodel.uncertainty import (
-        SIGMA_OTHER_GPU_SAME_PRECISION,
-        TERM_OTHER_GPU,
-        Z90,
-    )
+    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_OTHER_GPU_SAME_PRECISION, TERM_OTHER_GPU
 
     logs = pair_logs(rows, wl, lambda src, t: (
         FAMILY[t.precision] == FAMILY[src.precision] == "amp" and t.gpu[:4] != src.gpu[:4]),
@@ -721,14 +717,23 @@ def lomo_other_gpu_width(rows, wl, hw) -> None:
     quiet = [(e, r) for e, r in every if r < 0.15 ** 2]  # the carried defaults swamp the rest
     print(f"  the {len(quiet)} rows whose other pieces are under 0.15: RMS "
           f"{math.sqrt(statistics.fmean(e * e for e, _ in quiet)):.3f}, net {net(quiet):.3f}")
+    print_lomo_piece(logs, net, "net piece")
+
+
+def print_lomo_piece(logs: dict[str, list[tuple[float, float]]], derive, name: str) -> None:
+    """For each model, the piece ``derive`` gives from the other models' (log error, other
+    variance) pairs, and how many of the held-out model's rows fall inside ±1.645 of it with
+    their own other pieces; then the coverage over all."""
+    from mlflow_gpuopt.perfmodel.uncertainty import Z90
+
     covered = 0
     for held in sorted(logs):
-        width = net([x for m, v in logs.items() if m != held for x in v])
-        inside = sum(abs(e) <= Z90 * math.sqrt(width * width + r) for e, r in logs[held])
+        piece = derive([x for m, v in logs.items() if m != held for x in v])
+        inside = sum(abs(e) <= Z90 * math.sqrt(piece * piece + r) for e, r in logs[held])
         covered += inside
-        print(f"  without {held:28s} net piece {width:.3f}, covers "
-              f"{inside}/{len(logs[held])}")
-    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+        print(f"  without {held:28s} {name} {piece:.3f}, covers {inside}/{len(logs[held])}")
+    print(f"  leave-one-model-out coverage "
+          f"{100 * covered / sum(len(v) for v in logs.values()):.1f}%")
 
 
 def derive_precision_width(rows, wl, hw) -> None:
@@ -740,11 +745,7 @@ def derive_precision_width(rows, wl, hw) -> None:
     rest); the maximum-likelihood piece over every row, each with its own other pieces; and
     that piece picked leave-one-model-out with how many held-out rows fall inside ±1.645 of
     it."""
-    from mlflow_gpuopt.perfmodel.uncertainty import (
-        SIGMA_OTHER_PRECISION,
-        TERM_OTHER_PRECISION,
-        Z90,
-    )
+    from mlflow_gpuopt.perfmodel.uncertainty import SIGMA_OTHER_PRECISION, TERM_OTHER_PRECISION
 
     def same_gpu_other_family(src: Row, t: Row) -> bool:
         path = wl[src.model][0]  # ResNet-50's AMP rows ran channels-last: another layout too
@@ -766,13 +767,7 @@ def derive_precision_width(rows, wl, hw) -> None:
           f"{len(quiet)} with other pieces under 0.15: RMS log(published / predicted) "
           f"{rms:.3f}, net of those pieces {net:.3f}; maximum likelihood over all "
           f"{likeliest(every):.3f}; shipped {SIGMA_OTHER_PRECISION}")
-    covered = 0
-    for held in sorted(logs):
-        piece = likeliest([x for m, v in logs.items() if m != held for x in v])
-        inside = sum(abs(e) <= Z90 * math.sqrt(piece * piece + r) for e, r in logs[held])
-        covered += inside
-        print(f"  without {held:28s} piece {piece:.3f}, covers {inside}/{len(logs[held])}")
-    print(f"  leave-one-model-out coverage {100 * covered / len(every):.1f}%")
+    print_lomo_piece(logs, likeliest, "piece")
 
 
 def main() -> int:

@@ -100,30 +100,30 @@ def check_file_inputs(runs: bool, workload_path, observations_path, proxy_path, 
                          "config), not measured runs")
 
 
-#: the flags of :func:`run_options`: (flag, RunOptions field, click type, metavar, help)
+#: the flags of :func:`run_options`: (flag, RunOptions field, metavar, help)
 _RUN_OPTIONS = (
-    ("--pp-microbatches", "pp_microbatches", "pp_microbatches", "N",
+    ("--pp-microbatches", "pp_microbatches", "N",
      "Pipeline: micro-batches one run of the schedule takes, where each "
      "gradient-accumulation step runs it again (torchtitan, NeMo AutoModel: local batch / "
      "pipeline micro-batch); default: the whole step's."),
-    ("--moe-dispatcher", "moe_dispatcher", None, "NAME",
+    ("--moe-dispatcher", "moe_dispatcher", "NAME",
      "Mixture of experts: how expert parallelism moves the tokens: alltoall (default), "
      "allgather or flex (deepep, hybridep); overrides the workload's moe_dispatcher."),
-    ("--moe-routing", "moe_routing", None, "NAME",
+    ("--moe-routing", "moe_routing", "NAME",
      "Mixture of experts: random (default) or round_robin (forced-balance benchmark gates); "
      "overrides the workload's moe_routing."),
-    ("--expert-tensor-parallel", "expert_tensor_parallel", "expert_tensor_parallel", "N",
+    ("--expert-tensor-parallel", "expert_tensor_parallel", "N",
      "Mixture of experts: the routed experts' tensor-parallel degree (Megatron's "
      "expert_tensor_parallel_size), dividing tp; default: tp."),
-    ("--attention-kernel", "attention_kernel", None, "NAME",
+    ("--attention-kernel", "attention_kernel", "NAME",
      "The fused attention kernel the job runs: fa2 (PyTorch SDPA's flash backend, the "
      "default) or fa3 (te, cudnn: Transformer Engine); overrides the workload's "
      "attention_kernel."),
-    ("--optimizer-impl", "optimizer_impl", None, "NAME",
+    ("--optimizer-impl", "optimizer_impl", "NAME",
      "How the job's optimizer step runs on the GPU: for-loop (a loop over the parameter "
      "tensors: torch.optim before PyTorch 2.0, foreach=False), foreach or fused; overrides "
      "the workload's optimizer_impl."),
-    ("--mixed-precision", "mixed_precision", None, "NAME",
+    ("--mixed-precision", "mixed_precision", "NAME",
      "How a 16-bit job runs its mixed precision: autocast (torch.amp, the default), "
      "master_weights (the model in 16 bits: apex O2) or apex_o1 (apex AMP O1's wrappers); "
      "overrides the workload's mixed_precision."),
@@ -138,8 +138,8 @@ def run_options(func: Callable) -> Callable:
 
     types = {"pp_microbatches": click.IntRange(min=1,
                                                max=int(BOUNDS["pp_microbatches"].high)),
-             "expert_tensor_parallel": click.IntRange(min=1, max=64)}
-    fields = [field for _, field, *_ in _RUN_OPTIONS]
+             "expert_tensor_parallel": click.IntRange(min=1, max=64)}  # the rest: words
+    fields = [field for _, field, _, _ in _RUN_OPTIONS]
 
     @functools.wraps(func)
     def command(**kwargs):
@@ -148,8 +148,8 @@ def run_options(func: Callable) -> Callable:
         chosen = RunOptions(**{f: kwargs.pop(f) for f in fields})
         return func(run_flags=chosen, **kwargs)
 
-    for flag, field, kind, metavar, text in reversed(_RUN_OPTIONS):
-        command = click.option(flag, field, type=types.get(kind), default=None,
+    for flag, field, metavar, text in reversed(_RUN_OPTIONS):
+        command = click.option(flag, field, type=types.get(field), default=None,
                                metavar=metavar, help=text)(command)
     return command
 

@@ -429,6 +429,36 @@ def test_the_profiled_step_is_left_out_of_the_steady_state(tracking_uri, warmup,
         8 * steady / sum(kept), rel=0.5)
 
 
+def _slowed_once(monkeypatch, owner, name: str, pause_s: float = 0.3) -> list:
+    """``owner.name`` sleeps ``pause_s`` on its first call; the list records the calls."""
+    real = getattr(owner, name)
+    calls = []
+
+    def slow(self, *args, **kwargs):
+        if not calls:
+            time.sleep(pause_s)
+        calls.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+    return calls
+
+
+def _steady_mean_s(warmup: int, steps: int) -> tuple[int, float]:
+    """(steady steps, their mean step time) of a tracked loop of sub-millisecond steps."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gpuopt.track(model=model, optimizer=opt, interval_s=5.0, print_summary=False,
+                      warmup_steps=warmup) as tracker:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+    _, m = logged(tracker.run_id)
+    return m["gpuopt/summary/steady_steps"], m["gpuopt/summary/step_time_mean_s"]
+
+
 def test_tracking_start_up_is_not_the_first_steps_time(tracking_uri, monkeypatch):
     """Step 0 starts when ``track()`` hands the loop control, not when its clock was made:
     the start sample (hardware read, its MLflow write) and the sampler thread come between,
@@ -436,29 +466,11 @@ def test_tracking_start_up_is_not_the_first_steps_time(tracking_uri, monkeypatch
     0.3 s; kept in step 0 it would triple the mean of three sub-millisecond steps."""
     from mlflow_gpuopt.tracking.tracker import Tracker
 
-    real = Tracker._safe_tick
-    calls = []
-
-    def slow_first_tick(self, final=False):
-        if not calls:
-            time.sleep(0.3)
-        calls.append(final)
-        real(self, final)
-
-    monkeypatch.setattr(Tracker, "_safe_tick", slow_first_tick)
-    torch.manual_seed(0)
-    model = nn.Linear(16, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with gpuopt.track(model=model, optimizer=opt, interval_s=5.0, print_summary=False,
-                      warmup_steps=0) as tracker:
-        for _ in range(4):
-            opt.zero_grad()
-            model(torch.randn(8, 16)).sum().backward()
-            opt.step()
-    _, m = logged(tracker.run_id)
-    assert calls and calls[0] is False  # the start sample was the slow one
-    assert m["gpuopt/summary/steady_steps"] == 3  # steps 0, 2, 3: the profiled one is out
-    assert m["gpuopt/summary/step_time_mean_s"] < 0.3 / 3 / 2
+    calls = _slowed_once(monkeypatch, Tracker, "_safe_tick")
+    steady, mean_s = _steady_mean_s(warmup=0, steps=4)
+    assert calls and calls[0] == ()  # the start sample (final=False) was the slow one
+    assert steady == 3  # steps 0, 2, 3: the profiled one is out
+    assert mean_s < 0.3 / 3 / 2
 
 
 def test_the_profiles_finish_is_the_profiled_steps_time_not_the_next_ones(tracking_uri,
@@ -468,28 +480,11 @@ def test_the_profiles_finish_is_the_profiled_steps_time_not_the_next_ones(tracki
     next step, the first steady one, does not carry it. Here the finish takes 0.3 s."""
     from mlflow_gpuopt.tracking.profiler import WorkloadProfiler
 
-    real = WorkloadProfiler.end_step
-    ended = []
-
-    def slow_end(self):
-        time.sleep(0.3)
-        ended.append(True)
-        real(self)
-
-    monkeypatch.setattr(WorkloadProfiler, "end_step", slow_end)
-    torch.manual_seed(0)
-    model = nn.Linear(16, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with gpuopt.track(model=model, optimizer=opt, interval_s=5.0, print_summary=False,
-                      warmup_steps=1) as tracker:
-        for _ in range(5):
-            opt.zero_grad()
-            model(torch.randn(8, 16)).sum().backward()
-            opt.step()
-    _, m = logged(tracker.run_id)
-    assert ended == [True]
-    assert m["gpuopt/summary/steady_steps"] == 3  # steps 2-4: the profiled one, 1, is out
-    assert m["gpuopt/summary/step_time_mean_s"] < 0.3 / 3 / 2
+    calls = _slowed_once(monkeypatch, WorkloadProfiler, "end_step")
+    steady, mean_s = _steady_mean_s(warmup=1, steps=5)
+    assert len(calls) == 1
+    assert steady == 3  # steps 2-4: the profiled one, 1, is out
+    assert mean_s < 0.3 / 3 / 2
 
 
 class _Unpack(nn.Module):
