@@ -21,12 +21,17 @@ Megatron-Bridge (``transformer_impl = "transformer_engine"``) and AutoModel (its
 the default; recomputation is what the run's configuration states (AutoModel's: full), else
 the default (Megatron-Bridge's table does not state it).
 
+Rows whose printed gradient accumulation contradicts GBS / (dp × MBS) are skipped too (the
+table's arithmetic does not say which of its cells is wrong).
+
 Tasks (tokens/s per GPU; the dense rows' goals): scaling (the same source, model, GPU, layout
 and micro-batch measured at its smallest GPU count), across GPU types (the same model and
-source measured on the other GPU type, the smallest such run as the observation), and every
-scored row from its config.json alone. ``derive_transfer_width`` (``bench_llm.py
---derive-transfer-width``) checks the MoE layers' width piece on the cross-GPU pairs whose
-target no task scores (the token-dropping rows).
+source measured on the other GPU type, the same release's run where there is one, else the
+smallest such run, as the observation), and every scored row from its config.json alone.
+Megatron-Bridge's 26.02.01 and 26.04 releases (``DERIVATION_SOURCES``) are never scored:
+``derive_transfer_width`` (``bench_llm.py --derive-transfer-width``) derives the MoE layers'
+transfer width piece (``uncertainty.SIGMA_MOE_TRANSFER``) from their cross-GPU pairs and the
+token-dropping rows.
 """
 
 from __future__ import annotations
@@ -52,6 +57,12 @@ CONFIGS = HERE / "workloads" / "hf"
 GPUS = {"H100-SXM-80GB": ("NVIDIA H100 80GB HBM3", 3200.0), "B200": ("NVIDIA B200", 3200.0)}
 TASKS = ("MoE: scaling, from the smallest GPU count", "MoE: across GPU types",
          "MoE: no measurement (config.json alone)")
+#: Megatron-Bridge's releases after the archive upstream's stored history holds (26.02.01 and
+#: 26.04, read from forks carrying upstream's page; the tsv's header): the derivation set of
+#: the MoE transfer width (:func:`derive_transfer_width`), never scored by a task.
+DERIVATION_SOURCES = ("megatron_bridge_2602_01", "megatron_bridge_2604")
+#: Sources whose rows run Megatron-Bridge's performance recipes.
+MEGATRON_BRIDGE = ("megatron_bridge_archive",) + DERIVATION_SOURCES
 
 
 @dataclass(frozen=True)
@@ -118,7 +129,7 @@ class MoeRow:
         ``scripts/performance/configs/deepseek/workload_base_configs.py``'s
         ``BASE_DEEPSEEK_V3_CONFIG`` and in the Qwen3 MoE presets, @ 0fa501ac), else None
         (tp: the other sources' rows have tp 1)."""
-        return 1 if self.source == "megatron_bridge_archive" else None
+        return 1 if self.source in MEGATRON_BRIDGE else None
 
     @property
     def strategy(self) -> str:
@@ -127,6 +138,9 @@ class MoeRow:
         return "x".join(parts + [self.dp_strategy])
 
     def skip_reason(self) -> str | None:
+        if self.grad_accum and self.grad_accum * self.dp * self.micro_batch != self.global_batch:
+            return (f"the table's GA {self.grad_accum} contradicts GBS / (dp x MBS) = "
+                    f"{self.global_batch / (self.dp * self.micro_batch):g}")
         if self.cp > 1:
             return "context parallel"
         if self.dp % self.ep:
@@ -206,8 +220,13 @@ def predict(target: MoeRow, refs: list[MoeRow], tmp: Path) -> tuple[float, float
             out["fits"], out)
 
 
+def scored_rows(rows: list[MoeRow]) -> list[MoeRow]:
+    """The report set: rows no skip reason holds back, outside ``DERIVATION_SOURCES``."""
+    return [r for r in rows if r.skip_reason() is None and r.source not in DERIVATION_SOURCES]
+
+
 def moe_tasks(rows: list[MoeRow]) -> dict[str, list[tuple[MoeRow, list[MoeRow]]]]:
-    scored = [r for r in rows if r.skip_reason() is None]
+    scored = scored_rows(rows)
     out: dict[str, list[tuple[MoeRow, list[MoeRow]]]] = {name: [] for name in TASKS}
     for t in scored:
         out[TASKS[2]].append((t, []))
@@ -220,6 +239,9 @@ def moe_tasks(rows: list[MoeRow]) -> dict[str, list[tuple[MoeRow, list[MoeRow]]]
             out[TASKS[0]].append((t, [r for r in same if r.gpus == smallest][:1]))
         others = [r for r in scored if r.gpu != t.gpu and r.config == t.config
                   and r.source == t.source and r.precision == t.precision]
+        # the same release on the other GPU type where the source has one (the same
+        # software on both sides), else any of the source's
+        others = [r for r in others if r.date == t.date] or others
         if others:
             smallest = min(o.gpus for o in others)
             out[TASKS[1]].append((t, [o for o in others if o.gpus == smallest][:1]))
@@ -230,8 +252,9 @@ def run(tmp: Path, verbose: bool = False) -> list[str]:
     """Print every MoE row's prediction per task; return the summary lines."""
     rows = load_moe_rows()
     skipped = [(r, r.skip_reason()) for r in rows if r.skip_reason()]
-    print(f"\nMixture-of-experts rows: {len(rows)} ({len(rows) - len(skipped)} scored, "
-          f"{len(skipped)} skipped)")
+    derivation = [r for r in rows if r.source in DERIVATION_SOURCES and not r.skip_reason()]
+    print(f"\nMixture-of-experts rows: {len(rows)} ({len(scored_rows(rows))} scored, "
+          f"{len(derivation)} in the transfer width's derivation set, {len(skipped)} skipped)")
     for r, why in skipped:
         print(f"  skipped {r.source} {r.date} {r.model} {r.gpus}x{r.gpu} {r.strategy}: {why}")
     lines = []
@@ -261,21 +284,24 @@ def run(tmp: Path, verbose: bool = False) -> list[str]:
             if verbose:
                 print("    " + json.dumps(t))
         lines.append(summary_line(name, res))
-    scored = len(rows) - len(skipped)
+    scored = len(scored_rows(rows))
     lines.append(f"  published MoE configurations called infeasible: {len(infeasible)} of "
                  f"{scored} (goal 0)")
     return lines
 
 
 def unscored_transfer_pairs(rows: list[MoeRow]) -> list[tuple[MoeRow, MoeRow]]:
-    """(target, reference) pairs across GPU types whose target no task scores: a row skipped
-    for token dropping (its capacity factor unstated: the same recipe and release on both GPU
-    types, so the reference's calibration carries it) predicted from the row of the same
-    source, release, config.json and precision on the other GPU type, the smallest such run,
-    as :func:`moe_tasks` pairs the scored rows."""
+    """(target, reference) pairs across GPU types whose target no task scores: a row of the
+    derivation releases (``DERIVATION_SOURCES``) or a row skipped for token dropping (its
+    capacity factor unstated: the same recipe and release on both GPU types, so the
+    reference's calibration carries it), predicted from the row of the same source, release,
+    config.json and precision on the other GPU type, the smallest such run, as
+    :func:`moe_tasks` pairs the scored rows."""
     out = []
     for t in rows:
-        if t.skip_reason() is None or t.routing != "tokendrop" or t.gpu not in GPUS:
+        derivation = t.source in DERIVATION_SOURCES and t.skip_reason() is None
+        dropping = t.routing == "tokendrop" and t.skip_reason() is not None
+        if not (derivation or dropping) or t.gpu not in GPUS:
             continue
         others = [r for r in rows if r.gpu != t.gpu and r.gpu in GPUS and r.source == t.source
                   and r.date == t.date and r.config == t.config and r.precision == t.precision]
@@ -297,7 +323,7 @@ def derive_transfer_width(tmp: Path) -> float:
     (:func:`unscored_transfer_pairs`), each target predicted from its reference through
     ``predict`` as the across-GPU task does. Per model, log(published / predicted) beside the
     interval's other pieces (everything but ``uncertainty.TERM_MOE``); the piece is what the
-    errors show beyond them (``scores.net_piece``), used in place of ``SIGMA_MOE_LAYERS``
+    errors show beyond them (``scores.net_piece``), ``uncertainty.SIGMA_MOE_TRANSFER``
     only where, picked leave-one-model-out, it covers at least 80 % of the held-out rows.
     Then, as a check and never used, the scored rows predicted from the references the task
     did not pick (other releases of the same configuration): their targets are scored."""
@@ -306,9 +332,11 @@ def derive_transfer_width(tmp: Path) -> float:
     rows = load_moe_rows()
     logs: dict[str, list[tuple[float, float]]] = {}
     print("Mixture of experts, another GPU type, pairs whose target no task scores "
-          "(token-dropping rows, the same release on the other GPU type as the observation):")
+          "(Megatron-Bridge 26.02.01 and 26.04, token-dropping rows; the same release on the "
+          "other GPU type as the observation):")
     for target, ref in unscored_transfer_pairs(rows):
-        label = (f"{target.date[:7]} {target.model[:28]} {target.gpus}x{target.gpu} "
+        release = target.date.split("(")[-1].rstrip(")")
+        label = (f"{release} {target.model[:28]} {target.gpus}x{target.gpu} "
                  f"from {ref.model[:28]} {ref.gpus}x{ref.gpu}")
         try:
             got, _, _, _, out = predict(target, [ref], tmp)
@@ -330,10 +358,11 @@ def derive_transfer_width(tmp: Path) -> float:
               f"{100 * covered / n:.1f}% of {n} rows")
     used = n > 0 and covered >= 0.8 * n
     print(f"  MoE transfer piece {piece:.3f}: "
-          + ("used" if used else f"not used, SIGMA_MOE_LAYERS {unc.SIGMA_MOE_LAYERS} stays "
+          + (f"used (uncertainty.SIGMA_MOE_TRANSFER {unc.SIGMA_MOE_TRANSFER})" if used
+             else f"not used, the prior's SIGMA_MOE_LAYERS {unc.SIGMA_MOE_LAYERS} would stay "
              "(leave-one-model-out coverage below 80 %)"))
     print("  check, not used (scored targets, the references the task did not pick):")
-    scored = [r for r in rows if r.skip_reason() is None]
+    scored = scored_rows(rows)
     both = {m: list(v) for m, v in logs.items()}
     for t, refs in moe_tasks(rows)[TASKS[1]]:
         for ref in scored:

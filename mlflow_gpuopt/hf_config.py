@@ -4,7 +4,8 @@ Decoder-only language models of the families below, as ``transformers`` builds t
 (``AutoModelForCausalLM.from_config``): Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3
 (gated MLP, RMSNorm), GPT-2, GPT-NeoX, Falcon and Phi (GELU MLP, LayerNorm), and the
 mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE (routed gated experts, a router, Qwen2-MoE's
-gated shared expert; docs/models.md#mixture-of-experts), and DeepSeek-V2/V3 (multi-head
+gated shared expert; docs/models.md#mixture-of-experts), GPT-OSS (biased attention with sinks,
+biased router and experts, alternating sliding-window layers), and DeepSeek-V2/V3 (multi-head
 latent attention, dense first layers, shared experts; docs/metrics.md#deepseek-latent-attention).
 The count is
 the model's own: embeddings (tied or not), attention with grouped-query key/value heads and
@@ -37,7 +38,7 @@ from mlflow_gpuopt.validation import BOUNDS
 GATED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
 GELU_FAMILIES = ("gpt2", "gpt_neox", "falcon", "phi")
 #: Mixtures of experts whose attention is a Llama-layout decoder's.
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 #: Mixtures of experts with multi-head latent attention (MLA) and dense first layers.
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
 FAMILIES = GATED_FAMILIES + GELU_FAMILIES + MOE_FAMILIES + MLA_FAMILIES
@@ -46,7 +47,8 @@ _REFUSED: dict[str, str] = {}
 #: Older spellings of a family's ``model_type``, and ``architectures`` class-name prefixes.
 _TYPE_ALIASES = {"refinedweb": "falcon", "refinedwebmodel": "falcon", "gptneox": "gpt_neox",
                  "kimi_k2": "deepseek_v3"}  # Kimi K2: DeepseekV3ForCausalLM
-_ARCH_PREFIXES = (("Mixtral", "mixtral"), ("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"),
+_ARCH_PREFIXES = (("Mixtral", "mixtral"), ("GptOss", "gpt_oss"), ("Qwen2Moe", "qwen2_moe"),
+                  ("Qwen3Moe", "qwen3_moe"),
                   ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"),
                   ("GPTNeoX", "gpt_neox"), ("GPT2", "gpt2"), ("Gemma2", "gemma2"),
                   ("Gemma", "gemma"), ("Qwen3", "qwen3"), ("Qwen2", "qwen2"),
@@ -111,6 +113,14 @@ class DecoderShape:
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    #: biases on the router and on every routed expert's projections (GPT-OSS)
+    expert_bias: bool = False
+    #: one learned attention-sink logit per query head and layer (GPT-OSS)
+    attention_sinks: bool = False
+    #: sliding-window attention: ``sliding_window_layers`` of the layers attend to the
+    #: ``sliding_window`` tokens before each query only (0: every layer attends to all)
+    sliding_window: int = 0
+    sliding_window_layers: int = 0
 
     @property
     def value_head_dim(self) -> int:
@@ -131,9 +141,16 @@ class DecoderShape:
         return 3 * self.hidden_size * self.expert_ffn_hidden_size
 
     @property
+    def expert_biases(self) -> int:
+        """Biases of one routed expert (GPT-OSS: gate and up, 2 × width, and down, hidden)."""
+        return 2 * self.expert_ffn_hidden_size + self.hidden_size if self.expert_bias else 0
+
+    @property
     def moe_mlp_params(self) -> int:
         """One MoE layer's MLP: router, every routed expert, the shared expert and its gate."""
-        return (self.num_experts * self.hidden_size + self.num_experts * self.expert_weights
+        return (self.num_experts * self.hidden_size
+                + (self.num_experts if self.expert_bias else 0)
+                + self.num_experts * (self.expert_weights + self.expert_biases)
                 + 3 * self.hidden_size * self.shared_ffn_hidden_size
                 + (self.hidden_size if self.shared_expert_gate else 0))
 
@@ -180,7 +197,8 @@ class DecoderShape:
         if self.kv_lora_rank:  # attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
             biases = (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
                       + self.hidden_size) if self.qkv_bias else 0
-        return self.attention_weights + biases + self.norm_params_per_layer
+        sinks = self.num_heads if self.attention_sinks else 0
+        return self.attention_weights + biases + sinks + self.norm_params_per_layer
 
     @property
     def layer_params(self) -> int:
@@ -218,7 +236,7 @@ class DecoderShape:
     def active_params(self) -> int:
         """The parameters one token uses: ``params`` less the routed experts it skips."""
         skipped = self.moe_layers * (self.num_experts - self.experts_per_token)
-        return self.params - skipped * self.expert_weights
+        return self.params - skipped * (self.expert_weights + self.expert_biases)
 
     @property
     def matmul_weights(self) -> int:
@@ -228,14 +246,26 @@ class DecoderShape:
                 + self.moe_layers * self.moe_mlp_active_weights
                 + self.vocab_size * self.hidden_size)
 
+    def attended_keys(self, seq_len: int) -> float:
+        """Keys per query summed over the layers, as the FLOPs count them: T for a layer
+        attending to the whole sequence (the whole T × T square, as ``FlopCounterMode``
+        counts causal attention), and for a sliding-window layer the band a windowed kernel
+        computes counted the same way, min(T, 2·window) (a causal window's query sees
+        ``window`` keys, and the square counts twice what causal attention computes)."""
+        t = float(seq_len)
+        windowed = self.sliding_window_layers if self.sliding_window else 0
+        return ((self.num_layers - windowed) * t
+                + windowed * min(t, 2.0 * self.sliding_window))
+
     def flops_per_sample(self, seq_len: int) -> float:
         """Model FLOPs of forward + backward for one sequence of ``seq_len`` tokens:
         6·N·T + 6·L·T²·heads × (head_dim + value head_dim) (the scores and their weighted
         sum, forward and backward, over the whole T × T square as ``FlopCounterMode`` counts
-        them; 12·L·T²·heads × head_dim where the two widths are one)."""
+        them; 12·L·T²·heads × head_dim where the two widths are one), a sliding-window
+        layer's T² its T × min(T, 2·window) (:meth:`attended_keys`)."""
         t = float(seq_len)
         return (6.0 * self.matmul_weights * t
-                + 6.0 * self.num_layers * t * t * self.num_heads
+                + 6.0 * self.attended_keys(seq_len) * t * self.num_heads
                 * (self.head_dim + self.value_head_dim))
 
     @property
@@ -326,7 +356,56 @@ def _short(value: Any) -> str:
 
 
 def decoder_shape(doc: Mapping[str, Any], where: str = "config.json") -> DecoderShape:
-    """The shape of the decoder ``doc`` describes (see the module doc for the families)."""
+    """The shape of the decoder ``doc`` describes (see the module doc for the families),
+    with its sliding-window layers (:func:`_sliding_window`)."""
+    shape = _decoder_shape(doc, where)
+    window, windowed = _sliding_window(doc, shape, where)
+    if not windowed:
+        return shape
+    return DecoderShape(**{**shape.__dict__, "sliding_window": window,
+                           "sliding_window_layers": windowed})
+
+
+#: Families whose layers alternate sliding-window and full attention when the config lists no
+#: ``layer_types``: ``transformers`` makes layer i a sliding one when i is even.
+_ALTERNATING_WINDOW = ("gpt_oss", "gemma2")
+
+
+def _sliding_window(doc: Mapping[str, Any], shape: DecoderShape, where: str
+                    ) -> tuple[int, int]:
+    """(window in tokens, layers that use it) as ``transformers`` builds the model: the
+    config's ``layer_types`` where it lists them (``"sliding_attention"`` entries); else
+    every layer for Mistral and Mixtral with a ``sliding_window``, every other layer for
+    GPT-OSS and Gemma 2, and for Qwen2/Qwen3 (and their MoE) with ``use_sliding_window`` the
+    layers from ``max_window_layers`` on; (0, 0) without a window."""
+    family = shape.family
+    raw = doc.get("sliding_window")
+    if raw in (None, 0) or family in ("gpt2", "gpt_neox", "falcon", "phi", "gemma") \
+            or family in MLA_FAMILIES:
+        return 0, 0
+    window = _count(doc, ("sliding_window",), where, high=BOUNDS["tokens_per_sample"].high)
+    layers = shape.num_layers
+    types = doc.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers \
+                or not all(isinstance(t, str) for t in types):
+            raise HfConfigError(f"{where}: 'layer_types' must list one attention type per "
+                                f"layer ({layers}), got {_short(types)}")
+        return window, sum(t == "sliding_attention" for t in types)
+    if family in ("mistral", "mixtral"):
+        return window, layers
+    if family in _ALTERNATING_WINDOW:
+        return window, (layers + 1) // 2
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") \
+            and _flag(doc, "use_sliding_window", False, where):
+        first = doc.get("max_window_layers")
+        first = 0 if first in (None, 0) else _count(doc, ("max_window_layers",), where,
+                                                     high=BOUNDS["num_layers"].high)
+        return window, max(0, layers - first)
+    return 0, 0
+
+
+def _decoder_shape(doc: Mapping[str, Any], where: str) -> DecoderShape:
     family = family_of(doc, where)
     if family == "gpt2":
         h = _count(doc, ("n_embd", "hidden_size"), where)
@@ -413,7 +492,10 @@ def _gated_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads
 def _moe_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: int,
                vocab: int, where: str) -> DecoderShape:
     """Mixtral (every layer MoE, experts of ``intermediate_size``), Qwen2-MoE (Q/K/V biases,
-    a gated shared expert) and Qwen3-MoE (q/k norms): Llama-layout attention."""
+    a gated shared expert) and Qwen3-MoE (q/k norms): Llama-layout attention; GPT-OSS
+    (:func:`_gpt_oss_shape`)."""
+    if family == "gpt_oss":
+        return _gpt_oss_shape(doc, h, layers, heads, vocab, where)
     base = _gated_shape(doc, "qwen3" if family == "qwen3_moe" else "mistral", h, layers,
                         heads, vocab, where)
     if family == "mixtral":
@@ -444,6 +526,32 @@ def _moe_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: 
         "mlp_bias": False, "num_experts": experts, "experts_per_token": k,
         "expert_ffn_hidden_size": width, "shared_ffn_hidden_size": shared,
         "shared_expert_gate": gate, "moe_layer_freq": freq})
+
+
+def _gpt_oss_shape(doc: Mapping[str, Any], h: int, layers: int, heads: int, vocab: int,
+                   where: str) -> DecoderShape:
+    """GPT-OSS as ``transformers`` builds it (``GptOssForCausalLM``): grouped-query attention
+    of ``head_dim``-wide heads (heads × head_dim apart from the hidden size) with biases on
+    Q, K, V and O (``attention_bias``) and one learned sink logit per head; every layer a
+    MoE layer of ``num_local_experts`` gated experts of ``intermediate_size``
+    (``num_experts_per_tok`` per token), each projection with its bias, behind a router with
+    a bias; RMSNorm; untied embeddings. Its sliding-window layers: :func:`_sliding_window`."""
+    kv = _count(doc, ("num_key_value_heads",), where, default=heads, high=heads)
+    experts = _count(doc, ("num_local_experts", "num_experts"), where)
+    k = _count(doc, ("num_experts_per_tok", "experts_per_token"), where, high=experts)
+    attn_bias = _flag(doc, "attention_bias", True, where)
+    return DecoderShape(
+        family="gpt_oss", num_layers=layers, hidden_size=h, num_heads=heads,
+        num_kv_heads=_kv_heads(heads, kv, where),
+        head_dim=_head_dim(h, heads, doc.get("head_dim"), where),
+        ffn_hidden_size=_count(doc, ("intermediate_size",), where), vocab_size=vocab,
+        gated_mlp=True, tied_embeddings=_flag(doc, "tie_word_embeddings", False, where),
+        norm_params_per_layer=2 * h, final_norm_params=h, qkv_bias=attn_bias,
+        out_bias=attn_bias, mlp_bias=False,
+        dropout=_probability(doc, ("attention_dropout",), 0.0, where),
+        num_experts=experts, experts_per_token=k,
+        expert_ffn_hidden_size=_count(doc, ("intermediate_size",), where),
+        expert_bias=True, attention_sinks=True)
 
 
 def _mla_shape(doc: Mapping[str, Any], family: str, h: int, layers: int, heads: int,
@@ -589,6 +697,9 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
         # heads wider (or narrower) than the hidden size: Q at heads × head_dim, K and V at
         # key/value heads × head_dim (the attention's share of the FLOPs, the activations)
         out["qkv_width"] = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    if shape.sliding_window_layers:
+        out["sliding_window"] = shape.sliding_window
+        out["sliding_window_layers"] = shape.sliding_window_layers
     if shape.moe_layers:
         dense = shape.num_layers - shape.moe_layers
         active_width = shape.experts_per_token * shape.expert_ffn_hidden_size \
@@ -626,6 +737,13 @@ def workload_doc(doc: Mapping[str, Any], seq_len: int, *, name: str,
                "groups (n_group, topk_group)" if shape.expert_groups else "")
             + f"; FLOPs from the {shape.active_params / 1e9:.3g} B active parameters "
             f"(router included), memory from all {params / 1e9:.3g} B")
+    if shape.sliding_window_layers:
+        full = seq_len <= 2 * shape.sliding_window
+        notes.append(
+            f"sliding-window attention: {shape.sliding_window_layers} of {shape.num_layers} "
+            f"layers attend to the {shape.sliding_window} tokens before each query"
+            + (f" (at {seq_len} tokens the window covers the sequence: no FLOPs saved)" if full
+               else "; their attention FLOPs count T × 2·window, not T²"))
     if shape.kv_lora_rank:
         a = shape.num_heads
         qkv = a * (2 * shape.head_dim + shape.value_head_dim)

@@ -116,6 +116,8 @@ BOUNDS: dict[str, Bound] = {
     "ffn_hidden_size": Bound(0, 1e7, "the widest feed-forward layers are ~1e5 wide"),
     "expert_ffn_hidden_size": Bound(0, 1e7, "the widest feed-forward layers are ~1e5 wide"),
     "qkv_width": Bound(0, 1e8, "a few times the hidden size (~3e4)"),
+    "sliding_window": Bound(0, 1e9, "a window is at most the sequence (1e9 tokens)"),
+    "sliding_window_layers": Bound(0, 1e5, "at most the layers"),
     # Fine-grained mixtures route over ~1e3 (DeepSeek-V3: 256) experts; 1e6-expert layers
     # are research prototypes.
     "num_experts": Bound(0, 1e7, "the most fine-grained mixtures have ~1e6 experts"),

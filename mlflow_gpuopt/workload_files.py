@@ -58,7 +58,8 @@ _INT_KEYS = {"params", "micro_batch", "grad_accum", "trainable_params", "num_lay
              "ffn_hidden_size", "num_experts", "experts_per_token", "num_shared_experts",
              "expert_ffn_hidden_size", "moe_layer_freq", "first_dense_layers",
              "num_expert_groups", "expert_groups_per_token", "expert_tensor_parallel",
-             "qkv_width", "pp_microbatches", "optimizer_param_tensors"}
+             "qkv_width", "pp_microbatches", "optimizer_param_tensors", "sliding_window",
+             "sliding_window_layers"}
 _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
                "activation_bytes_per_sample", "tokens_per_sample",
                "memory_traffic_bytes_per_sample", "kernels_per_micro_step", "dropout",

@@ -247,6 +247,11 @@ TINY = {  # every family, scaled down (GQA, head_dim, qk norms, new Falcon, bias
                       num_experts_per_tok=2, decoder_sparse_step=2),
     "qwen3_moe": dict(num_key_value_heads=2, head_dim=32, intermediate_size=96,
                       moe_intermediate_size=24, num_experts=8, num_experts_per_tok=3),
+    # biased attention with sinks, biased router and experts, alternating sliding-window
+    # layers (a window of 8 covers the test's 16 tokens: FlopCounterMode counts the eager
+    # square either way)
+    "gpt_oss": dict(num_key_value_heads=2, head_dim=32, intermediate_size=48,
+                    num_local_experts=6, num_experts_per_tok=2, sliding_window=8),
     # multi-head latent attention (query latent or not, value heads narrower than the
     # query/key ones), a dense first layer, shared experts
     "deepseek_v3": dict(num_hidden_layers=3, num_key_value_heads=4, intermediate_size=96,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlflow_gpuopt.hf_config import decoder_shape
+from mlflow_gpuopt.hf_config import HfConfigError, decoder_shape
 from mlflow_gpuopt.workload_files import WorkloadFileError, load_workload, read_workload
 
 # config.json of published checkpoints (the keys the layout depends on), with the total and
@@ -198,6 +198,9 @@ BENCH_CONFIGS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads"
 # layout) "1 trillion total, 32 billion activated" (active here less the embedding, as
 # DeepSeek's); Qwen3-30B-A3B 30.5 B; DeepSeek-V3 as above.
 BENCH_TOTALS = {"qwen3_235b_a22b": (235e9, 22e9, 0.01), "kimi_k2": (1.0e12, 32e9, 0.03),
+                # gpt-oss-120b: "117B parameters with 5.1B active" (active here less the
+                # untied LM head's 0.58 B, counted once as the embedding is)
+                "gpt_oss_120b": (116.8e9, None, 0.005),
                 "qwen3_30b_a3b": (30.5e9, None, 0.01), "deepseek_v3": (671e9, 37e9, 0.025)}
 
 
@@ -247,3 +250,46 @@ def test_heads_wider_than_hidden_give_qkv_width_and_attention_share(tmp_path):
     assert m.qkv_width is None
     assert attention_flops_share(m) == pytest.approx(
         12.0 * 32 * 4096 * 4096 * 4096 / m.flops_per_sample)
+
+
+def test_gpt_oss_params_equal_what_transformers_builds_and_its_window_saves_flops(tmp_path):
+    """GPT-OSS 120B's config.json (benchmarks/workloads/hf): every parameter transformers
+    builds (biased attention, sinks, biased router and experts), 5.13 B active without the
+    embedding; half its layers attend to a 128-token window, so their attention counts
+    T × 256 of the T² square, and attention's share of the FLOPs drops by as much."""
+    from mlflow_gpuopt.perfmodel.compute import attention_flops_share
+
+    doc = json.loads((BENCH_CONFIGS / "gpt_oss_120b.json").read_text(encoding="utf-8"))
+    kwargs = {k: v for k, v in doc.items()
+              if k not in ("architectures", "model_type", "quantization_config")}
+    config = transformers.AutoConfig.for_model("gpt_oss", **kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    shape = decoder_shape(doc)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    assert shape.active_params - shape.embedding_params == pytest.approx(5.1e9, rel=0.01)
+    assert (shape.sliding_window, shape.sliding_window_layers) == (128, 18)
+    t = 4096
+    attention = 6.0 * 64 * (64 + 64) * t * (18 * t + 18 * 256)
+    assert shape.flops_per_sample(t) == pytest.approx(6.0 * shape.matmul_weights * t + attention)
+    w = read_workload(_write(tmp_path, doc), seq_len=t).workload
+    assert (w.sliding_window, w.sliding_window_layers) == (128, 18)
+    assert attention_flops_share(w) == pytest.approx(attention / w.flops_per_sample)
+    # the same shape without the window: every layer over the whole square
+    full = read_workload(_write(tmp_path, {**doc, "layer_types": ["full_attention"] * 36},
+                                "full.json"), seq_len=t).workload
+    assert full.sliding_window_layers is None
+    assert attention_flops_share(full) > 1.6 * attention_flops_share(w)
+
+
+def test_a_window_wider_than_the_sequence_saves_nothing_and_bad_layer_types_are_one_line(
+        tmp_path):
+    mixtral, _, _ = PUBLISHED["Mixtral-8x7B-v0.1"]
+    plain = decoder_shape({**mixtral, "sliding_window": None})
+    windowed = decoder_shape({**mixtral, "sliding_window": 4096})
+    assert windowed.sliding_window_layers == windowed.num_layers
+    assert windowed.flops_per_sample(4096) == plain.flops_per_sample(4096)
+    assert windowed.flops_per_sample(32768) < plain.flops_per_sample(32768)
+    doc = json.loads((BENCH_CONFIGS / "gpt_oss_120b.json").read_text(encoding="utf-8"))
+    with pytest.raises(HfConfigError, match="layer_types"):
+        decoder_shape({**doc, "layer_types": ["sliding_attention"] * 3})

@@ -548,7 +548,10 @@ def attention_flops_share(workload: Workload) -> float:
     query heads' width: the hidden size, or where ``qkv_width`` gives Q, K and V apart from
     it (heads × head_dim wider than the hidden size, latent attention) its query share
     ``qkv_width × a / (a + 2·k)`` (``a`` heads, ``k`` key/value heads); 0 where the shape
-    (layers, hidden size, sequence length) is not known. Capped at 0.5."""
+    (layers, hidden size, sequence length) is not known. Sliding-window layers
+    (``sliding_window``) count ``s × min(s, 2·window)`` of their ``s²``: the band a windowed
+    kernel computes, counted as the square counts causal attention (twice what it computes).
+    Capped at 0.5."""
     layers, h, s = workload.num_layers, workload.hidden_size, workload.tokens_per_sample
     if not (layers and h and s) or workload.flops_per_sample <= 0:
         return 0.0
@@ -556,7 +559,11 @@ def attention_flops_share(workload: Workload) -> float:
     if workload.qkv_width and workload.num_heads:
         a = float(workload.num_heads)
         width = workload.qkv_width * a / (a + 2.0 * float(workload.num_kv_heads or a))
-    return min(0.5, 12.0 * layers * width * s * s / workload.flops_per_sample)
+    keys = float(layers) * s
+    if workload.sliding_window:
+        windowed = min(layers, workload.sliding_window_layers or layers)
+        keys -= windowed * (s - min(s, 2.0 * workload.sliding_window))
+    return min(0.5, 12.0 * width * s * keys / workload.flops_per_sample)
 
 
 def attention_kernel(workload: Workload) -> str | None:

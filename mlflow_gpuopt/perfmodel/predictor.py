@@ -255,9 +255,11 @@ class Predictor:
         if key in res.log_compute_scale:
             return (res.log_compute_scale[key], res.log_compute_sd[key], (),
                     res.log_fixed_scale.get(key, 0.0), False)
-        moe_terms = ((unc.TERM_MOE, unc.SIGMA_MOE_LAYERS),) if moe.is_moe(self.workload) else ()
+        is_moe = moe.is_moe(self.workload)
         if not res.log_compute_scale:
-            return 0.0, 0.0, self._prior_terms(key) + moe_terms, 0.0, True
+            prior_moe = ((unc.TERM_MOE, unc.SIGMA_MOE_LAYERS),) if is_moe else ()
+            return 0.0, 0.0, self._prior_terms(key) + prior_moe, 0.0, True
+        moe_terms = ((unc.TERM_MOE, unc.SIGMA_MOE_TRANSFER),) if is_moe else ()
         same_gpu = key[0] in self._observed_gpus  # then the pool is that GPU's other precisions
         extra = unc.other_gpu_terms(not same_gpu, any(k[1] != key[1] for k in pool))
         if self._transformer:

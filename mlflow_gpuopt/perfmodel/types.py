@@ -79,6 +79,12 @@ class Workload:
     #: them, where they are not ``(1 + 2 × kv_heads / heads) × hidden_size`` (multi-head
     #: latent attention: heads × (2 × query/key head + value head)); None: that formula
     qkv_width: int | None = None
+    #: Sliding-window attention: ``sliding_window_layers`` of the layers (None: all of them)
+    #: attend to the ``sliding_window`` tokens before each query only; their share of the
+    #: attention FLOPs is T × min(T, 2 × window) of the whole square's T²
+    #: (``compute.attention_flops_share``). None: every layer attends to the whole sequence
+    sliding_window: int | None = None
+    sliding_window_layers: int | None = None
     vocab_size: int | None = None
     ffn_hidden_size: int | None = None  # None: 4 × hidden (GELU MLP), 8/3 × hidden (SwiGLU)
     mlp: str | None = None  # "gelu" (two matrices) or "swiglu" (gated, three)

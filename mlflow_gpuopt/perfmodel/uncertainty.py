@@ -197,26 +197,26 @@ SIGMA_SHAPE_ESTIMATE = 0.3
 #: 0.111-0.147, covering 92 % of the rows (``bench_accuracy.py --derive-precision-width``).
 #: Taken as 0.14.
 SIGMA_OTHER_PRECISION = 0.14
-#: A mixture-of-experts workload predicted without a run of it on the target's GPU type and
-#: precision: its MoE layers' terms (dispatcher rates from DeepEP's README, the grouped expert
-#: GEMMs' small-``M`` efficiency, routing balance; docs/models.md#mixture-of-experts) come from
-#: kernel sources, not from whole runs like ``GENERATION_MFU``'s dense figures, so the prior's
-#: and the transfers' spreads do not cover them. Set, not derived: the width once taken for
-#: another operator path (0.2; the dense same-GPU precision pairs now give
-#: ``SIGMA_OTHER_PRECISION`` 0.14, but the MoE pairs below are wider than either). With a
-#: run of the same MoE model measured on another GPU type the piece stays, as the pairs no
-#: task scores show (``bench_llm.py --derive-transfer-width``): Megatron-Bridge's
-#: token-dropping NeMo 25.09 rows, each predicted from the same release's run on the other
-#: GPU type, log(published / predicted)
-#: −0.159 (DeepSeek-V3 B200 from the dropless 1,024-H100 run), +0.309 and −0.293
-#: (Qwen3-30B-A3B B200 ↔ H100): RMS 0.262 over the 3 rows of 2 models beside 0.139 of the
-#: intervals' other pieces, 0.222 beyond them (Qwen3-235B-A22B's pair is not predicted: ep 32
-#: over tp × dp). Picked leave-one-model-out that piece covers 1 of the 3 rows: two models
-#: do not pin it down, and what they show is as wide as the set figure, so no narrower
-#: transfer piece is used. With the scored Qwen3-30B-A3B rows predicted from the other
-#: release's run (+0.143, −0.048, +0.101, −0.140; not independent of the scored task) the
-#: piece would be 0.115, covering 71.4 % of 7 rows leave-one-model-out: not used either.
+#: A mixture-of-experts workload predicted with no run of it on any GPU: its MoE layers' terms
+#: (dispatcher rates from DeepEP's README, the grouped expert GEMMs' small-``M`` efficiency,
+#: routing balance; docs/models.md#mixture-of-experts) come from kernel sources, not from
+#: whole runs like ``GENERATION_MFU``'s dense figures, so the prior's spread does not cover
+#: them. Set, not derived: the width once taken for another operator path (0.2).
 SIGMA_MOE_LAYERS = 0.2
+#: The same, with a run of the same MoE model measured on another GPU type (or precision):
+#: what the MoE layers leave beyond the transfer's other pieces. Derived
+#: (``bench_llm.py --derive-transfer-width``, its last lines) from cross-GPU pairs no task
+#: scores, each target predicted through ``predict`` from the same release's run on the
+#: other GPU type: Megatron-Bridge's 26.02.01 and 26.04 tables (the derivation releases,
+#: never scored: GPT-OSS 120B on 64 H100 ↔ 64 B200, log(published / predicted) −0.144,
+#: +0.129, −0.161, +0.146; Qwen3-30B-A3B on 16 H100 ↔ 8 B200, +0.124, −0.128, −0.142,
+#: +0.162) and its token-dropping NeMo 25.09 rows (DeepSeek-V3 B200 from the dropless
+#: 1,024-H100 run −0.159; Qwen3-30B-A3B +0.309, −0.293): RMS 0.183 over 11 rows of 3 models
+#: beside 0.139 of the intervals' other pieces; the maximum-likelihood piece beyond them
+#: (``scores.net_piece``) is 0.119, and picked leave-one-model-out it covers 81.8 % of the
+#: 11 rows (the 80 % rule the dense pair spreads are held to). Taken as 0.12. Three models
+#: of one stack (Megatron-Core) on two GPU types: the figure is what they show.
+SIGMA_MOE_TRANSFER = 0.12
 #: A mixture of experts' measured time beyond the roofline carried to another GPU type
 #: (``fitting.excess_as_throughput``): how far the point, which carries it as GPU throughput
 #: work, strays from what the excess does, as a share of the log distance between that

@@ -113,5 +113,7 @@ def test_moe_layers_widen_what_no_run_of_them_measured():
     obs = [Observation(gpu="A100-80GB-SXM4", gpu_count=8, throughput_samples_per_s=8 * 0.5,
                        micro_batch=1, strategy="ep8xfsdp", precision="bf16")]
     carried = fit(moe_llama, obs, HW)
-    assert unc.TERM_MOE in dict(carried.predict(cfg, H100).width_terms)
+    # a run of the MoE model on another GPU type measured its layers: the transfer's piece
+    assert dict(carried.predict(cfg, H100).width_terms)[unc.TERM_MOE] == unc.SIGMA_MOE_TRANSFER
+    assert unc.SIGMA_MOE_TRANSFER < unc.SIGMA_MOE_LAYERS
     assert unc.TERM_MOE not in dict(carried.predict(cfg, A100).width_terms)
