@@ -54,18 +54,26 @@ def test_net_piece_and_leave_one_model_out(bench):
     assert scores.net_piece({}) == 0.0
 
 
-def test_unscored_pairs_are_the_token_dropping_rows_from_their_own_release(bench):
+def test_unscored_pairs_are_the_derivation_releases_and_token_dropping_rows(bench):
+    """Each pair's reference is the same release's run on the other GPU type: the token-
+    dropping NeMo 25.09 rows and the derivation releases 26.02.01 and 26.04 (GPT-OSS 120B and
+    Qwen3-30B-A3B both ways; their DeepSeek-V3 has no H100 row), none of them scored."""
     _, llm_moe = bench
     rows = llm_moe.load_moe_rows()
     pairs = llm_moe.unscored_transfer_pairs(rows)
     got = {(t.model, t.gpu, r.model, r.gpu, r.date) for t, r in pairs}
     rel = "2025-09 (NeMo 25.09)"
     h100, b200 = "H100-SXM-80GB", "B200"
-    assert got == {
+    later = {(m, a, m, b, d) for m in ("GPT OSS 120B", "Qwen3_30B_a3B")
+             for a, b in ((h100, b200), (b200, h100))
+             for d in ("2026-02 (NeMo 26.02.01)", "2026-04 (NeMo 26.04)")}
+    assert got == later | {
         ("DeepSeekV3 (tokendrop)", b200, "DeepSeekV3 (dropless)", h100, rel),
         ("Qwen3_30B_a3B (tokendrop)", b200, "Qwen3_30B_a3B (tokendrop)", h100, rel),
         ("Qwen3_30B_a3B (tokendrop)", h100, "Qwen3_30B_a3B (tokendrop)", b200, rel),
         ("Qwen3_235B_a22B (tokendrop)", b200, "Qwen3_235B_a22B (tokendrop)", h100, rel),
         ("Qwen3_235B_a22B (tokendrop)", h100, "Qwen3_235B_a22B (tokendrop)", b200, rel)}
+    assert all(t.source in llm_moe.DERIVATION_SOURCES for t, _ in pairs
+               if t.routing != "tokendrop")
     scored = {t for name, p in llm_moe.moe_tasks(rows).items() for t, _ in p}
     assert not scored & {t for t, _ in pairs}
