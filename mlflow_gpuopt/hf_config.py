@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_gpuopt.perfmodel.compute import attended_keys
 from mlflow_gpuopt.validation import BOUNDS
 
 #: The ``model_type`` values read, by the family whose layout they have.
@@ -247,15 +248,10 @@ class DecoderShape:
                 + self.vocab_size * self.hidden_size)
 
     def attended_keys(self, seq_len: int) -> float:
-        """Keys per query summed over the layers, as the FLOPs count them: T for a layer
-        attending to the whole sequence (the whole T × T square, as ``FlopCounterMode``
-        counts causal attention), and for a sliding-window layer the band a windowed kernel
-        computes counted the same way, min(T, 2·window) (a causal window's query sees
-        ``window`` keys, and the square counts twice what causal attention computes)."""
-        t = float(seq_len)
-        windowed = self.sliding_window_layers if self.sliding_window else 0
-        return ((self.num_layers - windowed) * t
-                + windowed * min(t, 2.0 * self.sliding_window))
+        """Keys per query summed over the layers, sliding-window ones at their band
+        (:func:`.perfmodel.compute.attended_keys`, which the attention share uses too)."""
+        return attended_keys(self.num_layers, seq_len, self.sliding_window,
+                             self.sliding_window_layers)
 
     def flops_per_sample(self, seq_len: int) -> float:
         """Model FLOPs of forward + backward for one sequence of ``seq_len`` tokens:

@@ -251,6 +251,7 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload",
                                                  kwargs.get("tokens_per_sample"), where,
                                                  longer_allowed=profile)
     _check_kv_heads(kwargs, where)
+    _check_window(kwargs, where)
     _check_moe(kwargs, where)
     if kwargs.get("micro_batch") == 0:
         kwargs.pop("micro_batch")
@@ -366,6 +367,17 @@ def _check_kv_heads(kwargs: dict[str, Any], where: str) -> None:
     if heads % kv:
         raise WorkloadFileError(f"{where}: 'num_kv_heads' must divide 'num_heads' ({heads}), "
                                 f"got {kv!r}")
+
+
+def _check_window(kwargs: dict[str, Any], where: str) -> None:
+    """Sliding-window layers: at most the layers, and only with a window to slide."""
+    windowed, layers = kwargs.get("sliding_window_layers"), kwargs.get("num_layers")
+    if windowed and not kwargs.get("sliding_window"):
+        raise WorkloadFileError(f"{where}: 'sliding_window_layers' needs 'sliding_window' (the "
+                                "tokens those layers attend to)")
+    if windowed and layers and windowed > layers:
+        raise WorkloadFileError(f"{where}: 'sliding_window_layers' ({windowed}) must be at "
+                                f"most 'num_layers' ({layers})")
 
 
 def _check_moe(kwargs: dict[str, Any], where: str) -> None:

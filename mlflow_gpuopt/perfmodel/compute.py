@@ -542,6 +542,21 @@ def tensor_efficiency(gpu: str, precision: str) -> float:
     return COMPUTE_EFFICIENCY_TENSOR * mfu / ref
 
 
+def attended_keys(layers: int, seq_len: float, window: int | None,
+                  windowed_layers: int | None) -> float:
+    """Keys per query summed over the layers, as the model FLOPs count attention: ``s`` for a
+    layer attending to the whole sequence (the whole ``s × s`` square, as ``FlopCounterMode``
+    counts causal attention), and for each of the ``windowed_layers`` (None: all) of a
+    sliding ``window`` the band a windowed kernel computes counted the same way,
+    ``min(s, 2·window)`` (a causal window's query sees ``window`` keys, and the square counts
+    twice what causal attention computes)."""
+    s = float(seq_len)
+    if not window:
+        return layers * s
+    windowed = layers if windowed_layers is None else min(layers, windowed_layers)
+    return (layers - windowed) * s + windowed * min(s, 2.0 * window)
+
+
 def attention_flops_share(workload: Workload) -> float:
     """Share of a transformer's FLOPs in attention's two batched matmuls (``QKᵀ``, ``AV``):
     ``12·L·w·s`` per token forward+backward over the workload's FLOPs per token, ``w`` the
@@ -549,9 +564,8 @@ def attention_flops_share(workload: Workload) -> float:
     it (heads × head_dim wider than the hidden size, latent attention) its query share
     ``qkv_width × a / (a + 2·k)`` (``a`` heads, ``k`` key/value heads); 0 where the shape
     (layers, hidden size, sequence length) is not known. Sliding-window layers
-    (``sliding_window``) count ``s × min(s, 2·window)`` of their ``s²``: the band a windowed
-    kernel computes, counted as the square counts causal attention (twice what it computes).
-    Capped at 0.5."""
+    (``sliding_window``) count ``s × min(s, 2·window)`` of their ``s²``
+    (:func:`attended_keys`). Capped at 0.5."""
     layers, h, s = workload.num_layers, workload.hidden_size, workload.tokens_per_sample
     if not (layers and h and s) or workload.flops_per_sample <= 0:
         return 0.0
@@ -559,10 +573,7 @@ def attention_flops_share(workload: Workload) -> float:
     if workload.qkv_width and workload.num_heads:
         a = float(workload.num_heads)
         width = workload.qkv_width * a / (a + 2.0 * float(workload.num_kv_heads or a))
-    keys = float(layers) * s
-    if workload.sliding_window:
-        windowed = min(layers, workload.sliding_window_layers or layers)
-        keys -= windowed * (s - min(s, 2.0 * workload.sliding_window))
+    keys = attended_keys(layers, s, workload.sliding_window, workload.sliding_window_layers)
     return min(0.5, 12.0 * width * s * keys / workload.flops_per_sample)
 
 

@@ -119,3 +119,53 @@ def test_recommend_keeps_the_experts_tensor_parallel_it_was_given(config):
     free, etp2 = plans(), plans("--expert-tensor-parallel", "2")
     assert any(c["tp"] % 2 for c in free)
     assert etp2 and all(c["tp"] % 2 == 0 for c in etp2)
+
+
+@pytest.mark.parametrize("doc, words", [
+    ({**MIXTRAL, "sliding_window": 128, "layer_types": ["sliding_attention"] * 3},
+     "'layer_types' must list one attention type per layer (32)"),
+    ({**MIXTRAL, "sliding_window": -4}, "'sliding_window' must be a whole number"),
+])
+def test_a_bad_sliding_window_in_a_config_is_one_line_and_exit_2(tmp_path, doc, words):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc))
+    r = _predict(str(path), "ep8xfsdp")
+    assert r.exit_code == 2, r.output
+    assert words in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"sliding_window_layers": 40}, "'sliding_window_layers' (40) must be at most 'num_layers'"),
+    ({"sliding_window_layers": 8, "sliding_window": None}, "needs 'sliding_window'"),
+])
+def test_a_bad_window_in_a_workload_file_is_one_line_and_exit_2(tmp_path, extra, words):
+    doc = {"params": 7e9, "flops_per_sample": 1.7e14, "precision": "bf16",
+           "tokens_per_sample": 4096, "num_layers": 32, "hidden_size": 4096, "num_heads": 32,
+           "sliding_window": 1024, **extra}
+    path = tmp_path / "workload.json"
+    path.write_text(json.dumps(doc))
+    r = CliRunner().invoke(gpuopt, ["predict", "--workload", str(path), "--gpu", "H100",
+                                    "--gpus", "8", "--strategy", "fsdp", "--micro-batch", "1"])
+    assert r.exit_code == 2, r.output
+    assert words in r.output and "Traceback" not in r.output
+
+
+def test_a_windowed_workload_files_attention_share_counts_its_band_and_zero_layers_none(
+        tmp_path):
+    from mlflow_gpuopt.perfmodel.compute import attention_flops_share
+    from mlflow_gpuopt.workload_files import read_workload
+
+    base = {"params": 7e9, "flops_per_sample": 2.0e16, "precision": "bf16",
+            "tokens_per_sample": 32768, "num_layers": 32, "hidden_size": 4096,
+            "num_heads": 32}
+    shares = {}
+    for name, extra in (("full", {}), ("none", {"sliding_window": 1024,
+                                                "sliding_window_layers": 0}),
+                        ("half", {"sliding_window": 1024, "sliding_window_layers": 16})):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**base, **extra}))
+        shares[name] = attention_flops_share(read_workload(str(path)).workload)
+    assert shares["none"] == shares["full"] < 0.5  # below the cap
+    # 16 of 32 layers at 2 x 1024 of 32768 keys: 17/32 of the square
+    assert shares["half"] == pytest.approx(shares["full"] * (16 + 16 * 2048 / 32768) / 32)
