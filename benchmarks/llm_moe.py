@@ -143,8 +143,9 @@ class MoeRow:
                     f"{self.global_batch / (self.dp * self.micro_batch):g}")
         if self.cp > 1:
             return "context parallel"
-        if self.dp % self.ep:
-            return f"ep{self.ep} over tp x dp (dp {self.dp})"
+        if self.dp % self.ep and self.expert_tp is None:
+            # Megatron-Bridge's rows fold the expert group over tp x dp (ETP 1, expert_tp)
+            return f"ep{self.ep} over tp x dp (dp {self.dp}), the experts' tp not stated"
         if self.routing == "tokendrop":
             return "token dropping, capacity factor not stated"
         if "MTP" in self.model and "w/o MTP" not in self.model:

@@ -160,8 +160,10 @@ class Layout:
     dp_spans_nodes: bool
     pp_spans_nodes: bool
     vp: int = 1  # virtual stages per pipeline stage (interleaved schedule)
-    #: expert-parallel degree: each MoE layer's experts split over ``ep`` ranks of the
-    #: data-parallel group (Megatron's expert-model-parallel group); divides ``dp``
+    #: expert-parallel degree: each MoE layer's experts split over ``ep`` ranks of one
+    #: pipeline stage (Megatron's expert-model-parallel group): data-parallel ranks, and
+    #: tensor-parallel ones too where the experts' own tensor-parallel degree is below ``tp``
+    #: (MoE parallel folding, :func:`.moe.check_experts`); divides ``tp × dp``
     ep: int = 1
     ep_spans_nodes: bool = False  # the expert-parallel group crosses a node boundary
     #: context-parallel degree: each sample's sequence split over ``cp`` ranks of the
@@ -232,10 +234,10 @@ def resolve_layout(config: ParallelConfig) -> Layout:
             raise PerfModelError(f"strategy 'single' runs on 1 GPU, not {gpus}; use ddp")
     elif dp == 1 and dp_strategy == "ddp" and tp * pp == 1:
         dp_strategy = "single"
-    if dp % ep:
+    if (tp * dp) % ep:
         raise PerfModelError(f"strategy {config.strategy!r}: expert-parallel ep{ep} must divide "
-                             f"the data-parallel degree {dp} (the expert-parallel ranks are "
-                             "data-parallel ranks, as in Megatron)")
+                             f"tp{tp} x the data-parallel degree {dp} (the expert-parallel "
+                             "ranks are tensor- and data-parallel ranks, as in Megatron)")
     per_node_shards = tp * pp
     dp_in_node = max(1, g // per_node_shards) if per_node_shards <= g else 1
     return Layout(tp=tp, pp=pp, dp=dp, dp_strategy=dp_strategy,

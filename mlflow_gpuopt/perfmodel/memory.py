@@ -31,7 +31,8 @@ from mlflow_gpuopt.perfmodel.activations import (
 from mlflow_gpuopt.perfmodel import context
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
-from mlflow_gpuopt.perfmodel.moe import expert_tp, largest_unit_params, routed_expert_params
+from mlflow_gpuopt.perfmodel.moe import (expert_data_parallel, expert_tp, largest_unit_params,
+                                         routed_expert_params)
 from mlflow_gpuopt.perfmodel.precision import (
     COMM_ELEMENT_BYTES,
     ELEMENT_BYTES,
@@ -336,7 +337,7 @@ def memory_at(workload: Workload, config: ParallelConfig, layout: Layout,
         etp = expert_tp(workload, layout)
         we, ge, oe = model_states_bytes(routed / (layout.pp * etp * layout.ep), precision,
                                         layout.dp_strategy,
-                                        max(1, layout.tp * layout.dp // (etp * layout.ep)),
+                                        expert_data_parallel(workload, layout),
                                         k, 0.0, share, frozen)
         w, g, o = w + we, g + ge, o + oe
     m = micro_batch if micro_batch is not None else (config.micro_batch or workload.micro_batch

@@ -251,6 +251,16 @@ def expert_tp(workload: Workload, layout: Layout) -> int:
     return math.gcd(int(etp), layout.tp)
 
 
+def expert_data_parallel(workload: Workload, layout: Layout) -> int:
+    """Ranks holding the same experts, which reduce their gradients and shard their optimizer
+    states together (Megatron's expert data-parallel group): a pipeline stage's
+    ``tp × dp`` ranks over ``etp × ep``, at least 1. With ``etp`` = ``tp`` it is
+    ``dp / ep``; with ``etp`` below ``tp`` the expert group also spans tensor-parallel ranks
+    (MoE parallel folding: Qwen3-235B on H100 runs tp2 × ep32 × etp1 over 16 replicas, no
+    expert data parallelism)."""
+    return max(1, layout.tp * layout.dp // (expert_tp(workload, layout) * max(1, layout.ep)))
+
+
 def ep_ranks_per_node(workload: Workload, layout: Layout) -> int:
     """Expert-parallel ranks of one group in a node: Megatron-core builds the expert groups
     with a rank generator of their own (``initialize_model_parallel``: ``tp`` =
@@ -298,6 +308,15 @@ def check_experts(workload: Workload, layout: Layout) -> None:
     if not moe_layers(workload) or not workload.hidden_size:
         raise PerfModelError(f"expert parallel ep{layout.ep} needs num_layers and hidden_size "
                              "(the all-to-all's volume)")
+    etp = expert_tp(workload, layout)
+    if (layout.tp * layout.dp) % (etp * layout.ep):
+        # Megatron-core builds the expert groups from a pipeline stage's tp x cp x dp ranks:
+        # etp x ep x expert-data-parallel (MoE parallel folding)
+        raise PerfModelError(
+            f"expert parallel ep{layout.ep} x the experts' tensor parallel {etp} must divide "
+            f"tp{layout.tp} x the data-parallel degree {layout.dp} (an expert group wider than "
+            "the data-parallel ranks takes tensor-parallel ones: give "
+            "--expert-tensor-parallel 1)")
     try:
         normalize_dispatcher(workload.moe_dispatcher)
         normalize_routing(workload.moe_routing)
@@ -370,11 +389,14 @@ def tokens_per_expert(workload: Workload, layout: Layout, micro_batch: float,
                       seq_len: float) -> float:
     """Rows one local expert's GEMM takes in a micro-step (its ``M``) at an even load: the GPU's
     ``micro_batch × seq_len / tp`` tokens × top-k, from all ``ep`` ranks, over the experts
-    (× the capacity factor where tokens are padded to it)."""
+    (× the capacity factor where tokens are padded to it), × the experts' tensor-parallel
+    degree: each of the ``etp`` ranks splitting an expert's weights takes the tokens all of
+    them received (Megatron's all-to-all dispatcher gathers them over that group after the
+    all-to-all, each rank then computing its ``1/etp`` of the outputs)."""
     k = workload.experts_per_token or 1
     capacity = workload.capacity_factor or 1.0
-    return (micro_batch * seq_len / layout.tp * k * layout.ep * capacity
-            / max(1, workload.num_experts or 1))
+    return (micro_batch * seq_len / layout.tp * expert_tp(workload, layout) * k * layout.ep
+            * capacity / max(1, workload.num_experts or 1))
 
 
 def gemm_efficiency(rows: float, depth: float | None = None, half_depth: float = 0.0) -> float:
@@ -521,6 +543,19 @@ def params_per_shard(workload: Workload, layout: Layout) -> float:
     shards = layout.tp * layout.pp
     return ((workload.params - experts) / shards
             + experts / (expert_tp(workload, layout) * layout.pp * layout.ep))
+
+
+def optimizer_params_per_gpu(workload: Workload, layout: Layout) -> float:
+    """Parameters one GPU's sharded optimizer (ZeRO, FSDP) steps: the dense ones of its
+    :func:`params_per_shard` over the ``dp`` ranks, the routed experts over their
+    :func:`expert_data_parallel` group (Megatron's distributed optimizer shards each
+    parameter over the ranks that reduce its gradient)."""
+    shard = params_per_shard(workload, layout)
+    if layout.ep <= 1 or not is_moe(workload):
+        return shard / layout.dp
+    experts = routed_expert_params(workload) / (expert_tp(workload, layout) * layout.pp
+                                                * layout.ep)
+    return (shard - experts) / layout.dp + experts / expert_data_parallel(workload, layout)
 
 
 def largest_unit_params(workload: Workload, layout: Layout, largest: float) -> float:

@@ -220,8 +220,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
                                  calib.latency_per_sample_flops / (shards * cp), micro_batch,
                                  hardware)
     t_grad *= recompute_factor
-    opt_params = params_shard / dp if layout.dp_strategy in ("zero1", "zero2", "zero3",
-                                                            "fsdp") else params_shard
+    opt_params = (moe.optimizer_params_per_gpu(workload, layout)
+                  if layout.dp_strategy in ("zero1", "zero2", "zero3", "fsdp") else params_shard)
     k_opt = k if calib.optimizer_scale is None else calib.optimizer_scale
     t_opt = k_opt * optimizer_time_prior_s(opt_params, optimizer_state_bytes, hardware,
                                            precision, workload)

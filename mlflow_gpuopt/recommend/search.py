@@ -24,8 +24,10 @@ The search is pruned so the whole catalog takes well under half a second:
   exchange), tried whatever fitted before it;
 * mixtures of experts (``num_experts`` of 2 or more) also get each data-parallel shape with
   expert parallelism (``ep8xfsdp``): every power-of-two ``ep`` from 2 that divides the
-  data-parallel degree and the experts, tried whatever fitted before it (the experts it
-  shards and the all-to-all it costs are what the search weighs).
+  data-parallel degree (``tp × dp`` where the experts' tensor parallel asked is below
+  ``tp``: the expert group folded over tensor-parallel ranks too) and the experts, tried
+  whatever fitted before it (the experts it shards and the all-to-all it costs are what the
+  search weighs).
 
 What makes it quick (the answer is the same as evaluating every offer on its own, which
 ``recommend(..., exhaustive=True)`` does and the tests compare against):
@@ -48,6 +50,7 @@ What makes it quick (the answer is the same as evaluating every offer on its own
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -131,7 +134,8 @@ def _pricings(offer: Offer, space: SearchSpace) -> list[str]:
 
 def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
             num_layers: int | None = None, num_experts: int | None = None,
-            seq_len: float | None = None) -> list[tuple[str, int, int]]:
+            seq_len: float | None = None, expert_tp: int | None = None
+            ) -> list[tuple[str, int, int]]:
     """(strategy, tp, pp) for a job of ``nodes`` × ``offer.gpu_count`` GPUs; with
     ``compound``, also tensor × pipeline × data-parallel layouts (module docstring)."""
     per_node = offer.gpu_count
@@ -151,7 +155,7 @@ def _shapes(offer: Offer, nodes: int, *, compound: bool = False,
     if compound:
         shapes += _compound_shapes(per_node, total, fast_link, num_layers, set(shapes))
     if num_experts and num_experts > 1:
-        shapes += _expert_shapes(shapes, total, num_experts)
+        shapes += _expert_shapes(shapes, total, num_experts, expert_tp)
     if seq_len and seq_len >= CP_MIN_SEQ_LEN:
         shapes += _context_shapes(shapes, total, int(seq_len))
     return shapes
@@ -176,19 +180,24 @@ def _context_shapes(shapes: list[tuple[str, int, int]], total: int, seq_len: int
     return out
 
 
-def _expert_shapes(shapes: list[tuple[str, int, int]], total: int, num_experts: int
-                   ) -> list[tuple[str, int, int]]:
-    """Each data-parallel shape again with ``epN`` (powers of two from 2 dividing its
-    data-parallel degree and the experts; Megatron takes the expert group from the
-    data-parallel ranks)."""
+def _expert_shapes(shapes: list[tuple[str, int, int]], total: int, num_experts: int,
+                   expert_tp: int | None = None) -> list[tuple[str, int, int]]:
+    """Each data-parallel shape again with ``epN``: powers of two from 2 dividing the
+    experts and the ranks of a pipeline stage the expert group may take, the data-parallel
+    ones (Megatron's default, the experts' tensor parallel ``etp`` = ``tp``) or, with
+    ``expert_tp`` below ``tp``, ``tp × dp / etp`` of them (MoE parallel folding: the expert
+    group spans tensor-parallel ranks too, as Megatron-Bridge's Qwen3-235B H100 preset's
+    tp2 × ep32 over 16 replicas)."""
     out = []
     for strategy, tp, pp in shapes:
         if strategy not in DATA_PARALLEL_LADDER:
             continue
         dp = total // (tp * pp)
+        etp = math.gcd(expert_tp, tp) if expert_tp else tp
+        ranks = tp * dp // etp
         ep = 2
-        while ep <= dp:
-            if dp % ep == 0 and num_experts % ep == 0:
+        while ep <= ranks:
+            if ranks % ep == 0 and num_experts % ep == 0:
                 out.append((with_degree(strategy, "ep", ep), tp, pp))
             ep *= 2
     return out
@@ -420,7 +429,8 @@ class _Search:
                 fit_plain: set[tuple[str, int, int]] = set()
                 for strategy, tp, pp in _shapes(offer, nodes, compound=compound,
                                                 num_layers=self.workload.num_layers,
-                                                num_experts=ep_experts, seq_len=cp_seq):
+                                                num_experts=ep_experts, seq_len=cp_seq,
+                                                expert_tp=w.expert_tensor_parallel):
                     if tp % self.space.tp_multiple:
                         continue  # the experts' tensor parallel asked for does not divide tp
                     ladder = strategy in DATA_PARALLEL_LADDER and tp * pp == 1

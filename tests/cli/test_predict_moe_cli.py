@@ -56,8 +56,9 @@ def test_ep8_text_output_names_the_alltoall(config):
 
 
 @pytest.mark.parametrize("strategy, words", [
-    ("ep3xfsdp", "must divide the data-parallel degree 8"),
-    ("tp4xep4xfsdp", "must divide the data-parallel degree 2"),
+    ("ep3xfsdp", "must divide tp1 x the data-parallel degree 8"),
+    ("tp4xep4xfsdp", "must divide tp4 x the data-parallel degree 2 (an expert group wider"),
+    ("tp4xep16xfsdp", "must divide tp4 x the data-parallel degree 2 (the expert-parallel"),
     ("ep", "ep needs a number"),
 ])
 def test_bad_ep_is_one_line_and_exit_2(config, strategy, words):
@@ -169,3 +170,23 @@ def test_a_windowed_workload_files_attention_share_counts_its_band_and_zero_laye
     assert shares["none"] == shares["full"] < 0.5  # below the cap
     # 16 of 32 layers at 2 x 1024 of 32768 keys: 17/32 of the square
     assert shares["half"] == pytest.approx(shares["full"] * (16 + 16 * 2048 / 32768) / 32)
+
+
+def test_ep_folded_over_tensor_parallel_ranks(config):
+    """tp2 × ep8 on 8 GPUs (4 replicas): the expert group takes the tensor-parallel pairs too
+    when the experts are not split over them (Megatron's MoE parallel folding, as
+    Megatron-Bridge's Qwen3-235B H100 preset tp2 × ep32 over 16 replicas): each rank
+    dispatches its 2,048 tokens (sequence parallel) to the 7 other ranks of the node; the
+    default (experts split over tp) has no room for ep8 and says how to fold."""
+    r = _predict(config, "tp2xep8xfsdp", "--expert-tensor-parallel", "1", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    one = 5e-6 + 2048 * 4096 * 2 * 2 * 7 / 8 / (450e9 * 0.75)
+    assert out["time_breakdown"]["alltoall_s"] == pytest.approx(4 * 32 * one, rel=0.01)
+    # each rank holds one expert whole and a quarter of the rest's share (tp2 x fsdp4):
+    # more weights than ep8 x fsdp8's 1/8 of the dense part, fewer than tp2 x fsdp's
+    tp_only = json.loads(_predict(config, "tp2xfsdp", "--json").output)
+    assert out["memory"]["weights_bytes"] < tp_only["memory"]["weights_bytes"]
+    r = _predict(config, "tp2xep8xfsdp")
+    assert r.exit_code == 2 and "--expert-tensor-parallel 1" in r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -45,8 +45,14 @@ def test_bad_ep_parts_are_one_line(text, words):
 
 
 def test_ep_divides_the_data_parallel_degree_and_the_experts():
-    with pytest.raises(PerfModelError, match="must divide the data-parallel degree 4"):
-        resolve_layout(ParallelConfig(gpus_per_node=8, strategy="tp2xep8xfsdp"))
+    with pytest.raises(PerfModelError, match="must divide tp2 x the data-parallel degree 4"):
+        resolve_layout(ParallelConfig(gpus_per_node=8, strategy="tp2xep16xfsdp"))
+    # ep8 over tp2 x dp4: only with the experts unsplit (MoE parallel folding); Megatron's
+    # default splits them over tp as well, and 2 x 8 ranks are more than the 8
+    folded = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="tp2xep8xfsdp"))
+    with pytest.raises(PerfModelError, match="--expert-tensor-parallel 1"):
+        moe.check_experts(MIXTRAL, folded)
+    moe.check_experts(replace(MIXTRAL, expert_tensor_parallel=1), folded)
     layout = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="ep8xfsdp"))
     moe.check_experts(MIXTRAL, layout)
     with pytest.raises(PerfModelError, match="must divide the 6 experts"):

@@ -69,15 +69,20 @@ def test_expert_gemms_lose_efficiency_at_small_m_and_shallow_k():
     assert got == pytest.approx(flops / BF16_RATE * (1 / ratio - 1))
     assert moe.gemm_efficiency(128) == pytest.approx(0.5)
     assert moe.gemm_efficiency(128, 720.0, 720.0) == pytest.approx(0.25)
-    # tp2 x ep4: an expert takes 4096 / 2 x 2 x 4 / 64 = 256 rows; the dense layers keep the
-    # micro-batch's 4096 (sequence parallel gathers them before the column-parallel GEMMs)
+    # tp2 x ep4, the experts' tensor parallel 1: an expert takes 4096 / 2 x 2 x 4 / 64 = 256
+    # rows; the dense layers keep the micro-batch's 4096 (sequence parallel gathers them
+    # before the column-parallel GEMMs)
     tp2 = resolve_layout(ParallelConfig(gpus_per_node=8, strategy="tp2xep4xfsdp"))
-    assert moe.tokens_per_expert(fine, tp2, 1, SEQ) == 256
+    etp1 = replace(fine, expert_tensor_parallel=1)
+    assert moe.tokens_per_expert(etp1, tp2, 1, SEQ) == 256
     expert_time = (2 / 3 / 3 * (1 / eff(256, 4096) + 1 / eff(256, 28672) + 1 / eff(None, 256))
                    + 1 / 3 / 3 * (1 / eff(256, 14336) + 1 / eff(256, 4096)
                                   + 1 / eff(None, 256)))
-    assert moe.expert_gemm_ratio(fine, tp2, H100, "bf16", 1, SEQ) == pytest.approx(
+    assert moe.expert_gemm_ratio(etp1, tp2, H100, "bf16", 1, SEQ) == pytest.approx(
         dense_time / expert_time)
+    # Megatron's default, the experts split over tp too: each of the pair takes both ranks'
+    # tokens (gathered after the all-to-all) for half the outputs: 512 rows
+    assert moe.tokens_per_expert(fine, tp2, 1, SEQ) == 512
 
 
 def test_half_depth_scales_with_the_tensor_rate_per_sm_and_clock():

@@ -10,7 +10,7 @@ from support.recommend import OFFERS
 
 from mlflow_gpuopt.cli import gpuopt
 from mlflow_gpuopt.perfmodel.layout import expert_degree
-from mlflow_gpuopt.recommend.search import _shapes
+from mlflow_gpuopt.recommend.search import _expert_shapes, _shapes
 
 MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
            "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
@@ -36,6 +36,19 @@ def test_ep_shapes_divide_the_data_parallel_degree_and_the_experts():
     # two nodes: dp 16, but 8 experts cap ep at 8
     two = {s for s, _, _ in _shapes(offer, 2, num_experts=8) if expert_degree(s) > 1}
     assert "ep8xfsdp" in two and "ep16xfsdp" not in two
+
+
+def test_ep_shapes_fold_over_tensor_parallel_ranks_with_the_experts_unsplit():
+    """Compound tp x dp shapes: ep up to dp under Megatron's default (the experts split over
+    tp as well), up to tp x dp where the experts' tensor parallel asked is 1."""
+    base = [("zero1", 2, 1), ("fsdp", 4, 2)]
+    plain = set(_expert_shapes(base, 16, 64))
+    assert plain == {("ep2xzero1", 2, 1), ("ep4xzero1", 2, 1), ("ep8xzero1", 2, 1),
+                     ("ep2xfsdp", 4, 2)}
+    folded = set(_expert_shapes(base, 16, 64, expert_tp=1))
+    assert folded == plain | {("ep16xzero1", 2, 1), ("ep4xfsdp", 4, 2), ("ep8xfsdp", 4, 2)}
+    # the experts split 2 ways under tp4: a group of up to 4 x 2 / 2 = 4 ranks
+    assert set(_expert_shapes(base, 16, 64, expert_tp=2)) == plain | {("ep4xfsdp", 4, 2)}
 
 
 def test_mixtral_is_recommended_with_expert_parallelism(tmp_path):
