@@ -35,6 +35,7 @@ from mlflow_gpuopt.perfmodel.compute import (
 from mlflow_gpuopt.perfmodel.comm import normalize_tp_overlap
 from mlflow_gpuopt.perfmodel.context import normalize_exchange
 from mlflow_gpuopt.perfmodel.moe import (
+    normalize_a2a_overlap,
     normalize_dispatcher,
     normalize_routing,
     routed_expert_params,
@@ -48,7 +49,8 @@ from mlflow_gpuopt.validation import BOUNDS, OutOfRangeError, check, short_repr
 REQUIRED_WORKLOAD_KEYS = ("params", "flops_per_sample", "precision")
 OBSERVATION_COLUMNS = ("gpu", "gpu_count", "nodes", "micro_batch", "throughput_samples_per_s",
                        "strategy", "precision", "grad_accum", "recompute", "power_limit_w",
-                       "moe_dispatcher", "moe_routing", "expert_tensor_parallel")
+                       "moe_dispatcher", "moe_routing", "expert_tensor_parallel",
+                       "moe_a2a_overlap")
 #: A board power limit above this is a typo (the largest boards, B200 / MI325X, are 1,000 W).
 MAX_POWER_LIMIT_W = 2000.0
 REQUIRED_OBSERVATION_COLUMNS = ("gpu", "gpu_count", "throughput_samples_per_s")
@@ -71,7 +73,7 @@ _FLOAT_KEYS = {"flops_per_sample", "optimizer_state_bytes_per_param",
 _STR_KEYS = {"name", "precision", "optimizer", "mlp", "attention", "recompute", "strategy",
              "fp8_recipe", "cross_entropy", "frozen_precision", "attention_kernel",
              "cp_exchange", "memory_format", "moe_dispatcher", "moe_routing", "tp_overlap",
-             "mixed_precision", "optimizer_impl"}
+             "mixed_precision", "optimizer_impl", "moe_a2a_overlap"}
 _BOOL_KEYS = {"tp_comm_overlap", "fp8_all_gather", "grad_clip"}
 #: Hugging Face ``config.json`` (``PretrainedConfig``) names of the architecture fields ->
 #: the workload's; a workload file may use either, and the tracker reads a tracked model's
@@ -90,6 +92,7 @@ _KEY_ALIASES = {"seq_len": "tokens_per_sample", "sequence_length": "tokens_per_s
                 "moe_router_group_topk": "expert_groups_per_token",
                 "moe_token_dispatcher_type": "moe_dispatcher",
                 "expert_parallel_comm_backend": "moe_dispatcher",
+                "overlap_moe_expert_parallel_comm": "moe_a2a_overlap",
                 **{hf: key for hf, key in HF_CONFIG_NAMES.items() if hf != key}}
 _MLPS = ("gelu", "swiglu", "geglu", "gated", "glu")
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)}
@@ -224,6 +227,8 @@ def workload_from_dict(doc: Mapping[str, Any], where: str = "workload",
         elif key in _FLOAT_KEYS:
             kwargs[key] = _number(value, key, where, float)
         elif key in _STR_KEYS:
+            if key == "moe_a2a_overlap" and isinstance(value, bool):
+                value = "1f1b" if value else "none"  # Megatron-core's flag is a boolean
             if not isinstance(value, str):  # str() of a list would be read as a word
                 raise WorkloadFileError(f"{where}: {key!r} must be text, got "
                                         f"{short_repr(value)}")
@@ -282,7 +287,8 @@ def _word_normalisers() -> dict[str, Callable[[str], str]]:
             "memory_format": normalize_memory_format, "moe_dispatcher": normalize_dispatcher,
             "moe_routing": normalize_routing, "tp_overlap": normalize_tp_overlap,
             "mixed_precision": normalize_mixed_precision,
-            "optimizer_impl": normalize_optimizer_impl}
+            "optimizer_impl": normalize_optimizer_impl,
+            "moe_a2a_overlap": normalize_a2a_overlap}
 
 
 def _check_words(kwargs: dict[str, Any], where: str) -> None:
@@ -490,8 +496,8 @@ def parse_observations_csv(text: str, where: str = "observations",
     ``strategy`` takes every layout ``--strategy`` does (``fsdp``, ``tp2xfsdp``,
     ``tp8xpp12xddp``, ``pp4xvp2``...); ``recompute`` is none, selective or full (empty: the
     workload's own); ``moe_dispatcher`` and ``moe_routing`` the run's own MoE token
-    dispatcher and routing, ``expert_tensor_parallel`` its experts' tensor-parallel degree
-    (empty: the workload's).
+    dispatcher and routing, ``expert_tensor_parallel`` its experts' tensor-parallel degree,
+    ``moe_a2a_overlap`` its all-to-all overlap (1f1b or none) (empty: the workload's).
 
     ``resolve_gpu`` maps NVML/short names to canonical ones (``cpu`` is kept as ``cpu``); a
     ``ValueError`` it raises is reported with the row.
@@ -570,6 +576,8 @@ def _parse_observations(text: str, where: str,
             dispatcher = (normalize_dispatcher(row["moe_dispatcher"])
                           if row.get("moe_dispatcher") else None)
             routing = normalize_routing(row["moe_routing"]) if row.get("moe_routing") else None
+            a2a = (normalize_a2a_overlap(row["moe_a2a_overlap"])
+                   if row.get("moe_a2a_overlap") else None)
         except ValueError as exc:
             raise WorkloadFileError(f"{at}: {exc}") from None
         etp = None
@@ -589,7 +597,8 @@ def _parse_observations(text: str, where: str,
             strategy=strategy, precision=precision, recompute=recompute,
             grad_accum=max(1, _number(row["grad_accum"], "grad_accum", at, int))
             if row.get("grad_accum") else 1, power_limit_w=power,
-            moe_dispatcher=dispatcher, moe_routing=routing, expert_tensor_parallel=etp))
+            moe_dispatcher=dispatcher, moe_routing=routing, expert_tensor_parallel=etp,
+            moe_a2a_overlap=a2a))
     if not out:
         raise WorkloadFileError(f"{where}: no observations (only a header?)")
     return out
@@ -626,5 +635,5 @@ def observations_to_csv(observations: list[Observation]) -> str:
                          o.grad_accum, o.recompute or "",
                          "" if o.power_limit_w is None else repr(float(o.power_limit_w)),
                          o.moe_dispatcher or "", o.moe_routing or "",
-                         o.expert_tensor_parallel or ""])
+                         o.expert_tensor_parallel or "", o.moe_a2a_overlap or ""])
     return out.getvalue()

@@ -133,9 +133,9 @@ def is_cpu(name: str) -> bool:
 
 
 def run_workload(workload: Workload, obs: Observation) -> Workload:
-    """``workload`` with the measured run's own MoE token dispatcher, routing and experts'
-    tensor-parallel degree where ``obs`` gives them: a run measured with DeepEP is read with
-    DeepEP's traffic whatever dispatcher the planned run uses
+    """``workload`` with the measured run's own MoE token dispatcher, routing, experts'
+    tensor-parallel degree and all-to-all overlap where ``obs`` gives them: a run measured
+    with DeepEP is read with DeepEP's traffic whatever dispatcher the planned run uses
     (docs/models.md#mixture-of-experts)."""
     changes: dict = {}
     if obs.expert_tensor_parallel and obs.expert_tensor_parallel != (
@@ -147,6 +147,9 @@ def run_workload(workload: Workload, obs: Observation) -> Workload:
     if obs.moe_routing and (moe.normalize_routing(obs.moe_routing)
                             != moe.normalize_routing(workload.moe_routing)):
         changes["moe_routing"] = moe.normalize_routing(obs.moe_routing)
+    if obs.moe_a2a_overlap and (moe.normalize_a2a_overlap(obs.moe_a2a_overlap)
+                                != moe.normalize_a2a_overlap(workload.moe_a2a_overlap)):
+        changes["moe_a2a_overlap"] = moe.normalize_a2a_overlap(obs.moe_a2a_overlap)
     return replace(workload, **changes) if changes else workload
 
 
@@ -212,7 +215,8 @@ def _config_groups(prepared: Sequence[PreparedObservation]
         run = o.workload
         cfg = (o.key, id(o.hardware), repr(o.layout), o.micro_batch, o.grad_accum, o.nodes,
                o.recompute, run.moe_dispatcher if run else None,
-               run.moe_routing if run else None, run.expert_tensor_parallel if run else None)
+               run.moe_routing if run else None, run.expert_tensor_parallel if run else None,
+               run.moe_a2a_overlap if run else None)
         g = groups.setdefault(cfg, len(groups))
         if g == len(reps):
             reps.append(o)

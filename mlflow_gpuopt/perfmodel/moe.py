@@ -120,6 +120,16 @@ _DISPATCHER_ALIASES = {"alltoall": "alltoall", "all_to_all": "alltoall",
                        "allgather": "allgather", "all_gather": "allgather",
                        "all-gather": "allgather", "flex": "flex", "deepep": "flex",
                        "hybridep": "flex"}
+#: Spellings of ``Workload.moe_a2a_overlap`` -> "1f1b" or "none".
+_A2A_OVERLAP_ALIASES = {"1f1b": "1f1b", "true": "1f1b", "on": "1f1b", "yes": "1f1b",
+                        "1": "1f1b", "overlap_moe_expert_parallel_comm": "1f1b",
+                        "ep_a2a_overlap": "1f1b", "none": "none", "off": "none",
+                        "false": "none", "no": "none", "0": "none"}
+#: Share of the SMs the all-to-all kernels hold while they run under the other micro-batch's
+#: compute (the 1F1B overlap, :func:`overlapped_alltoall_s`): taken as tensor parallel's
+#: overlapped communication holds them (``comm.TP_OVERLAP_SM_SHARE``, 16 of 132); NCCL's
+#: all-to-all channels were not measured apart.
+A2A_OVERLAP_SM_SHARE = comm.TP_OVERLAP_SM_SHARE
 #: Where a token's experts lie (see ``Workload.moe_routing``).
 ROUTINGS = ("random", "round_robin")
 _ROUTING_ALIASES = {"random": "random", "learned": "random", "round_robin": "round_robin",
@@ -159,6 +169,106 @@ def normalize_routing(name: str | None) -> str:
     if key not in _ROUTING_ALIASES:
         raise ValueError(f"unknown moe_routing {name!r}; expected random or round_robin")
     return _ROUTING_ALIASES[key]
+
+
+def normalize_a2a_overlap(name: str | bool | None) -> str:
+    """``1f1b`` or ``none`` from the usual spellings (``true``, Megatron-core's
+    ``overlap_moe_expert_parallel_comm``; None: ``none``)."""
+    if name is None:
+        return "none"
+    key = str(name).strip().lower().replace("-", "_")
+    if key not in _A2A_OVERLAP_ALIASES:
+        raise ValueError(f"unknown moe_a2a_overlap {name!r}; expected 1f1b (Megatron-core's "
+                         "overlap_moe_expert_parallel_comm) or none")
+    return _A2A_OVERLAP_ALIASES[key]
+
+
+def a2a_overlap_blocker(workload: Workload, layout: Layout) -> str | None:
+    """Why the 1F1B all-to-all overlap cannot run on ``layout`` (Megatron-core refuses it at
+    start), or None: it needs expert parallelism, the ``alltoall`` or ``flex`` dispatcher, and
+    under pipeline parallelism the interleaved schedule (``transformer_config.py``: "virtual
+    pipeline model parallel size must be specified when pipeline model parallel size > 1")."""
+    if layout.ep <= 1 or not is_moe(workload):
+        return "it needs expert parallelism (ep of 2 or more)"
+    if normalize_dispatcher(workload.moe_dispatcher) == "allgather":
+        return "it runs with the alltoall or flex dispatcher, not allgather"
+    if layout.pp > 1 and layout.vp < 2:
+        return (f"with pipeline parallel pp{layout.pp} it needs the interleaved schedule "
+                "(virtual stages of 2 or more)")
+    return None
+
+
+def attention_share(workload: Workload, seq_len: float) -> float:
+    """Share of a MoE decoder layer's compute in its attention block (Q, K, V and output
+    projections; the scores over ``seq_len / 2`` keys on average, causal) against its MoE
+    block (the router, the top-k and shared experts): what the 1F1B overlap hides the
+    all-to-alls under, slot by slot. 0.5 where the shape is not known."""
+    h, width = workload.hidden_size, workload.expert_ffn_hidden_size
+    if not h or not width or not is_moe(workload):
+        return 0.5
+    heads = workload.num_heads or 1
+    kv = workload.num_kv_heads or heads
+    q = (workload.qkv_width * heads / (heads + 2 * kv) if workload.qkv_width else float(h))
+    kv_dim = q * kv / heads
+    attention = 2.0 * (h * (q + 2 * kv_dim) + q * h) + 4.0 * (seq_len / 2.0) * q
+    matrices = 2 if (workload.mlp or "swiglu") == "gelu" else 3
+    experts = (workload.experts_per_token or 1) + (workload.num_shared_experts or 0)
+    mlp = 2.0 * experts * matrices * h * width + 2.0 * h * (workload.num_experts or 1)
+    return attention / (attention + mlp)
+
+
+def paired_layers_s(chunks: tuple[float, float, float, float], alltoall_s: float,
+                    layers: int) -> float:
+    """Seconds ``layers`` paired forward/backward layers take on the 1F1B overlap's two
+    streams (Megatron-LM ``docs/user-guide/features/moe_a2a_overlap.md``). ``chunks`` are a
+    layer's compute ``(F.attn, B.expert, F.expert, B.attn)``, run in that order on the
+    compute stream; its four all-to-alls of ``alltoall_s`` each (B.combine, F.dispatch,
+    B.dispatch, F.combine) run in that order on the communication stream; the schedule's
+    events make F.dispatch wait for F.attn, B.expert for B.combine, B.dispatch for B.expert,
+    F.expert for F.dispatch, F.combine for F.expert and B.attn for B.dispatch, and the next
+    layer's F.attn for this one's F.combine, its B.combine for this one's B.attn (forward
+    runs up the layers, backward down)."""
+    fa, be, fe, ba = chunks
+    c = alltoall_s
+    compute = comm = forward_ready = backward_ready = 0.0
+    for _ in range(max(1, int(layers))):
+        fa_end = max(compute, forward_ready) + fa
+        bc_end = max(comm, backward_ready) + c
+        fd_end = max(bc_end, fa_end) + c
+        be_end = max(fa_end, bc_end) + be
+        bd_end = max(fd_end, be_end) + c
+        fe_end = max(be_end, fd_end) + fe
+        fc_end = max(bd_end, fe_end) + c
+        ba_end = max(fe_end, bd_end) + ba
+        compute, comm, forward_ready, backward_ready = ba_end, fc_end, fc_end, ba_end
+    return max(compute, comm)
+
+
+def overlapped_alltoall_s(workload: Workload, layout: Layout, alltoall_s: float,
+                          compute_s: float, unpaired: float, seq_len: float) -> float:
+    """Seconds of a micro-step's ``alltoall_s`` left on the critical path under the 1F1B
+    overlap: the forward of micro-batch i+1 runs with the backward of i, a layer at a time,
+    the communication on its own stream (:func:`paired_layers_s`), each of a MoE layer's 4
+    all-to-alls a quarter of its share. A layer's compute is ``compute_s`` over the stage's
+    layers, a third forward and two thirds backward, split between attention and the experts
+    by :func:`attention_share`. What the two streams take beyond the compute stays exposed;
+    the hidden part costs ``A2A_OVERLAP_SM_SHARE`` of itself (the communication's SMs).
+    ``unpaired``: the share of the micro-steps' forwards and backwards that run alone (the
+    pipeline's warm-up and cool-down, the first forward and the last backward), whose
+    all-to-alls stay exposed."""
+    if alltoall_s <= 0:
+        return 0.0
+    layers = max(1, moe_layers(workload) // layout.pp)
+    part = alltoall_s / layers / ALLTOALLS_PER_LAYER
+    layer = compute_s / max(1, (workload.num_layers or layers) // layout.pp)
+    a = attention_share(workload, seq_len)
+    fwd, bwd = layer / 3.0, 2.0 * layer / 3.0
+    chunks = (a * fwd, (1 - a) * bwd, (1 - a) * fwd, a * bwd)
+    exposed = max(0.0, paired_layers_s(chunks, part, layers) - layers * layer)
+    exposed = min(exposed, alltoall_s)
+    paired = exposed + A2A_OVERLAP_SM_SHARE * (alltoall_s - exposed)
+    share = min(1.0, max(0.0, unpaired))
+    return share * alltoall_s + (1.0 - share) * paired
 
 
 @functools.lru_cache(maxsize=256)
@@ -573,6 +683,17 @@ def largest_unit_params(workload: Workload, layout: Layout, largest: float) -> f
     return max(largest - per_layer * (1.0 - 1.0 / layout.ep), min(largest, embedding))
 
 
+def _overlap_words(workload: Workload, layout: Layout) -> str:
+    """How the notes say the all-to-alls meet the compute."""
+    if normalize_a2a_overlap(workload.moe_a2a_overlap) != "1f1b":
+        return "on the critical path (not overlapped)"
+    why = a2a_overlap_blocker(workload, layout)
+    if why:
+        return f"on the critical path (the 1F1B overlap asked is not applied: {why})"
+    return ("exposed under the 1F1B overlap (each under the paired micro-batch's attention "
+            "or experts)")
+
+
 def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[str, ...]:
     """The expert-parallel all-to-all a prediction counted, in words (the config.json reader
     says what the FLOPs and parameters are)."""
@@ -587,7 +708,8 @@ def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[s
                    + f", {ALLTOALLS_PER_LAYER} "
                    + ("all-to-alls" if how == "alltoall" else "dispatches and combines")
                    + " per MoE layer per micro-step, "
-                   f"{alltoall_step_s * 1e3:.3g} ms per step, not overlapped, "
+                   f"{alltoall_step_s * 1e3:.3g} ms per step "
+                   + _overlap_words(workload, layout) + ", "
                    + ("across nodes" if ep_ranks_per_node(workload, layout) < layout.ep
                       else "inside a node")
                    + (f", experts tensor parallel {expert_tp(workload, layout)}"

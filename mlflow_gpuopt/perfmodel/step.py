@@ -141,6 +141,31 @@ def pipeline_flushes(workload: Workload, micro_steps: int) -> int:
     return max(1, -(-int(micro_steps) // int(m)))
 
 
+def a2a_overlapped(workload: Workload, layout: Layout) -> bool:
+    """True where the workload asks for the 1F1B all-to-all overlap and ``layout`` can run it
+    (:func:`.moe.a2a_overlap_blocker`; ``predict`` refuses the others in one line, the
+    search plans them without it)."""
+    return (moe.normalize_a2a_overlap(workload.moe_a2a_overlap) == "1f1b"
+            and moe.a2a_overlap_blocker(workload, layout) is None)
+
+
+def a2a_unpaired_share(workload: Workload, layout: Layout, micro_steps: int) -> float:
+    """Share of a step's forwards and backwards the 1F1B all-to-all overlap cannot pair:
+    without a pipeline the first forward and the last backward (one micro-step's worth of
+    ``micro_steps``); with the interleaved schedule each run of it warms up with
+    ``(pp − 1) + (vp − 1)·pp + 1`` chunk forwards on average over the stages (Megatron's
+    ``(pp − rank − 1)·2 + (vp − 1)·pp``, one more with the overlap) and cools down with as
+    many chunk backwards, of its ``m·vp`` (``m`` micro-batches a run,
+    :func:`pipeline_flushes`)."""
+    s = max(1, int(micro_steps))
+    if layout.pp <= 1:
+        return 1.0 / s
+    vp = max(1, layout.vp)
+    m = s / pipeline_flushes(workload, s)
+    warmup = (layout.pp - 1) + (vp - 1) * layout.pp + 1
+    return min(1.0, warmup / (m * vp))
+
+
 def fsdp_gather_scales(workload: Workload, precision: str) -> tuple[float, float]:
     """The ZeRO-3/FSDP all-gathers' bytes relative to bf16, (whole model, one decoder block),
     where the workload gathers its FP8 weights in FP8 (``fp8_all_gather``; torchao allows it
@@ -246,6 +271,9 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
                                    act_bytes)
     if full_recompute:
         t_a2a *= 1.5  # the forward's dispatch and combine again
+    if a2a_overlapped(workload, layout):
+        t_a2a = moe.overlapped_alltoall_s(workload, layout, t_a2a, t_grad,
+                                          a2a_unpaired_share(workload, layout, s), seq_local)
     t_cp_total, t_cp = context.exchange_s(workload, layout, hardware, precision, micro_batch,
                                           shape.seq_len, act_bytes, k, kappa)
     if full_recompute:  # the forward's exchange again: 4 volumes of 3

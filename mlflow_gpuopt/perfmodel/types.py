@@ -180,6 +180,11 @@ class Workload:
     #: logits) or "round_robin" (token t to experts t·k … t·k+k−1: torchtitan's
     #: ``moe_force_load_balance``, AutoModel's ``fake_balanced_gate``); None: random
     moe_routing: str | None = None
+    #: Whether expert parallelism's all-to-alls run under another micro-batch's compute:
+    #: "1f1b" (Megatron-core's ``overlap_moe_expert_parallel_comm``, Megatron-Bridge's
+    #: ``moe_a2a_overlap``: the forward of micro-batch i+1 paired with the backward of i,
+    #: layer by layer, the communication on its own stream) or "none"; None: none
+    moe_a2a_overlap: str | None = None
     #: Micro-batches one run of the pipeline schedule takes: each gradient-accumulation step
     #: of torchtitan / NeMo AutoModel runs the schedule again over ``local_batch_size ÷``
     #: the pipeline micro-batch, filling and draining the pipeline each time; None: all of
@@ -239,6 +244,9 @@ class Observation:
     #: None: the workload's own.
     moe_dispatcher: str | None = None
     moe_routing: str | None = None
+    #: The measured run's all-to-all overlap (``Workload.moe_a2a_overlap``); None: the
+    #: workload's own.
+    moe_a2a_overlap: str | None = None
     #: The measured run's experts' tensor-parallel degree (``Workload.expert_tensor_parallel``);
     #: None: the workload's own.
     expert_tensor_parallel: int | None = None

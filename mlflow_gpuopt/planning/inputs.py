@@ -89,6 +89,8 @@ class RunOptions:
     #: mixture of experts: the token dispatcher (alltoall, allgather, flex) and the routing
     moe_dispatcher: str | None = None
     moe_routing: str | None = None
+    #: mixture of experts: the all-to-alls under another micro-batch's compute (1f1b, none)
+    moe_a2a_overlap: str | None = None
     #: the routed experts' tensor-parallel degree (dividing tp)
     expert_tensor_parallel: int | None = None
     #: the fused attention kernel (fa2, fa3)
@@ -106,12 +108,18 @@ class RunOptions:
             normalize_mixed_precision,
             normalize_optimizer_impl,
         )
-        from mlflow_gpuopt.perfmodel.moe import normalize_dispatcher, normalize_routing
+        from mlflow_gpuopt.perfmodel.moe import (
+            normalize_a2a_overlap,
+            normalize_dispatcher,
+            normalize_routing,
+        )
 
         for flag, value, normalize, key in (
                 ("--moe-dispatcher", self.moe_dispatcher, normalize_dispatcher,
                  "moe_dispatcher"),
                 ("--moe-routing", self.moe_routing, normalize_routing, "moe_routing"),
+                ("--moe-a2a-overlap", self.moe_a2a_overlap, normalize_a2a_overlap,
+                 "moe_a2a_overlap"),
                 ("--attention-kernel", self.attention_kernel, normalize_attention_kernel,
                  "attention_kernel"),
                 ("--optimizer-impl", self.optimizer_impl, normalize_optimizer_impl,

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow_gpuopt.errors import InputError
 from mlflow_gpuopt.planning.inputs import RunOptions
 from mlflow_gpuopt.planning.target import TrainingTarget
+
+if TYPE_CHECKING:
+    from mlflow_gpuopt.perfmodel.types import ParallelConfig, Workload
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
     predictor = fit_runs(workload, observations, catalog, proxy=inputs.proxy,
                          source=", ".join(r.run_ids) or r.proxy_path or "",
                          adjust_hardware=on_target_type)
+    _check_a2a_overlap(workload, config)
     p = predictor.predict(config, target_hw)
     effects = predictor.default_effects(config, target_hw)
 
@@ -242,3 +246,20 @@ def _spelled(flavour: str, cp: int, ep: int) -> str:
             flavour = with_degree(flavour, kind, degree)
     return flavour
 
+
+def _check_a2a_overlap(workload: Workload, config: ParallelConfig) -> None:
+    """One line where the planned run asks for the 1F1B all-to-all overlap on a layout
+    Megatron-core refuses it on (:func:`~mlflow_gpuopt.perfmodel.moe.a2a_overlap_blocker`)."""
+    from mlflow_gpuopt.perfmodel import moe
+    from mlflow_gpuopt.perfmodel.errors import PerfModelError
+    from mlflow_gpuopt.perfmodel.layout import resolve_layout
+
+    if moe.normalize_a2a_overlap(workload.moe_a2a_overlap) != "1f1b":
+        return
+    try:
+        layout = resolve_layout(config)
+    except PerfModelError:
+        return  # the prediction says what is wrong with the layout
+    why = moe.a2a_overlap_blocker(workload, layout)
+    if why:
+        raise InputError(f"moe_a2a_overlap 1f1b (--moe-a2a-overlap) cannot run here: {why}")

@@ -190,3 +190,67 @@ def test_ep_folded_over_tensor_parallel_ranks(config):
     r = _predict(config, "tp2xep8xfsdp")
     assert r.exit_code == 2 and "--expert-tensor-parallel 1" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_a2a_overlap_flag_and_workload_key_agree(config, tmp_path):
+    """--moe-a2a-overlap 1f1b and the workload's moe_a2a_overlap (Megatron-core's spelling)
+    give the same prediction, fewer all-to-all seconds than without over 8 micro-batches
+    (one alone has nothing to pair with), and the notes say so."""
+    accum = ("--grad-accum", "8", "--json")
+    plain = _predict(config, "ep8xfsdp", *accum)
+    assert plain.exit_code == 0, plain.output
+    flag = _predict(config, "ep8xfsdp", "--moe-a2a-overlap", "1f1b", *accum)
+    assert flag.exit_code == 0, flag.output
+    # the same model as a workload.json, Megatron-core's boolean flag in it
+    from mlflow_gpuopt.hf_config import workload_doc
+
+    doc, _ = workload_doc(MIXTRAL, 4096, name="mixtral")
+    doc["overlap_moe_expert_parallel_comm"] = True
+    path = tmp_path / "workload.json"
+    path.write_text(json.dumps(doc))
+    key = CliRunner().invoke(gpuopt, ["predict", "--workload", str(path), "--gpu", "H100",
+                                      "--gpus", "8", "--strategy", "ep8xfsdp",
+                                      "--micro-batch", "1", *accum])
+    assert key.exit_code == 0, key.output
+    a, b, c = (json.loads(r.output) for r in (plain, flag, key))
+    assert b["throughput_samples_per_s"] == pytest.approx(c["throughput_samples_per_s"])
+    assert 0 < b["time_breakdown"]["alltoall_s"] < a["time_breakdown"]["alltoall_s"]
+    assert b["throughput_samples_per_s"] > a["throughput_samples_per_s"]
+    assert any("1F1B overlap" in n for n in b["assumptions"])
+    single = json.loads(_predict(config, "ep8xfsdp", "--moe-a2a-overlap", "1f1b",
+                                 "--json").output)
+    alone = json.loads(_predict(config, "ep8xfsdp", "--json").output)
+    assert single["time_breakdown"]["alltoall_s"] == pytest.approx(
+        alone["time_breakdown"]["alltoall_s"])
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--moe-a2a-overlap", "dualpipe"), "unknown moe_a2a_overlap"),
+    (("--moe-a2a-overlap", "1f1b"), "needs the interleaved schedule"),
+])
+def test_a2a_overlap_bad_word_or_layout_is_one_line(config, extra, words):
+    r = _predict(config, "pp2xep4xzero1", *extra)
+    assert r.exit_code == 2, r.output
+    assert words in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_observations_carry_the_measured_runs_overlap(config, tmp_path):
+    """A run measured with the overlap is read with it: planning the same layout without it
+    predicts slower than the measurement, with it about the measurement."""
+    csv = tmp_path / "obs.csv"
+    csv.write_text("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
+                   "precision,grad_accum,moe_a2a_overlap\n"
+                   "H100,8,1,1,4.0,ep8xfsdp,bf16,8,1f1b\n")
+    same = _predict(config, "ep8xfsdp", "--observations", str(csv), "--grad-accum", "8",
+                    "--moe-a2a-overlap", "1f1b", "--json")
+    assert same.exit_code == 0, same.output
+    off = _predict(config, "ep8xfsdp", "--observations", str(csv), "--grad-accum", "8",
+                   "--json")
+    assert off.exit_code == 0, off.output
+    s, o = json.loads(same.output), json.loads(off.output)
+    assert s["throughput_samples_per_s"] == pytest.approx(4.0, rel=0.02)
+    assert o["throughput_samples_per_s"] < s["throughput_samples_per_s"]
+    csv.write_text(csv.read_text().replace(",1f1b", ",sometimes"))
+    bad = _predict(config, "ep8xfsdp", "--observations", str(csv))
+    assert bad.exit_code == 2 and "moe_a2a_overlap" in bad.output
