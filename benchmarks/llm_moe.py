@@ -86,6 +86,7 @@ class MoeRow:
     precision: str  # bf16 | fp8
     routing: str
     dispatcher: str  # alltoall | flex (the tsv's header says where each comes from)
+    a2a_overlap: str  # 1f1b | none (--moe-a2a-overlap; the tsv's header cites each)
     recompute: str | None  # none | selective | full; None where the source does not say
     tokens_per_s_per_gpu: float
     notes: str
@@ -168,6 +169,7 @@ def load_moe_rows() -> list[MoeRow]:
             grad_accum=None if accum == "NA" else int(accum), seq=int(r["seq_len"]),
             precision="fp8" if r["precision"].lower().startswith(("fp8", "mxfp8"))
             else "bf16", routing=r["routing"], dispatcher=r["dispatcher"],
+            a2a_overlap=r["a2a_overlap"],
             recompute=None if r["recompute"] == "NA" else r["recompute"],
             tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"]), notes=r["notes"]))
     return out
@@ -181,7 +183,8 @@ def cli_args(row: MoeRow) -> list[str]:
             "--strategy", row.strategy, "--micro-batch", str(row.micro_batch),
             "--grad-accum", str(row.accum), "--precision", row.precision,
             "--inter-node-gbps", str(GPUS[row.gpu][1]),
-            "--moe-dispatcher", row.dispatcher, "--moe-routing", row.gate]
+            "--moe-dispatcher", row.dispatcher, "--moe-routing", row.gate,
+            "--moe-a2a-overlap", row.a2a_overlap]
     kernel = attention_kernel(row.source)
     if kernel:
         args += ["--attention-kernel", kernel]
@@ -199,14 +202,15 @@ def cli_args(row: MoeRow) -> list[str]:
 
 def observation_line(row: MoeRow) -> list:
     """The measured run as a row of the observations CSV, its interleaved schedule as
-    ``vpN`` in the layout (the CSV has no column for it), its own dispatcher, routing and
-    experts' tensor parallel in theirs (the target's flags describe the planned run only)."""
+    ``vpN`` in the layout (the CSV has no column for it), its own dispatcher, routing,
+    experts' tensor parallel and all-to-all overlap in theirs (the target's flags describe
+    the planned run only)."""
     samples = row.tokens_per_s_per_gpu * row.gpus / row.seq
     strategy = (with_degree(row.strategy, "vp", row.vp) if row.vp > 1 and row.pp > 1
                 else row.strategy)
     return [GPUS[row.gpu][0], row.gpus, row.nodes, row.micro_batch, samples, strategy,
             row.precision, row.accum, row.recompute or "", "", row.dispatcher, row.gate,
-            row.expert_tp or ""]
+            row.expert_tp or "", row.a2a_overlap]
 
 
 def predict(target: MoeRow, refs: list[MoeRow], tmp: Path) -> tuple[float, float, float,
