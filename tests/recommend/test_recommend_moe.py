@@ -74,3 +74,29 @@ def test_mixtral_is_recommended_with_expert_parallelism(tmp_path):
     assert any("12.9 B active parameters" in n and "46.7 B" in n for n in out["notes"])
     dense = [c for c in out["candidates"] if expert_degree(c["strategy"]) == 1]
     assert all(c["alltoall_s"] == 0 for c in dense)
+
+
+def test_recommend_plans_with_the_a2a_overlap_asked(tmp_path):
+    """--moe-a2a-overlap reaches recommend's plans: the best expert-parallel plan hides part
+    of its all-to-alls (less of them exposed per step than the same plan without), a bad
+    word is one line and exit 2."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(MIXTRAL))
+    base = ["recommend", "--workload", str(path), "--seq-len", "4096", "--tokens", "10B",
+            "--deadline", "30d", "--max-nodes", "1", "--global-batch", "256",
+            "--provider", "aws", "--json"]
+    plain = CliRunner().invoke(gpuopt, base)
+    over = CliRunner().invoke(gpuopt, base + ["--moe-a2a-overlap", "1f1b"])
+    assert plain.exit_code == 0 and over.exit_code == 0, (plain.output, over.output)
+
+    def best_ep(out):
+        plans = [c for c in json.loads(out)["candidates"] if expert_degree(c["strategy"]) > 1]
+        return {(c["instance_type"], c["strategy"], c["micro_batch"]): c for c in plans}
+
+    a, b = best_ep(plain.output), best_ep(over.output)
+    same = [k for k in a if k in b and a[k]["alltoall_s"] > 0]
+    assert same, (list(a), list(b))
+    assert all(b[k]["alltoall_s"] < a[k]["alltoall_s"] for k in same)
+    bad = CliRunner().invoke(gpuopt, base + ["--moe-a2a-overlap", "dualpipe"])
+    assert bad.exit_code == 2 and "unknown moe_a2a_overlap" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
