@@ -286,10 +286,12 @@ def sharding(facts: RunFacts, ctx: PlanContext, base: Any) -> list[Finding | Not
             p = _predict(ctx, replace(ddp, **params))
             if p is None:
                 continue
+            # every micro-batch DDP cannot fit is priced, not just the largest: a larger
+            # micro-batch amortises the per-micro-step work but can expose more of the
+            # sharded collectives (the last bucket grows with it)
             per_sample = p.step_time_s / p.samples_per_step
             if per_sample < before and (best is None or per_sample < best[0]):
                 best = (per_sample, params, p)
-            break  # the largest that fits for this strategy
     if best is None:
         return []
     _, params, p = best
