@@ -287,8 +287,9 @@ def sharding(facts: RunFacts, ctx: PlanContext, base: Any) -> list[Finding | Not
             if p is None:
                 continue
             # every micro-batch DDP cannot fit is priced, not just the largest: a larger
-            # micro-batch amortises the per-micro-step work but can expose more of the
-            # sharded collectives (the last bucket grows with it)
+            # micro-batch amortises the per-micro-step work, but the step predicted for it
+            # can expose more besides (twice the seconds at 64 as at 32 on the advice tests'
+            # MLP), so the largest is not always the fastest
             per_sample = p.step_time_s / p.samples_per_step
             if per_sample < before and (best is None or per_sample < best[0]):
                 best = (per_sample, params, p)
