@@ -20,6 +20,8 @@ from support.wait import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 DISK_BYTES = 16 * 1024
+#: the tmpfs's files: enough for the journals, few enough for :func:`_fill` to take them all
+DISK_INODES = 64
 #: the simulated disks' byte counts (no tmpfs: not root), by mount directory
 _SIMULATED: dict[Path, list[int]] = {}
 
@@ -30,7 +32,8 @@ def full_disk(tmp_path, monkeypatch):
     mount = tmp_path / "small"
     mount.mkdir()
     mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},nr_inodes={DISK_INODES}", "tmpfs",
+         str(mount)],
         capture_output=True).returncode == 0
     if not mounted:  # simulate: the journal's writes fail once the "disk" is full
         from mlflow_gpuopt.mlflow_io import journal
@@ -65,7 +68,12 @@ def full_disk(tmp_path, monkeypatch):
 
 def _fill(mount: Path) -> None:
     """Take what room the disk still has: the writer's last refused write may have been
-    larger than what was left, and a replay's own small writes must find the disk full."""
+    larger than what was left, and a replay's own small writes must find the disk full.
+
+    On the tmpfs its files too: tmpfs charges whole pages, so a small append still fits in
+    the slack of the journal's own last page whatever the filler took (a replay's progress
+    mark did, in one CI run in ten or so); with no file left to create, the replay's lock
+    file beside the journal is refused, before anything is sent."""
     if mount in _SIMULATED:
         _SIMULATED[mount][0] = DISK_BYTES
         return
@@ -80,6 +88,14 @@ def _fill(mount: Path) -> None:
                     break
     finally:
         os.close(fd)
+    for i in range(DISK_INODES + 1):
+        try:
+            os.close(os.open(mount / f"inode-{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            break
+    else:
+        raise AssertionError(f"{mount} took {DISK_INODES + 1} files: not the small tmpfs")
 
 
 def _run(uri: str) -> str:
