@@ -125,11 +125,18 @@ _A2A_OVERLAP_ALIASES = {"1f1b": "1f1b", "true": "1f1b", "on": "1f1b", "yes": "1f
                         "1": "1f1b", "overlap_moe_expert_parallel_comm": "1f1b",
                         "ep_a2a_overlap": "1f1b", "none": "none", "off": "none",
                         "false": "none", "no": "none", "0": "none"}
-#: Share of the SMs the all-to-all kernels hold while they run under the other micro-batch's
-#: compute (the 1F1B overlap, :func:`overlapped_alltoall_s`): taken as tensor parallel's
-#: overlapped communication holds them (``comm.TP_OVERLAP_SM_SHARE``, 16 of 132); NCCL's
-#: all-to-all channels were not measured apart.
-A2A_OVERLAP_SM_SHARE = comm.TP_OVERLAP_SM_SHARE
+#: GEMM efficiency the paired micro-steps lose under the 1F1B all-to-all overlap
+#: (:func:`overlapped_alltoall_s`): Megatron-Core's MoE report (arXiv 2603.07685, Sec. 4.2.3,
+#: as Megatron-LM ``docs/user-guide/features/moe_a2a_overlap.md`` quotes it) reserves 20 SMs
+#: per GPU for DeepEP's kernels and "observes about a 20% GEMM-efficiency cost". It is charged
+#: to the whole paired phase, the compute beside the communication stream, not only to the
+#: seconds an all-to-all kernel runs: read that narrower way (the SM share of the hidden
+#: seconds), the one end-to-end A/B published (Megatron-MoE-ModelZoo
+#: ``best_practice/qwen3/readme.md``: Qwen3-235B-A22B on 256 H100, DeepEP, tp2 x pp8 x vp4 x
+#: ep32, 19.7 s a step without the overlap, 17.6 s with it, 1.12x) is predicted 1.26x; read
+#: over the paired compute, 1.11x (22.2 s -> 20.0 s). NCCL's all-to-all channels were not
+#: measured apart.
+A2A_OVERLAP_GEMM_COST = 0.2
 #: Where a token's experts lie (see ``Workload.moe_routing``).
 ROUTINGS = ("random", "round_robin")
 _ROUTING_ALIASES = {"random": "random", "learned": "random", "round_robin": "round_robin",
@@ -246,27 +253,29 @@ def paired_layers_s(chunks: tuple[float, float, float, float], alltoall_s: float
 
 def overlapped_alltoall_s(workload: Workload, layout: Layout, alltoall_s: float,
                           compute_s: float, unpaired: float, seq_len: float) -> float:
-    """Seconds of a micro-step's ``alltoall_s`` left on the critical path under the 1F1B
-    overlap: the forward of micro-batch i+1 runs with the backward of i, a layer at a time,
-    the communication on its own stream (:func:`paired_layers_s`), each of a MoE layer's 4
-    all-to-alls a quarter of its share. A layer's compute is ``compute_s`` over the stage's
+    """Seconds the 1F1B overlap adds to a micro-step's ``compute_s`` in place of its
+    ``alltoall_s``: the forward of micro-batch i+1 runs with the backward of i, a layer at a
+    time, the communication on its own stream (:func:`paired_layers_s`), each of a MoE layer's
+    4 all-to-alls a quarter of its share. A layer's compute is ``compute_s`` over the stage's
     layers, a third forward and two thirds backward, split between attention and the experts
-    by :func:`attention_share`. What the two streams take beyond the compute stays exposed;
-    the hidden part costs ``A2A_OVERLAP_SM_SHARE`` of itself (the communication's SMs).
+    by :func:`attention_share`, each chunk slowed by ``A2A_OVERLAP_GEMM_COST`` (the SMs the
+    communication holds). What the two streams take beyond the plain compute is the result:
+    the all-to-alls left exposed and the slower GEMMs beside the hidden ones, so a small
+    all-to-all can cost more paired than alone (Megatron-LM's guide: the overlap "can leave
+    iteration time unchanged or make it worse" where little communication is exposed).
     ``unpaired``: the share of the micro-steps' forwards and backwards that run alone (the
     pipeline's warm-up and cool-down, the first forward and the last backward), whose
-    all-to-alls stay exposed."""
+    all-to-alls stay exposed and whose GEMMs keep their speed."""
     if alltoall_s <= 0:
         return 0.0
     layers = max(1, moe_layers(workload) // layout.pp)
     part = alltoall_s / layers / ALLTOALLS_PER_LAYER
     layer = compute_s / max(1, (workload.num_layers or layers) // layout.pp)
     a = attention_share(workload, seq_len)
-    fwd, bwd = layer / 3.0, 2.0 * layer / 3.0
+    slow = layer / (1.0 - A2A_OVERLAP_GEMM_COST)
+    fwd, bwd = slow / 3.0, 2.0 * slow / 3.0
     chunks = (a * fwd, (1 - a) * bwd, (1 - a) * fwd, a * bwd)
-    exposed = max(0.0, paired_layers_s(chunks, part, layers) - layers * layer)
-    exposed = min(exposed, alltoall_s)
-    paired = exposed + A2A_OVERLAP_SM_SHARE * (alltoall_s - exposed)
+    paired = max(0.0, paired_layers_s(chunks, part, layers) - layers * layer)
     share = min(1.0, max(0.0, unpaired))
     return share * alltoall_s + (1.0 - share) * paired
 
@@ -690,13 +699,15 @@ def _overlap_words(workload: Workload, layout: Layout) -> str:
     why = a2a_overlap_blocker(workload, layout)
     if why:
         return f"on the critical path (the 1F1B overlap asked is not applied: {why})"
-    return ("exposed under the 1F1B overlap (each under the paired micro-batch's attention "
-            "or experts)")
+    return ("added under the 1F1B overlap (each under the paired micro-batch's attention "
+            "or experts, whose GEMMs it slows)")
 
 
-def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[str, ...]:
+def notes(workload: Workload, layout: Layout, alltoall_step_s: float,
+          alltoall_total_s: float = 0.0) -> tuple[str, ...]:
     """The expert-parallel all-to-all a prediction counted, in words (the config.json reader
-    says what the FLOPs and parameters are)."""
+    says what the FLOPs and parameters are): ``alltoall_step_s`` on the critical path,
+    ``alltoall_total_s`` its own seconds (they differ under the 1F1B overlap)."""
     out = []
     if is_moe(workload) and layout.ep > 1:
         cf = workload.capacity_factor
@@ -716,4 +727,10 @@ def notes(workload: Workload, layout: Layout, alltoall_step_s: float) -> tuple[s
                       if expert_tp(workload, layout) != layout.tp else "")
                    + (f", capacity factor {cf:g}" if cf else
                       ", dropless at an even load (no capacity factor given)"))
+        if alltoall_total_s > 0 and alltoall_step_s > alltoall_total_s:
+            out.append(f"the 1F1B all-to-all overlap costs more here than it hides: "
+                       f"{alltoall_step_s * 1e3:.3g} ms per step with it (the paired GEMMs "
+                       f"{A2A_OVERLAP_GEMM_COST:.0%} less efficient beside the communication) "
+                       f"against {alltoall_total_s * 1e3:.3g} ms of all-to-all without it: "
+                       f"plan this layout without --moe-a2a-overlap")
     return tuple(out)

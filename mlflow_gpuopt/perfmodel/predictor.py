@@ -437,7 +437,7 @@ class Predictor:
                   or self.workload.tokens_per_sample)
         notes += sequence_bins.notes(self.workload)
         notes += self._shape_notes(layout, recompute == "full")
-        notes += moe.notes(self.workload, layout, terms.alltoall_s)
+        notes += moe.notes(self.workload, layout, terms.alltoall_s, terms.alltoall_total_s)
         notes += context.notes(self.workload, layout, terms.cp_exchange_total_s,
                                terms.cp_exchange_s)
         return Prediction(

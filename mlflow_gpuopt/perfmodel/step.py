@@ -90,9 +90,11 @@ class StepTerms:
     exposed_comm_s: float
     bubble_s: float
     samples_per_step: float
-    #: per step: expert-parallel all-to-alls (dispatch and combine; not overlapped), within
-    #: ``exposed_comm_s``
+    #: per step: expert-parallel all-to-alls (dispatch and combine) on the critical path,
+    #: within ``exposed_comm_s`` (under the 1F1B overlap: what it adds to the compute, the
+    #: paired GEMMs' lost efficiency included), and their own seconds, hidden or not
     alltoall_s: float = 0.0
+    alltoall_total_s: float = 0.0
     #: per step: the context-parallel key/value exchange on the critical path (within
     #: ``exposed_comm_s``), and all of it, hidden or not
     cp_exchange_s: float = 0.0
@@ -271,6 +273,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
                                    act_bytes)
     if full_recompute:
         t_a2a *= 1.5  # the forward's dispatch and combine again
+    t_a2a_total = t_a2a
     if a2a_overlapped(workload, layout):
         t_a2a = moe.overlapped_alltoall_s(workload, layout, t_a2a, t_grad,
                                           a2a_unpaired_share(workload, layout, s), seq_local)
@@ -326,4 +329,5 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     exposed = max(0.0, step - compute - bubble)
     return StepTerms(step_s=step, compute_s=compute, exposed_comm_s=exposed, bubble_s=bubble,
                      samples_per_step=micro_batch * s * layout.replicas, alltoall_s=s * t_a2a,
+                     alltoall_total_s=s * t_a2a_total,
                      cp_exchange_s=s * t_cp, cp_exchange_total_s=s * t_cp_total)

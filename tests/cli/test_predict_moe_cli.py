@@ -194,8 +194,9 @@ def test_ep_folded_over_tensor_parallel_ranks(config):
 
 def test_a2a_overlap_flag_and_workload_key_agree(config, tmp_path):
     """--moe-a2a-overlap 1f1b and the workload's moe_a2a_overlap (Megatron-core's spelling)
-    give the same prediction, fewer all-to-all seconds than without over 8 micro-batches
-    (one alone has nothing to pair with), and the notes say so."""
+    give the same prediction; over 8 micro-batches inside one NVLink node Mixtral's small
+    all-to-all costs less than the paired GEMMs' lost efficiency, so the overlap adds seconds
+    and the notes say to plan without it (one micro-batch alone has nothing to pair with)."""
     accum = ("--grad-accum", "8", "--json")
     plain = _predict(config, "ep8xfsdp", *accum)
     assert plain.exit_code == 0, plain.output
@@ -214,9 +215,11 @@ def test_a2a_overlap_flag_and_workload_key_agree(config, tmp_path):
     assert key.exit_code == 0, key.output
     a, b, c = (json.loads(r.output) for r in (plain, flag, key))
     assert b["throughput_samples_per_s"] == pytest.approx(c["throughput_samples_per_s"])
-    assert 0 < b["time_breakdown"]["alltoall_s"] < a["time_breakdown"]["alltoall_s"]
-    assert b["throughput_samples_per_s"] > a["throughput_samples_per_s"]
+    assert b["time_breakdown"]["alltoall_s"] > a["time_breakdown"]["alltoall_s"] > 0
+    assert b["throughput_samples_per_s"] < a["throughput_samples_per_s"]
     assert any("1F1B overlap" in n for n in b["assumptions"])
+    assert any("costs more here than it hides" in n for n in b["assumptions"])
+    assert not any("costs more here" in n for n in a["assumptions"])
     single = json.loads(_predict(config, "ep8xfsdp", "--moe-a2a-overlap", "1f1b",
                                  "--json").output)
     alone = json.loads(_predict(config, "ep8xfsdp", "--json").output)
@@ -236,8 +239,9 @@ def test_a2a_overlap_bad_word_or_layout_is_one_line(config, extra, words):
 
 
 def test_observations_carry_the_measured_runs_overlap(config, tmp_path):
-    """A run measured with the overlap is read with it: planning the same layout without it
-    predicts slower than the measurement, with it about the measurement."""
+    """A run measured with the overlap is read with it: planning the same layout with it
+    predicts about the measurement, without it faster (inside one node the overlap's paired
+    GEMMs lose more than its small all-to-all hides)."""
     csv = tmp_path / "obs.csv"
     csv.write_text("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
                    "precision,grad_accum,moe_a2a_overlap\n"
@@ -250,7 +254,7 @@ def test_observations_carry_the_measured_runs_overlap(config, tmp_path):
     assert off.exit_code == 0, off.output
     s, o = json.loads(same.output), json.loads(off.output)
     assert s["throughput_samples_per_s"] == pytest.approx(4.0, rel=0.02)
-    assert o["throughput_samples_per_s"] < s["throughput_samples_per_s"]
+    assert o["throughput_samples_per_s"] > s["throughput_samples_per_s"]
     csv.write_text(csv.read_text().replace(",1f1b", ",sometimes"))
     bad = _predict(config, "ep8xfsdp", "--observations", str(csv))
     assert bad.exit_code == 2 and "moe_a2a_overlap" in bad.output
