@@ -580,6 +580,9 @@ def _parse_observations(text: str, where: str,
                    if row.get("moe_a2a_overlap") else None)
         except ValueError as exc:
             raise WorkloadFileError(f"{at}: {exc}") from None
+        if a2a == "auto":
+            raise WorkloadFileError(f"{at}: moe_a2a_overlap auto: a measured run ran the 1F1B "
+                                    "overlap or did not; say 1f1b or none")
         etp = None
         if row.get("expert_tensor_parallel"):
             etp = _number(row["expert_tensor_parallel"], "expert_tensor_parallel", at, int)

@@ -115,7 +115,8 @@ _RUN_OPTIONS = (
     ("--moe-a2a-overlap", "moe_a2a_overlap", "NAME",
      "Mixture of experts: 1f1b (Megatron-core's overlap_moe_expert_parallel_comm: one "
      "micro-batch's all-to-alls under another's compute; with a pipeline, the interleaved "
-     "schedule) or none (default); overrides the workload's moe_a2a_overlap."),
+     "schedule), none (default) or auto (on where the layout can run it and it pays); "
+     "overrides the workload's moe_a2a_overlap."),
     ("--expert-tensor-parallel", "expert_tensor_parallel", "N",
      "Mixture of experts: the routed experts' tensor-parallel degree (Megatron's "
      "expert_tensor_parallel_size), dividing tp; default: tp."),

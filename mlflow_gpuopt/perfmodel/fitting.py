@@ -136,7 +136,8 @@ def run_workload(workload: Workload, obs: Observation) -> Workload:
     """``workload`` with the measured run's own MoE token dispatcher, routing, experts'
     tensor-parallel degree and all-to-all overlap where ``obs`` gives them: a run measured
     with DeepEP is read with DeepEP's traffic whatever dispatcher the planned run uses
-    (docs/models.md#mixture-of-experts)."""
+    (docs/models.md#mixture-of-experts). A run that does not say whether it overlapped its
+    all-to-alls is read as the planned run, but for ``auto``, which a run cannot be: none."""
     changes: dict = {}
     if obs.expert_tensor_parallel and obs.expert_tensor_parallel != (
             workload.expert_tensor_parallel):
@@ -147,9 +148,12 @@ def run_workload(workload: Workload, obs: Observation) -> Workload:
     if obs.moe_routing and (moe.normalize_routing(obs.moe_routing)
                             != moe.normalize_routing(workload.moe_routing)):
         changes["moe_routing"] = moe.normalize_routing(obs.moe_routing)
-    if obs.moe_a2a_overlap and (moe.normalize_a2a_overlap(obs.moe_a2a_overlap)
-                                != moe.normalize_a2a_overlap(workload.moe_a2a_overlap)):
-        changes["moe_a2a_overlap"] = moe.normalize_a2a_overlap(obs.moe_a2a_overlap)
+    own = (moe.normalize_a2a_overlap(obs.moe_a2a_overlap) if obs.moe_a2a_overlap
+           else moe.normalize_a2a_overlap(workload.moe_a2a_overlap))
+    if own == "auto":  # a measured run ran it or did not; unsaid, the default: none
+        own = "none"
+    if own != moe.normalize_a2a_overlap(workload.moe_a2a_overlap):
+        changes["moe_a2a_overlap"] = own
     return replace(workload, **changes) if changes else workload
 
 

@@ -124,7 +124,7 @@ _DISPATCHER_ALIASES = {"alltoall": "alltoall", "all_to_all": "alltoall",
 _A2A_OVERLAP_ALIASES = {"1f1b": "1f1b", "true": "1f1b", "on": "1f1b", "yes": "1f1b",
                         "1": "1f1b", "overlap_moe_expert_parallel_comm": "1f1b",
                         "ep_a2a_overlap": "1f1b", "none": "none", "off": "none",
-                        "false": "none", "no": "none", "0": "none"}
+                        "false": "none", "no": "none", "0": "none", "auto": "auto"}
 #: GEMM efficiency the paired micro-steps lose under the 1F1B all-to-all overlap
 #: (:func:`overlapped_alltoall_s`): Megatron-Core's MoE report (arXiv 2603.07685, Sec. 4.2.3,
 #: as Megatron-LM ``docs/user-guide/features/moe_a2a_overlap.md`` quotes it) reserves 20 SMs
@@ -179,14 +179,15 @@ def normalize_routing(name: str | None) -> str:
 
 
 def normalize_a2a_overlap(name: str | bool | None) -> str:
-    """``1f1b`` or ``none`` from the usual spellings (``true``, Megatron-core's
-    ``overlap_moe_expert_parallel_comm``; None: ``none``)."""
+    """``1f1b``, ``none`` or ``auto`` from the usual spellings (``true``, Megatron-core's
+    ``overlap_moe_expert_parallel_comm``; None: ``none``). ``auto``: the planned run can turn
+    the overlap on or off, and each layout runs it where Megatron can and it pays."""
     if name is None:
         return "none"
     key = str(name).strip().lower().replace("-", "_")
     if key not in _A2A_OVERLAP_ALIASES:
         raise ValueError(f"unknown moe_a2a_overlap {name!r}; expected 1f1b (Megatron-core's "
-                         "overlap_moe_expert_parallel_comm) or none")
+                         "overlap_moe_expert_parallel_comm), none or auto")
     return _A2A_OVERLAP_ALIASES[key]
 
 
@@ -692,22 +693,28 @@ def largest_unit_params(workload: Workload, layout: Layout, largest: float) -> f
     return max(largest - per_layer * (1.0 - 1.0 / layout.ep), min(largest, embedding))
 
 
-def _overlap_words(workload: Workload, layout: Layout) -> str:
-    """How the notes say the all-to-alls meet the compute."""
-    if normalize_a2a_overlap(workload.moe_a2a_overlap) != "1f1b":
+def _overlap_words(workload: Workload, layout: Layout, overlapped: bool) -> str:
+    """How the notes say the all-to-alls meet the compute (``overlapped``: the prediction ran
+    the 1F1B overlap)."""
+    mode = normalize_a2a_overlap(workload.moe_a2a_overlap)
+    if mode == "none":
         return "on the critical path (not overlapped)"
     why = a2a_overlap_blocker(workload, layout)
     if why:
         return f"on the critical path (the 1F1B overlap asked is not applied: {why})"
+    if not overlapped:
+        return ("on the critical path (the 1F1B overlap, moe_a2a_overlap auto, left off: "
+                "it would cost more here than it hides)")
     return ("added under the 1F1B overlap (each under the paired micro-batch's attention "
             "or experts, whose GEMMs it slows)")
 
 
 def notes(workload: Workload, layout: Layout, alltoall_step_s: float,
-          alltoall_total_s: float = 0.0) -> tuple[str, ...]:
+          alltoall_total_s: float = 0.0, overlapped: bool = False) -> tuple[str, ...]:
     """The expert-parallel all-to-all a prediction counted, in words (the config.json reader
     says what the FLOPs and parameters are): ``alltoall_step_s`` on the critical path,
-    ``alltoall_total_s`` its own seconds (they differ under the 1F1B overlap)."""
+    ``alltoall_total_s`` its own seconds (they differ under the 1F1B overlap, which the
+    prediction ran where ``overlapped``)."""
     out = []
     if is_moe(workload) and layout.ep > 1:
         cf = workload.capacity_factor
@@ -720,17 +727,17 @@ def notes(workload: Workload, layout: Layout, alltoall_step_s: float,
                    + ("all-to-alls" if how == "alltoall" else "dispatches and combines")
                    + " per MoE layer per micro-step, "
                    f"{alltoall_step_s * 1e3:.3g} ms per step "
-                   + _overlap_words(workload, layout) + ", "
+                   + _overlap_words(workload, layout, overlapped) + ", "
                    + ("across nodes" if ep_ranks_per_node(workload, layout) < layout.ep
                       else "inside a node")
                    + (f", experts tensor parallel {expert_tp(workload, layout)}"
                       if expert_tp(workload, layout) != layout.tp else "")
                    + (f", capacity factor {cf:g}" if cf else
                       ", dropless at an even load (no capacity factor given)"))
-        if alltoall_total_s > 0 and alltoall_step_s > alltoall_total_s:
+        if overlapped and alltoall_total_s > 0 and alltoall_step_s > alltoall_total_s:
             out.append(f"the 1F1B all-to-all overlap costs more here than it hides: "
                        f"{alltoall_step_s * 1e3:.3g} ms per step with it (the paired GEMMs "
                        f"{A2A_OVERLAP_GEMM_COST:.0%} less efficient beside the communication) "
                        f"against {alltoall_total_s * 1e3:.3g} ms of all-to-all without it: "
-                       f"plan this layout without --moe-a2a-overlap")
+                       f"plan this layout without --moe-a2a-overlap (or with auto)")
     return tuple(out)

@@ -437,7 +437,8 @@ class Predictor:
                   or self.workload.tokens_per_sample)
         notes += sequence_bins.notes(self.workload)
         notes += self._shape_notes(layout, recompute == "full")
-        notes += moe.notes(self.workload, layout, terms.alltoall_s, terms.alltoall_total_s)
+        notes += moe.notes(self.workload, layout, terms.alltoall_s, terms.alltoall_total_s,
+                           terms.a2a_overlapped)
         notes += context.notes(self.workload, layout, terms.cp_exchange_total_s,
                                terms.cp_exchange_s)
         return Prediction(
@@ -451,7 +452,8 @@ class Predictor:
             basis=("prior" if not self.result.log_compute_scale
                    else "transferred" if extrapolated else "measured"),
             p_fits=chance, memory_usable_bytes=usable, alltoall_s=terms.alltoall_s,
-            cp_exchange_s=terms.cp_exchange_s, width_terms=width_terms)
+            cp_exchange_s=terms.cp_exchange_s, width_terms=width_terms,
+            a2a_overlap=terms.a2a_overlapped)
 
     def transfer_classes(self, config: ParallelConfig, hardware: Hardware) -> list[dict]:
         """For a prediction carried from a measured GPU type or precision: per operator class

@@ -95,6 +95,9 @@ class StepTerms:
     #: paired GEMMs' lost efficiency included), and their own seconds, hidden or not
     alltoall_s: float = 0.0
     alltoall_total_s: float = 0.0
+    #: whether the step ran the 1F1B all-to-all overlap (``moe_a2a_overlap`` 1f1b on a layout
+    #: that can run it, or auto where it pays)
+    a2a_overlapped: bool = False
     #: per step: the context-parallel key/value exchange on the critical path (within
     #: ``exposed_comm_s``), and all of it, hidden or not
     cp_exchange_s: float = 0.0
@@ -144,10 +147,11 @@ def pipeline_flushes(workload: Workload, micro_steps: int) -> int:
 
 
 def a2a_overlapped(workload: Workload, layout: Layout) -> bool:
-    """True where the workload asks for the 1F1B all-to-all overlap and ``layout`` can run it
-    (:func:`.moe.a2a_overlap_blocker`; ``predict`` refuses the others in one line, the
-    search plans them without it)."""
-    return (moe.normalize_a2a_overlap(workload.moe_a2a_overlap) == "1f1b"
+    """True where the workload asks for the 1F1B all-to-all overlap (``1f1b``, or ``auto``
+    where it pays, which the step decides) and ``layout`` can run it
+    (:func:`.moe.a2a_overlap_blocker`; ``predict`` refuses the others in one line under
+    ``1f1b``, the search plans them without it)."""
+    return (moe.normalize_a2a_overlap(workload.moe_a2a_overlap) in ("1f1b", "auto")
             and moe.a2a_overlap_blocker(workload, layout) is None)
 
 
@@ -274,9 +278,14 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     if full_recompute:
         t_a2a *= 1.5  # the forward's dispatch and combine again
     t_a2a_total = t_a2a
-    if a2a_overlapped(workload, layout):
-        t_a2a = moe.overlapped_alltoall_s(workload, layout, t_a2a, t_grad,
-                                          a2a_unpaired_share(workload, layout, s), seq_local)
+    overlapped = a2a_overlapped(workload, layout)
+    if overlapped:
+        paired = moe.overlapped_alltoall_s(workload, layout, t_a2a, t_grad,
+                                           a2a_unpaired_share(workload, layout, s), seq_local)
+        # auto: the job may leave it off, and does where it costs more than it hides
+        overlapped = (paired < t_a2a
+                      or moe.normalize_a2a_overlap(workload.moe_a2a_overlap) == "1f1b")
+        t_a2a = paired if overlapped else t_a2a
     t_cp_total, t_cp = context.exchange_s(workload, layout, hardware, precision, micro_batch,
                                           shape.seq_len, act_bytes, k, kappa)
     if full_recompute:  # the forward's exchange again: 4 volumes of 3
@@ -329,5 +338,5 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     exposed = max(0.0, step - compute - bubble)
     return StepTerms(step_s=step, compute_s=compute, exposed_comm_s=exposed, bubble_s=bubble,
                      samples_per_step=micro_batch * s * layout.replicas, alltoall_s=s * t_a2a,
-                     alltoall_total_s=s * t_a2a_total,
+                     alltoall_total_s=s * t_a2a_total, a2a_overlapped=overlapped,
                      cp_exchange_s=s * t_cp, cp_exchange_total_s=s * t_cp_total)

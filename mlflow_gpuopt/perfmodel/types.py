@@ -183,7 +183,9 @@ class Workload:
     #: Whether expert parallelism's all-to-alls run under another micro-batch's compute:
     #: "1f1b" (Megatron-core's ``overlap_moe_expert_parallel_comm``, Megatron-Bridge's
     #: ``moe_a2a_overlap``: the forward of micro-batch i+1 paired with the backward of i,
-    #: layer by layer, the communication on its own stream) or "none"; None: none
+    #: layer by layer, the communication on its own stream), "none", or "auto" (the planned
+    #: run may turn it on or off: each layout runs it where Megatron can and it pays);
+    #: None: none
     moe_a2a_overlap: str | None = None
     #: Micro-batches one run of the pipeline schedule takes: each gradient-accumulation step
     #: of torchtitan / NeMo AutoModel runs the schedule again over ``local_batch_size ÷``
@@ -349,6 +351,9 @@ class Prediction:
     #: per step: the context-parallel key/value exchange left on the critical path (within
     #: ``exposed_comm_s``; a ring hides what attention covers; 0 without context parallelism)
     cp_exchange_s: float = 0.0
+    #: whether the plan runs the 1F1B all-to-all overlap (``Workload.moe_a2a_overlap`` 1f1b
+    #: where the layout can run it, or auto where it also pays)
+    a2a_overlap: bool = False
     #: The widths ``log_sigma`` combines in quadrature: (what the prediction had to assume,
     #: its standard deviation of log throughput), non-zero ones only
     #: (docs/models.md#uncertainty-uncertaintypy).

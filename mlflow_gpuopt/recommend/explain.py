@@ -117,6 +117,9 @@ def launch_line(candidate: Candidate) -> str:
     degree_words = _degree_words(cfg.strategy)
     if degree_words:
         common += f", {degree_words}"
+    if candidate.prediction.a2a_overlap:
+        common += (", the 1F1B all-to-all overlap on (Megatron --overlap-moe-expert-parallel-comm "
+                   "--delay-wgrad-compute, CUDA_DEVICE_MAX_CONNECTIONS=32)")
     s = parse_layout(cfg.strategy)[0]  # the data-parallel flavour (or tp / pp)
     if s in ("tp", "pp") or cfg.tp > 1 or cfg.pp > 1:
         dp = data_parallel_ranks(cfg)

@@ -78,6 +78,9 @@ def candidate_dict(c: Candidate, rank: int | None, why: str = "") -> dict[str, A
                                   if c.prediction.step_time_s > 0 else 0.0),
         # expert parallelism's dispatch and combine per optimizer step (0 without ep)
         "alltoall_s": c.prediction.alltoall_s,
+        # whether the plan runs the 1F1B all-to-all overlap (--moe-a2a-overlap 1f1b, or auto
+        # where it pays)
+        "a2a_overlap": c.prediction.a2a_overlap,
         "memory_capacity_bytes": c.prediction.memory_capacity_bytes,
         "memory_usable_bytes": c.prediction.memory_usable_bytes,
         "p_fits": (round(c.prediction.p_fits, 6) if c.prediction.p_fits is not None

@@ -227,6 +227,30 @@ def test_a2a_overlap_flag_and_workload_key_agree(config, tmp_path):
         alone["time_breakdown"]["alltoall_s"])
 
 
+def test_a2a_overlap_auto_plans_without_it_where_it_would_cost(config, tmp_path):
+    """--moe-a2a-overlap auto: inside one node the overlap would cost more than Mixtral's
+    all-to-all, so the plan is the one without it, and says so; on a pipeline without
+    virtual stages (which Megatron refuses 1f1b on) auto is no error; a measured run cannot
+    be auto (one line, exit 2)."""
+    accum = ("--grad-accum", "8", "--json")
+    none = json.loads(_predict(config, "ep8xfsdp", *accum).output)
+    auto = _predict(config, "ep8xfsdp", "--moe-a2a-overlap", "auto", *accum)
+    assert auto.exit_code == 0, auto.output
+    a = json.loads(auto.output)
+    assert a["throughput_samples_per_s"] == pytest.approx(none["throughput_samples_per_s"])
+    assert any("auto, left off" in n for n in a["assumptions"])
+    piped = _predict(config, "pp2xep4xzero1", "--moe-a2a-overlap", "auto", *accum)
+    assert piped.exit_code == 0, piped.output
+    csv = tmp_path / "obs.csv"
+    csv.write_text("gpu,gpu_count,nodes,micro_batch,throughput_samples_per_s,strategy,"
+                   "precision,grad_accum,moe_a2a_overlap\n"
+                   "H100,8,1,1,4.0,ep8xfsdp,bf16,8,auto\n")
+    bad = _predict(config, "ep8xfsdp", "--observations", str(csv))
+    assert bad.exit_code == 2, bad.output
+    assert "a measured run ran the 1F1B overlap or did not" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("extra, words", [
     (("--moe-a2a-overlap", "dualpipe"), "unknown moe_a2a_overlap"),
     (("--moe-a2a-overlap", "1f1b"), "needs the interleaved schedule"),

@@ -122,7 +122,27 @@ def test_the_overlap_costs_more_than_it_hides_where_the_alltoall_is_small():
     assert f"{plain.alltoall_s * 1e3:.3g} ms of all-to-all without it" in note
 
 
+def test_auto_runs_the_overlap_only_where_it_pays():
+    modes = ("none", "1f1b", "auto")
+    for hardware, per_node, nodes, pays in ((replace(H100, inter_node_bytes_per_s=100e9), 2, 4,
+                                             True), (H100, 8, 2, False)):
+        cfg = ParallelConfig(gpus_per_node=per_node, nodes=nodes, strategy="ep8xfsdp",
+                             micro_batch=1, grad_accum=8)
+        got = {m: fit(replace(MIXTRAL, moe_a2a_overlap=m), [], {}).predict(cfg, hardware)
+               for m in modes}
+        best = "1f1b" if pays else "none"
+        assert got["auto"].step_time_s == pytest.approx(got[best].step_time_s)
+        assert got["auto"].a2a_overlap is pays
+        assert got["1f1b"].a2a_overlap and not got["none"].a2a_overlap
+        left_off = any("auto, left off" in a for a in got["auto"].assumptions)
+        assert left_off is not pays
+    # where Megatron cannot run it (a pipeline without virtual stages), auto plans without it
+    plain = _layout("pp2xep4xzero1")
+    assert not step.a2a_overlapped(replace(MIXTRAL, moe_a2a_overlap="auto"), plain)
+
+
 @pytest.mark.parametrize("word, canonical", [("1f1b", "1f1b"), ("True", "1f1b"),
+                                             ("auto", "auto"), ("AUTO", "auto"),
                                              ("overlap-moe-expert-parallel-comm", "1f1b"),
                                              ("none", "none"), ("false", "none"),
                                              (None, "none")])

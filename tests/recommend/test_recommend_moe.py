@@ -103,6 +103,35 @@ def test_recommend_plans_with_the_a2a_overlap_asked(tmp_path):
                       if k[0] == instance)
         assert c["step_time_s"] / c["global_batch"] >= fastest * (1 - 1e-9), (c, a)
     assert set(a) != set(b)
+    # the plans that run it say so, in the JSON and in the launch line
+    for c in json.loads(over.output)["candidates"]:
+        assert ("--overlap-moe-expert-parallel-comm" in c["launch"]) is c["a2a_overlap"]
+    assert not any(c["a2a_overlap"] for c in json.loads(plain.output)["candidates"])
+    # auto: on only where it pays, which inside one node it never does for Mixtral
+    auto = CliRunner().invoke(gpuopt, base + ["--moe-a2a-overlap", "auto"])
+    assert auto.exit_code == 0, auto.output
+    plans = json.loads(auto.output)["candidates"]
+    assert not any(c["a2a_overlap"] for c in plans)
+    assert [(c["strategy"], c["step_time_s"]) for c in plans] == [
+        (c["strategy"], c["step_time_s"]) for c in json.loads(plain.output)["candidates"]]
     bad = CliRunner().invoke(gpuopt, base + ["--moe-a2a-overlap", "dualpipe"])
     assert bad.exit_code == 2 and "unknown moe_a2a_overlap" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_launch_line_says_the_overlap_where_the_plan_runs_it():
+    from dataclasses import replace
+
+    from support.recommend import GPUS, RESNET, AnalyticPredictor, hardware_for
+
+    from mlflow_gpuopt.recommend import Target, recommend
+    from mlflow_gpuopt.recommend.explain import launch_line
+
+    rec = recommend(AnalyticPredictor(RESNET), RESNET, OFFERS, GPUS,
+                    Target(1e6, deadline_hours=None, per_rank_batch=4),
+                    hardware_for=hardware_for)
+    c = rec.candidates[0]
+    assert "--overlap-moe-expert-parallel-comm" not in launch_line(c)
+    on = replace(c, prediction=replace(c.prediction, a2a_overlap=True))
+    assert "the 1F1B all-to-all overlap on (Megatron --overlap-moe-expert-parallel-comm" in \
+        launch_line(on)
