@@ -212,6 +212,7 @@ def predict(request: PredictRequest, catalog: Any = None) -> dict[str, Any]:
         "time_breakdown": {"compute_s": p.compute_s, "exposed_comm_s": p.exposed_comm_s,
                            "bubble_s": p.bubble_s, "alltoall_s": p.alltoall_s,
                            "cp_exchange_s": p.cp_exchange_s},
+        "a2a_overlap": p.a2a_overlap,
         "observations_used": len(observations), "run_ids": list(r.run_ids),
         "assumptions": [*inputs.notes, *p.assumptions], "network": network.as_dict(),
         "instance_type": offer.instance_type if offer is not None else None,

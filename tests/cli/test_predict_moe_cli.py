@@ -219,6 +219,7 @@ def test_a2a_overlap_flag_and_workload_key_agree(config, tmp_path):
     assert b["throughput_samples_per_s"] < a["throughput_samples_per_s"]
     assert any("1F1B overlap" in n for n in b["assumptions"])
     assert any("costs more here than it hides" in n for n in b["assumptions"])
+    assert b["a2a_overlap"] is True and a["a2a_overlap"] is False
     assert not any("costs more here" in n for n in a["assumptions"])
     single = json.loads(_predict(config, "ep8xfsdp", "--moe-a2a-overlap", "1f1b",
                                  "--json").output)
@@ -239,6 +240,7 @@ def test_a2a_overlap_auto_plans_without_it_where_it_would_cost(config, tmp_path)
     a = json.loads(auto.output)
     assert a["throughput_samples_per_s"] == pytest.approx(none["throughput_samples_per_s"])
     assert any("auto, left off" in n for n in a["assumptions"])
+    assert a["a2a_overlap"] is False and none["a2a_overlap"] is False
     piped = _predict(config, "pp2xep4xzero1", "--moe-a2a-overlap", "auto", *accum)
     assert piped.exit_code == 0, piped.output
     csv = tmp_path / "obs.csv"
