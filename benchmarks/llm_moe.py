@@ -292,36 +292,96 @@ def run(tmp: Path, verbose: bool = False) -> list[str]:
     scored = len(scored_rows(rows))
     lines.append(f"  published MoE configurations called infeasible: {len(infeasible)} of "
                  f"{scored} (goal 0)")
-    lines.append(overlap_ab())
+    lines += overlap_abs(tmp)
     return lines
 
 
-#: The one published end-to-end A/B of the 1F1B all-to-all overlap: NVIDIA's
-#: Megatron-MoE-ModelZoo ``best_practice/qwen3/readme.md`` (yanring/Megatron-MoE-ModelZoo
-#: @ 020b8136b3bc6f47e4143849f54e400cf0f71e8a), "Cross-node EP strategy": Qwen3-235B-A22B on
-#: 256 H100, BF16, DeepEP, tp2 x pp8 x vp4 x ep32, expert tensor parallel 1, MBS 1, GBS 2048
-#: (GA 128), sequence 4096, recompute "norm, act" (not a mode the model has): 19.7 s a step,
-#: 17.6 s "+1f1b overlap". It decided which seconds ``moe.A2A_OVERLAP_GEMM_COST`` is charged
-#: to (docs/models.md#mixture-of-experts): a derivation check, never scored.
-OVERLAP_AB = {"none": 19.7, "1f1b": 17.6}
-OVERLAP_AB_ARGS = ["--workload", str(CONFIGS / "qwen3_235b_a22b.json"), "--seq-len", "4096",
-                   "--gpu", "NVIDIA H100 80GB HBM3", "--gpus", "256", "--nodes", "32",
-                   "--strategy", "tp2xpp8xep32xzero1", "--micro-batch", "1",
-                   "--grad-accum", "128", "--precision", "bf16", "--inter-node-gbps", "3200",
-                   "--moe-dispatcher", "flex", "--moe-routing", "random",
-                   "--attention-kernel", "te", "--virtual-stages", "4",
-                   "--expert-tensor-parallel", "1"]
+@dataclass(frozen=True)
+class OverlapAB:
+    """A published end-to-end A/B of the 1F1B all-to-all overlap: the same job without and
+    with it (``speedup``: the published ratio), predicted from the model's config alone."""
+
+    name: str
+    source: str
+    args: tuple[str, ...]
+    speedup: float
+    #: the published figures, as printed (step seconds or TFLOP/s per GPU)
+    published: str
+    #: layers of the config the job ran, where it cut the model's (a proxy)
+    layers: int | None = None
 
 
-def overlap_ab() -> str:
-    """The overlap's A/B (:data:`OVERLAP_AB`) predicted from the config alone, one line."""
-    step = {o: run_predict([*OVERLAP_AB_ARGS, "--moe-a2a-overlap", o])["step_time_s"]
-            for o in OVERLAP_AB}
-    return (f"  1F1B overlap A/B (ModelZoo Qwen3-235B-A22B, 256 H100, DeepEP; derivation "
-            f"check, not scored): published {OVERLAP_AB['none']:.1f} s -> "
-            f"{OVERLAP_AB['1f1b']:.1f} s ({OVERLAP_AB['none'] / OVERLAP_AB['1f1b']:.2f}x), "
-            f"predicted {step['none']:.1f} s -> {step['1f1b']:.1f} s "
-            f"({step['none'] / step['1f1b']:.2f}x)")
+def _ab_args(config: str, seq: int, gpus: int, strategy: str, accum: int,
+             dispatcher: str, *extra: str) -> tuple[str, ...]:
+    return ("--workload", config, "--seq-len", str(seq), "--gpu", "NVIDIA H100 80GB HBM3",
+            "--gpus", str(gpus), "--nodes", str(gpus // 8), "--strategy", strategy,
+            "--micro-batch", "1", "--grad-accum", str(accum), "--precision", "bf16",
+            "--inter-node-gbps", "3200", "--moe-dispatcher", dispatcher,
+            "--moe-routing", "random", "--attention-kernel", "te", *extra)
+
+
+#: The published A/Bs of the overlap, every one on H100 in BF16. The first decided which
+#: seconds ``moe.A2A_OVERLAP_GEMM_COST`` is charged to (docs/models.md#mixture-of-experts);
+#: the other two were found after and check it. None is scored by a task.
+OVERLAP_ABS = (
+    OverlapAB("Qwen3-235B-A22B, 256 H100, DeepEP, tp2 x pp8 x vp4 x ep32 (the derivation)",
+              # NVIDIA's Megatron-MoE-ModelZoo best_practice/qwen3/readme.md @ 020b8136b3bc,
+              # "Cross-node EP strategy": MBS 1, GBS 2048 (GA 128), sequence 4096, expert
+              # tensor parallel 1, recompute "norm, act" (not a mode the model has)
+              "yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md @ 020b8136",
+              _ab_args(str(CONFIGS / "qwen3_235b_a22b.json"), 4096, 256,
+                       "tp2xpp8xep32xzero1", 128, "flex", "--virtual-stages", "4",
+                       "--expert-tensor-parallel", "1"),
+              19.7 / 17.6, "19.7 s -> 17.6 s a step"),
+    OverlapAB("Qwen3-30B-A3B, 16 H100 (2 nodes), NCCL all-to-all, ep16",
+              # Megatron-Bridge skills/perf-moe-comm-overlap/SKILL.md @ b17a5c9e07ae, "Measured
+              # Short-Run Caveat" (2026-05-16): EP 16, alltoall, GBS 1024 (the H100 BF16 v1
+              # preset: MBS 1, no pipeline: GA 64), CUDA graphs off, moe_permute_fusion false
+              # in both arms; a rerun in PR #3862 gave 41.25 s -> 31.31 s (1.32x)
+              "NVIDIA-NeMo/Megatron-Bridge skills/perf-moe-comm-overlap/SKILL.md @ b17a5c9e",
+              _ab_args(str(CONFIGS / "qwen3_30b_a3b.json"), 4096, 16, "ep16xzero1", 64,
+                       "alltoall"),
+              43.1 / 32.6, "43.1 s -> 32.6 s a step"),
+    OverlapAB("DeepSeek-V3 14-layer proxy, 64 H100, NCCL all-to-all, pp4 x vp2 x ep16, full "
+              "recompute",
+              # Megatron-LM PR #6311's description: 14 layers, 256 experts, hidden 7168, MLA,
+              # MTP 1 (not modelled), sequence 2048, TP1 PP4 EP16, layout "Ett|(tt|)*6mL"
+              # (8 chunks: vp 2), MBS 1, GBS 256 (GA 16), bf16, alltoall, full recompute
+              # (uniform, 1): 184.2 TFLOP/s without, 198.5 with (CUDA_DEVICE_MAX_CONNECTIONS
+              # 32; 191.1 at 1, the baseline's)
+              "NVIDIA/Megatron-LM pull request #6311",
+              _ab_args(str(CONFIGS / "deepseek_v3.json"), 2048, 64, "pp4xep16xzero1", 16,
+                       "alltoall", "--virtual-stages", "2", "--recompute", "full"),
+              198.5 / 184.2, "184.2 -> 198.5 TFLOP/s a GPU", layers=14),
+)
+
+
+def _ab_workload(ab: OverlapAB, tmp: Path) -> tuple[str, ...]:
+    """``ab.args`` with its config cut to the proxy's layers where it was one."""
+    if ab.layers is None:
+        return ab.args
+    args = list(ab.args)
+    i = args.index("--workload") + 1
+    doc = json.loads(Path(args[i]).read_text())
+    doc["num_hidden_layers"] = ab.layers
+    cut = tmp / f"{Path(args[i]).stem}_{ab.layers}_layers.json"
+    cut.write_text(json.dumps(doc))
+    args[i] = str(cut)
+    return tuple(args)
+
+
+def overlap_abs(tmp: Path) -> list[str]:
+    """Each published overlap A/B (:data:`OVERLAP_ABS`) predicted from the config, a line
+    each."""
+    lines = []
+    for ab in OVERLAP_ABS:
+        args = _ab_workload(ab, tmp)
+        step = {o: run_predict([*args, "--moe-a2a-overlap", o])["step_time_s"]
+                for o in ("none", "1f1b")}
+        lines.append(f"  1F1B overlap A/B, {ab.name}: published {ab.published} "
+                     f"({ab.speedup:.2f}x), predicted {step['none']:.2f} s -> "
+                     f"{step['1f1b']:.2f} s ({step['none'] / step['1f1b']:.2f}x)  [{ab.source}]")
+    return lines
 
 
 def unscored_transfer_pairs(rows: list[MoeRow]) -> list[tuple[MoeRow, MoeRow]]:

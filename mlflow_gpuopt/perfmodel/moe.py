@@ -134,8 +134,13 @@ _A2A_OVERLAP_ALIASES = {"1f1b": "1f1b", "true": "1f1b", "on": "1f1b", "yes": "1f
 #: seconds), the one end-to-end A/B published (Megatron-MoE-ModelZoo
 #: ``best_practice/qwen3/readme.md``: Qwen3-235B-A22B on 256 H100, DeepEP, tp2 x pp8 x vp4 x
 #: ep32, 19.7 s a step without the overlap, 17.6 s with it, 1.12x) is predicted 1.26x; read
-#: over the paired compute, 1.11x (22.2 s -> 20.0 s). NCCL's all-to-all channels were not
-#: measured apart.
+#: over the paired compute, 1.11x (22.2 s -> 20.0 s). Two A/Bs found after, which did not
+#: take part in the choice, agree: Qwen3-30B-A3B on 16 H100 with NCCL's all-to-all across two
+#: nodes (Megatron-Bridge's ``skills/perf-moe-comm-overlap``: 43.1 s -> 32.6 s, 1.32x) is
+#: predicted 42.4 s -> 32.3 s (1.32x; 1.52x with 16 SMs charged to the hidden seconds), and a
+#: 14-layer DeepSeek-V3 proxy on 64 H100 under full recompute (Megatron-LM PR #6311: 1.08x)
+#: 1.05x (1.14x). ``bench_llm.py --moe`` prints all three. NCCL's all-to-all channels and
+#: DeepEP's 20 SMs are not told apart.
 A2A_OVERLAP_GEMM_COST = 0.2
 #: Where a token's experts lie (see ``Workload.moe_routing``).
 ROUTINGS = ("random", "round_robin")
