@@ -715,7 +715,7 @@ def _overlap_words(workload: Workload, layout: Layout, overlapped: bool) -> str:
 
 
 def notes(workload: Workload, layout: Layout, alltoall_step_s: float,
-          alltoall_total_s: float = 0.0, overlapped: bool = False) -> tuple[str, ...]:
+          alltoall_total_s: float, overlapped: bool) -> tuple[str, ...]:
     """The expert-parallel all-to-all a prediction counted, in words (the config.json reader
     says what the FLOPs and parameters are): ``alltoall_step_s`` on the critical path,
     ``alltoall_total_s`` its own seconds (they differ under the 1F1B overlap, which the

@@ -278,14 +278,14 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     if full_recompute:
         t_a2a *= 1.5  # the forward's dispatch and combine again
     t_a2a_total = t_a2a
-    overlapped = a2a_overlapped(workload, layout)
-    if overlapped:
+    overlapped = False
+    if a2a_overlapped(workload, layout):
         paired = moe.overlapped_alltoall_s(workload, layout, t_a2a, t_grad,
                                            a2a_unpaired_share(workload, layout, s), seq_local)
         # auto: the job may leave it off, and does where it costs more than it hides
-        overlapped = (paired < t_a2a
-                      or moe.normalize_a2a_overlap(workload.moe_a2a_overlap) == "1f1b")
-        t_a2a = paired if overlapped else t_a2a
+        asked = moe.normalize_a2a_overlap(workload.moe_a2a_overlap) == "1f1b"
+        if asked or paired < t_a2a:
+            overlapped, t_a2a = True, paired
     t_cp_total, t_cp = context.exchange_s(workload, layout, hardware, precision, micro_batch,
                                           shape.seq_len, act_bytes, k, kappa)
     if full_recompute:  # the forward's exchange again: 4 volumes of 3
