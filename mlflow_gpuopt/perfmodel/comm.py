@@ -135,6 +135,30 @@ def dp_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware) -> float:
     return min(flat, hierarchical_allreduce_s(nbytes, layout, hardware))
 
 
+#: The routed experts' share of a data-parallel synchronisation: (their bytes on one GPU, the
+#: layout of the expert data-parallel group that reduces them, :func:`.moe.expert_sync`).
+Experts = tuple[float, Layout]
+
+
+def synced_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware,
+                       experts: Experts | None = None) -> float:
+    """All-reduce time of one synchronisation: ``nbytes`` over the data-parallel group
+    (:func:`dp_allreduce_s`), then the routed experts' bytes over their own group, which
+    shares the same NICs (one after the other: the node's network is the bottleneck of
+    both)."""
+    t = dp_allreduce_s(nbytes, layout, hardware)
+    if experts is not None:
+        t += dp_allreduce_s(experts[0], experts[1], hardware)
+    return t
+
+
+def _syncs(layout: Layout, nbytes: float, experts: Experts | None) -> bool:
+    """Whether a synchronisation moves anything: dense bytes over two or more replicas, or
+    experts over two or more expert data-parallel ranks."""
+    return ((layout.dp > 1 and nbytes > 0)
+            or (experts is not None and experts[1].dp > 1 and experts[0] > 0))
+
+
 def dp_link(hardware: Hardware, layout: Layout) -> tuple[float, float]:
     """Effective (bandwidth, latency) of the data-parallel ring.
 
@@ -172,19 +196,28 @@ def fp8_gather_scale(params: float, unsharded_fp8_params: float) -> float:
 
 
 def dp_sync_s(params_per_replica: float, bytes_per_param: int, layout: Layout,
-              hardware: Hardware, gather_scale: float = 1.0) -> float:
+              hardware: Hardware, gather_scale: float = 1.0,
+              experts: Experts | None = None) -> float:
     """One data-parallel synchronisation of the gradients of one model shard.
 
     DDP/ZeRO-1/2: an all-reduce's volume; ZeRO-3/FSDP: 1.5× (``STRATEGY_VOLUME``): a
     reduce-scatter (0.5) and two all-gathers (1.0, times ``gather_scale``,
     :func:`fp8_gather_scale`); the all-reduce as NCCL runs it (:func:`dp_allreduce_s`).
+    ``experts``: the routed experts' bytes (their parameters are not in
+    ``params_per_replica``) on their own group (:func:`synced_allreduce_s`; not gathered in
+    FP8).
     """
-    if layout.dp <= 1:
+    nbytes = params_per_replica * bytes_per_param
+    if not _syncs(layout, nbytes, experts):
         return 0.0
     volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
+    dense = volume
     if layout.dp_strategy in SHARDED_PARAMS:
-        volume = 0.5 + (volume - 0.5) * gather_scale
-    return volume * dp_allreduce_s(params_per_replica * bytes_per_param, layout, hardware)
+        dense = 0.5 + (volume - 0.5) * gather_scale
+    t = dense * dp_allreduce_s(nbytes, layout, hardware)
+    if experts is not None:
+        t += volume * dp_allreduce_s(experts[0], experts[1], hardware)
+    return t
 
 
 def sharded_params(layout: Layout) -> bool:
@@ -420,7 +453,8 @@ def bucketed_exposed_s(comm_s: float, window_s: float, buckets: int, last_s: flo
 
 
 def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
-                  hardware: Hardware, backward_s: float, comm_scale: float = 1.0) -> float:
+                  hardware: Hardware, backward_s: float, comm_scale: float = 1.0,
+                  experts: Experts | None = None) -> float:
     """Exposed seconds of DDP's (and ZeRO-1/2's) gradient synchronisation after the last
     micro-step's backward (``backward_s``; accumulation steps run under ``no_sync``).
 
@@ -429,14 +463,17 @@ def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
     (``last_bucket_bytes``: the first layers' gradients, at least the input embedding where it
     is a parameter larger than a bucket) is all-reduced after the backward. ZeRO-1/2 move the
     same volume as a reduce-scatter and an all-gather (``STRATEGY_VOLUME``). Overlap by
-    :func:`bucketed_exposed_s`; ``comm_scale`` is the fitted communication scale."""
-    if layout.dp <= 1 or grad_bytes <= 0:
+    :func:`bucketed_exposed_s`; ``comm_scale`` is the fitted communication scale.
+    ``experts``: the routed experts' gradient bytes (not in ``grad_bytes``) on their own
+    group (:func:`synced_allreduce_s`), their buckets reduced with the others."""
+    if not _syncs(layout, grad_bytes, experts):
         return 0.0
     volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
-    buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
-    last = min(grad_bytes, max(last_bucket_bytes, grad_bytes / buckets))
+    everything = grad_bytes + (experts[0] if experts is not None else 0.0)
+    buckets = max(1, math.ceil(everything / DDP_BUCKET_BYTES))
+    last = min(grad_bytes, max(last_bucket_bytes, everything / buckets))
     latency = dp_allreduce_s(1.0, layout, hardware)  # one all-reduce's latency term
-    total = comm_scale * volume * (dp_allreduce_s(grad_bytes, layout, hardware)
+    total = comm_scale * volume * (synced_allreduce_s(grad_bytes, layout, hardware, experts)
                                    + (buckets - 1) * latency)
     last_s = comm_scale * volume * dp_allreduce_s(last, layout, hardware)
     return bucketed_exposed_s(total, backward_s, buckets, last_s)
@@ -445,7 +482,7 @@ def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
 def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: Layout,
                    hardware: Hardware, forward_s: float, backward_s: float,
                    comm_scale: float = 1.0, gather_scale: float = 1.0,
-                   unit_gather_scale: float = 1.0) -> float:
+                   unit_gather_scale: float = 1.0, experts: Experts | None = None) -> float:
     """Exposed seconds of one ZeRO-3/FSDP micro-step's parameter gathers and gradient
     reduce-scatters, per wrapped unit as FSDP runs them (each unit's all-gather prefetched
     under the previous unit's compute; each reduce-scatter issued when the unit's backward is
@@ -457,15 +494,19 @@ def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: La
     hide. ``units``: the wrapped units (decoder blocks), the largest ``unit_bytes``; each
     pass by :func:`bucketed_exposed_s`. ``gather_scale`` / ``unit_gather_scale``: the
     all-gathers' bytes relative to ``shard_bytes`` / ``unit_bytes`` where FP8 weights are
-    gathered in FP8 (:func:`fp8_gather_scale`); the reduce-scatters keep theirs."""
-    if layout.dp <= 1 or shard_bytes <= 0:
+    gathered in FP8 (:func:`fp8_gather_scale`); the reduce-scatters keep theirs.
+    ``experts``: the routed experts' bytes (not in ``shard_bytes``), gathered and
+    reduce-scattered over their own group (:func:`synced_allreduce_s`)."""
+    if not _syncs(layout, shard_bytes, experts):
         return 0.0
     n = max(1, int(units))
     half = 0.5 * comm_scale
     latencies = (n - 1) * dp_allreduce_s(1.0, layout, hardware)
-    gather = half * (dp_allreduce_s(shard_bytes * gather_scale, layout, hardware) + latencies)
-    scatter = half * (dp_allreduce_s(shard_bytes, layout, hardware) + latencies)
-    last = min(shard_bytes, unit_bytes)
+    routed = 0.0 if experts is None else dp_allreduce_s(experts[0], experts[1], hardware)
+    gather = half * (dp_allreduce_s(shard_bytes * gather_scale, layout, hardware) + routed
+                     + latencies)
+    scatter = half * (dp_allreduce_s(shard_bytes, layout, hardware) + routed + latencies)
+    last = min(shard_bytes + (experts[0] if experts is not None else 0.0), unit_bytes)
     unit_gather = half * dp_allreduce_s(last * unit_gather_scale, layout, hardware)
     unit_scatter = half * dp_allreduce_s(last, layout, hardware)
     forward = bucketed_exposed_s(gather, forward_s, n, unit_gather)

@@ -24,6 +24,7 @@ measured, and skips the permute before the dispatch and its inverse after the co
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -384,6 +385,31 @@ def expert_data_parallel(workload: Workload, layout: Layout) -> int:
     (MoE parallel folding: Qwen3-235B on H100 runs tp2 × ep32 × etp1 over 16 replicas, no
     expert data parallelism)."""
     return max(1, layout.tp * layout.dp // (expert_tp(workload, layout) * max(1, layout.ep)))
+
+
+def expert_sync(workload: Workload, layout: Layout,
+                gpus_per_node: int) -> tuple[float, Layout] | None:
+    """(the routed experts' parameters on one GPU, the layout of the group that reduces their
+    gradients), or None without expert parallelism.
+
+    The experts' gradients are not reduced over the data-parallel group but over their expert
+    data-parallel group (:func:`expert_data_parallel`; Megatron's ``expert_parallel_buffers``
+    on ``expt_dp_group``, torchtitan's FSDP of the experts over ``dp_shard_mod_ep``). That
+    group's ranks stand ``etp × ep`` apart in a pipeline stage's ranks (order
+    ``tp-cp-ep-dp-pp``), a stage holding ``min(gpus per node, tp × dp)`` of a node: where the
+    expert-parallel group fills the node, each of its ranks is alone in its node, and the
+    experts' whole gradient crosses the GPU's own NIC, with no NVLink stage to shrink it
+    (docs/models.md#mixture-of-experts)."""
+    if layout.ep <= 1 or not is_moe(workload):
+        return None
+    params = routed_expert_params(workload) / (expert_tp(workload, layout) * layout.pp
+                                               * layout.ep)
+    edp = expert_data_parallel(workload, layout)
+    stage_in_node = max(1, min(int(gpus_per_node), layout.tp * layout.dp))
+    in_node = max(1, min(edp, stage_in_node // (expert_tp(workload, layout) * layout.ep)))
+    group = dataclasses.replace(layout, dp=edp, dp_ranks_per_node=in_node,
+                                dp_spans_nodes=edp > in_node)
+    return params, group
 
 
 def ep_ranks_per_node(workload: Workload, layout: Layout) -> int:

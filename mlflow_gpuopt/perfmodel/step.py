@@ -228,6 +228,9 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     seq_local = shape.seq_len / cp  # tokens of each sample on this GPU
     s = max(1, int(grad_accum))
     params_shard = moe.params_per_shard(workload, layout)  # experts also split by ep
+    # The routed experts' gradients are reduced over their own expert data-parallel group.
+    routed = moe.expert_sync(workload, layout, hardware.gpus_per_node)
+    dense_shard = params_shard - (routed[0] if routed else 0.0)
     k = calib.compute_scale
     kr = k * calib.fixed_scale
     # Each pipeline stage's process dispatches its own layers' kernels; tensor parallelism
@@ -273,6 +276,7 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
     if full_recompute:
         t_tp *= 1.5  # the forward's 2 all-reduces per layer again, next to the 4
     grad_bytes = comm.grad_comm_bytes_per_param(is_mixed(precision), layout.dp_strategy)
+    experts = None if routed is None else (routed[0] * grad_bytes, routed[1])
     t_a2a = kappa * moe.alltoall_s(workload, layout, hardware, micro_batch, seq_local,
                                    act_bytes)
     if full_recompute:
@@ -311,8 +315,8 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         # run of the schedule (pipeline_flushes).
         bubble = pipeline_flushes(workload, s) * (pp - 1) * (t_micro + t_p2p) / vp
         pipe = s * t_stage + bubble
-        t_dp = kappa * comm.dp_sync_s(params_shard, grad_bytes, layout, hardware,
-                                      fsdp_gather_scales(workload, precision)[0])
+        t_dp = kappa * comm.dp_sync_s(dense_shard, grad_bytes, layout, hardware,
+                                      fsdp_gather_scales(workload, precision)[0], experts)
         exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
         step = pipe + exposed_dp + t_opt + t_straggle
     elif comm.sharded_params(layout):
@@ -320,19 +324,19 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         # reduce-scatters under the backward (comm.fsdp_exposed_s).
         fwd = (1.0 - comm.BACKWARD_SHARE) * t_micro
         exposed_dp = comm.fsdp_exposed_s(
-            params_shard * grad_bytes,
+            dense_shard * grad_bytes,
             moe.largest_unit_params(workload, layout, shape.largest_layer_params) / tp
             * grad_bytes,
             max(1, shape.num_layers // pp), layout, hardware, fwd, t_micro - fwd, kappa,
-            *fsdp_gather_scales(workload, precision))
+            *fsdp_gather_scales(workload, precision), experts=experts)
         step = s * (t_micro + exposed_dp) + t_opt + t_straggle
     else:
         # DDP's 25 MB buckets all-reduced as the last micro-step's backward fills them; the
         # last (the input embedding's gradient where it is larger) after it (comm.ddp_exposed_s).
         embedding = float(workload.vocab_size or 0) * float(workload.hidden_size or 0) / tp
         exposed_dp = comm.ddp_exposed_s(
-            params_shard * grad_bytes, embedding * grad_bytes, layout, hardware,
-            comm.BACKWARD_SHARE * t_micro, kappa)
+            dense_shard * grad_bytes, embedding * grad_bytes, layout, hardware,
+            comm.BACKWARD_SHARE * t_micro, kappa, experts)
         step = s * t_micro + exposed_dp + t_opt + t_straggle
     compute = s * t_grad + t_opt
     exposed = max(0.0, step - compute - bubble)
