@@ -317,7 +317,12 @@ def step_terms(workload: Workload, hardware: Hardware, precision: str, layout: L
         pipe = s * t_stage + bubble
         t_dp = kappa * comm.dp_sync_s(dense_shard, grad_bytes, layout, hardware,
                                       fsdp_gather_scales(workload, precision)[0], experts)
-        exposed_dp = comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage
+        # Each run of the schedule reduces its gradients after its last backward
+        # (torch.distributed.pipelining's REDUCE_GRAD, ``perform_reduce_grad``: FSDP's
+        # post-backward and reshard; DDP's sync on the run's last chunk), so a step that
+        # runs the schedule again per accumulation step pays the sync once per run.
+        exposed_dp = pipeline_flushes(workload, s) * (
+            comm.overlap_s(t_stage, t_dp, calib.gamma) - t_stage)
         step = pipe + exposed_dp + t_opt + t_straggle
     elif comm.sharded_params(layout):
         # Per wrapped unit (decoder block): gathers prefetched under the forward and backward,

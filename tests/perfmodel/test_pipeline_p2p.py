@@ -95,3 +95,23 @@ def test_each_run_of_the_schedule_fills_and_drains_the_pipeline():
     # the steady state is the same: the step grows by the 3 extra bubbles
     assert four.step_s - one.step_s == pytest.approx(3 * one.bubble_s)
     assert four.compute_s == pytest.approx(one.compute_s)
+
+
+def test_each_run_of_the_schedule_reduces_its_gradients():
+    """torch.distributed.pipelining ends every run of the schedule with REDUCE_GRAD (FSDP's
+    post-backward and reshard, DDP's sync on the run's last chunk), so 4 runs a step pay the
+    data-parallel sync 4 times; Megatron's single run pays it once."""
+    layout = resolve_layout(ParallelConfig(gpus_per_node=2, nodes=4, strategy="pp2xfsdp"))
+    assert layout.dp == 4 and layout.dp_spans_nodes
+    per_run = dataclasses.replace(WORKLOAD, pp_microbatches=8)
+
+    def terms(workload, hardware):
+        return step_terms(workload, hardware, "bf16", layout, 1.0, 32, model_shape(workload),
+                          8.0, Calibration())
+
+    # what the sync adds: the slow network against one that makes it free
+    once = terms(WORKLOAD, SLOW).step_s - terms(WORKLOAD, FAST).step_s
+    four = terms(per_run, SLOW).step_s - terms(per_run, FAST).step_s
+    # (the two stages share a node: their boundary is on NVLink in both)
+    assert once > 0
+    assert four == pytest.approx(4 * once, rel=1e-6)
