@@ -412,6 +412,24 @@ def expert_sync(workload: Workload, layout: Layout,
     return params, group
 
 
+def expert_sync_notes(workload: Workload, layout: Layout,
+                      gpus_per_node: int) -> tuple[str, ...]:
+    """Where the routed experts' gradients are reduced (:func:`expert_sync`), in words, when
+    two or more ranks hold the same experts."""
+    sync = expert_sync(workload, layout, gpus_per_node)
+    if sync is None or sync[1].dp <= 1:
+        return ()
+    params, group = sync
+    if not group.dp_spans_nodes:
+        where = "inside a node"
+    elif group.dp_ranks_per_node == 1:
+        where = "one in each node: each GPU's whole share crosses its network"
+    else:
+        where = f"{group.dp_ranks_per_node} in each node, across nodes"
+    return (f"routed experts' gradients ({params / 1e9:.3g} B parameters a GPU) reduced over "
+            f"their expert data-parallel group of {group.dp} ranks, {where}",)
+
+
 def ep_ranks_per_node(workload: Workload, layout: Layout) -> int:
     """Expert-parallel ranks of one group in a node: Megatron-core builds the expert groups
     with a rank generator of their own (``initialize_model_parallel``: ``tp`` =

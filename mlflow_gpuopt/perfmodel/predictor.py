@@ -439,6 +439,7 @@ class Predictor:
         notes += self._shape_notes(layout, recompute == "full")
         notes += moe.notes(self.workload, layout, terms.alltoall_s, terms.alltoall_total_s,
                            terms.a2a_overlapped)
+        notes += moe.expert_sync_notes(self.workload, layout, hardware.gpus_per_node)
         notes += context.notes(self.workload, layout, terms.cp_exchange_total_s,
                                terms.cp_exchange_s)
         return Prediction(

@@ -92,3 +92,16 @@ def test_the_step_pays_the_experts_gradient_across_the_nic_once_per_step():
     dense = comm.ddp_exposed_s(moe.params_per_shard(OSS, layout) * 2, 0.0, layout, B200,
                                backward)
     assert two.exposed_comm_s > 3 * dense
+
+
+def test_the_prediction_says_where_the_experts_gradients_go():
+    assert moe.expert_sync_notes(OSS, _layout("ep8xzero1", 64), 8) == (
+        "routed experts' gradients (14.3 B parameters a GPU) reduced over their expert "
+        "data-parallel group of 8 ranks, one in each node: each GPU's whole share crosses "
+        "its network",)
+    assert "2 in each node, across nodes" in moe.expert_sync_notes(
+        OSS, _layout("ep4xzero1", 64), 8)[0]
+    assert "inside a node" in moe.expert_sync_notes(OSS, _layout("ep4xzero1", 8), 8)[0]
+    # nothing to reduce: no note
+    assert moe.expert_sync_notes(OSS, _layout("ep8xzero1", 8), 8) == ()
+    assert moe.expert_sync_notes(replace(OSS, num_experts=None), _layout("zero1", 64), 8) == ()
