@@ -140,16 +140,11 @@ def dp_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware) -> float:
 Experts = tuple[float, Layout]
 
 
-def synced_allreduce_s(nbytes: float, layout: Layout, hardware: Hardware,
-                       experts: Experts | None = None) -> float:
-    """All-reduce time of one synchronisation: ``nbytes`` over the data-parallel group
-    (:func:`dp_allreduce_s`), then the routed experts' bytes over their own group, which
-    shares the same NICs (one after the other: the node's network is the bottleneck of
-    both)."""
-    t = dp_allreduce_s(nbytes, layout, hardware)
-    if experts is not None:
-        t += dp_allreduce_s(experts[0], experts[1], hardware)
-    return t
+def experts_allreduce_s(experts: Experts | None, hardware: Hardware) -> float:
+    """All-reduce time of the routed experts' bytes over their own group
+    (:func:`dp_allreduce_s` on its layout; 0 without them). A synchronisation adds it to the
+    dense part's: both groups share the node's NICs, so they run one after the other."""
+    return 0.0 if experts is None else dp_allreduce_s(experts[0], experts[1], hardware)
 
 
 def _syncs(layout: Layout, nbytes: float, experts: Experts | None) -> bool:
@@ -204,7 +199,7 @@ def dp_sync_s(params_per_replica: float, bytes_per_param: int, layout: Layout,
     reduce-scatter (0.5) and two all-gathers (1.0, times ``gather_scale``,
     :func:`fp8_gather_scale`); the all-reduce as NCCL runs it (:func:`dp_allreduce_s`).
     ``experts``: the routed experts' bytes (their parameters are not in
-    ``params_per_replica``) on their own group (:func:`synced_allreduce_s`; not gathered in
+    ``params_per_replica``) on their own group (:func:`experts_allreduce_s`; not gathered in
     FP8).
     """
     nbytes = params_per_replica * bytes_per_param
@@ -214,10 +209,8 @@ def dp_sync_s(params_per_replica: float, bytes_per_param: int, layout: Layout,
     dense = volume
     if layout.dp_strategy in SHARDED_PARAMS:
         dense = 0.5 + (volume - 0.5) * gather_scale
-    t = dense * dp_allreduce_s(nbytes, layout, hardware)
-    if experts is not None:
-        t += volume * dp_allreduce_s(experts[0], experts[1], hardware)
-    return t
+    return (dense * dp_allreduce_s(nbytes, layout, hardware)
+            + volume * experts_allreduce_s(experts, hardware))
 
 
 def sharded_params(layout: Layout) -> bool:
@@ -465,7 +458,7 @@ def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
     same volume as a reduce-scatter and an all-gather (``STRATEGY_VOLUME``). Overlap by
     :func:`bucketed_exposed_s`; ``comm_scale`` is the fitted communication scale.
     ``experts``: the routed experts' gradient bytes (not in ``grad_bytes``) on their own
-    group (:func:`synced_allreduce_s`), their buckets reduced with the others."""
+    group (:func:`experts_allreduce_s`), their buckets reduced with the others."""
     if not _syncs(layout, grad_bytes, experts):
         return 0.0
     volume = STRATEGY_VOLUME.get(layout.dp_strategy, 1.0)
@@ -473,7 +466,8 @@ def ddp_exposed_s(grad_bytes: float, last_bucket_bytes: float, layout: Layout,
     buckets = max(1, math.ceil(everything / DDP_BUCKET_BYTES))
     last = min(grad_bytes, max(last_bucket_bytes, everything / buckets))
     latency = dp_allreduce_s(1.0, layout, hardware)  # one all-reduce's latency term
-    total = comm_scale * volume * (synced_allreduce_s(grad_bytes, layout, hardware, experts)
+    total = comm_scale * volume * (dp_allreduce_s(grad_bytes, layout, hardware)
+                                   + experts_allreduce_s(experts, hardware)
                                    + (buckets - 1) * latency)
     last_s = comm_scale * volume * dp_allreduce_s(last, layout, hardware)
     return bucketed_exposed_s(total, backward_s, buckets, last_s)
@@ -496,13 +490,13 @@ def fsdp_exposed_s(shard_bytes: float, unit_bytes: float, units: int, layout: La
     all-gathers' bytes relative to ``shard_bytes`` / ``unit_bytes`` where FP8 weights are
     gathered in FP8 (:func:`fp8_gather_scale`); the reduce-scatters keep theirs.
     ``experts``: the routed experts' bytes (not in ``shard_bytes``), gathered and
-    reduce-scattered over their own group (:func:`synced_allreduce_s`)."""
+    reduce-scattered over their own group (:func:`experts_allreduce_s`)."""
     if not _syncs(layout, shard_bytes, experts):
         return 0.0
     n = max(1, int(units))
     half = 0.5 * comm_scale
     latencies = (n - 1) * dp_allreduce_s(1.0, layout, hardware)
-    routed = 0.0 if experts is None else dp_allreduce_s(experts[0], experts[1], hardware)
+    routed = experts_allreduce_s(experts, hardware)
     gather = half * (dp_allreduce_s(shard_bytes * gather_scale, layout, hardware) + routed
                      + latencies)
     scatter = half * (dp_allreduce_s(shard_bytes, layout, hardware) + routed + latencies)

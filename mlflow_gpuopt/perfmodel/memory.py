@@ -31,8 +31,8 @@ from mlflow_gpuopt.perfmodel.activations import (
 from mlflow_gpuopt.perfmodel import context
 from mlflow_gpuopt.perfmodel.compute import activation_bytes_per_sample
 from mlflow_gpuopt.perfmodel.layout import Layout, resolve_layout
-from mlflow_gpuopt.perfmodel.moe import (expert_data_parallel, expert_tp, largest_unit_params,
-                                         routed_expert_params)
+from mlflow_gpuopt.perfmodel.moe import (expert_data_parallel, expert_params_per_gpu,
+                                         largest_unit_params, routed_expert_params)
 from mlflow_gpuopt.perfmodel.precision import (
     COMM_ELEMENT_BYTES,
     ELEMENT_BYTES,
@@ -334,8 +334,7 @@ def memory_at(workload: Workload, config: ParallelConfig, layout: Layout,
         # Each expert-parallel rank holds 1/ep of the experts (split etp ways, the experts'
         # tensor parallel), replicated (or sharded) over the tp × dp / (etp × ep) ranks
         # holding the same ones (Megatron's expert data-parallel group)
-        etp = expert_tp(workload, layout)
-        we, ge, oe = model_states_bytes(routed / (layout.pp * etp * layout.ep), precision,
+        we, ge, oe = model_states_bytes(expert_params_per_gpu(workload, layout), precision,
                                         layout.dp_strategy,
                                         expert_data_parallel(workload, layout),
                                         k, 0.0, share, frozen)

@@ -402,8 +402,7 @@ def expert_sync(workload: Workload, layout: Layout,
     (docs/models.md#mixture-of-experts)."""
     if layout.ep <= 1 or not is_moe(workload):
         return None
-    params = routed_expert_params(workload) / (expert_tp(workload, layout) * layout.pp
-                                               * layout.ep)
+    params = expert_params_per_gpu(workload, layout)
     edp = expert_data_parallel(workload, layout)
     stage_in_node = max(1, min(int(gpus_per_node), layout.tp * layout.dp))
     in_node = max(1, min(edp, stage_in_node // (expert_tp(workload, layout) * layout.ep)))
@@ -704,14 +703,23 @@ def layer_time_s(workload: Workload, layout: Layout, hardware: Hardware, precisi
             + overhead_scale * (p["dispatch"] + p["sync"]))
 
 
+def expert_params_per_gpu(workload: Workload, layout: Layout) -> float:
+    """Routed-expert parameters one GPU holds under expert parallelism (``etp × pp × ep``
+    ways, :func:`expert_tp`) before data-parallel sharding; 0 without ``ep`` (the experts
+    are then split like the dense weights)."""
+    if layout.ep <= 1:
+        return 0.0
+    return routed_expert_params(workload) / (expert_tp(workload, layout) * layout.pp
+                                             * layout.ep)
+
+
 def params_per_shard(workload: Workload, layout: Layout) -> float:
     """Parameters one tensor/pipeline/expert shard holds before data-parallel sharding: the
     dense ones over ``tp × pp``, the routed experts over ``etp × pp × ep``
-    (:func:`expert_tp`)."""
+    (:func:`expert_params_per_gpu`)."""
     experts = routed_expert_params(workload) if layout.ep > 1 else 0.0
-    shards = layout.tp * layout.pp
-    return ((workload.params - experts) / shards
-            + experts / (expert_tp(workload, layout) * layout.pp * layout.ep))
+    return ((workload.params - experts) / (layout.tp * layout.pp)
+            + expert_params_per_gpu(workload, layout))
 
 
 def optimizer_params_per_gpu(workload: Workload, layout: Layout) -> float:
@@ -722,8 +730,7 @@ def optimizer_params_per_gpu(workload: Workload, layout: Layout) -> float:
     shard = params_per_shard(workload, layout)
     if layout.ep <= 1 or not is_moe(workload):
         return shard / layout.dp
-    experts = routed_expert_params(workload) / (expert_tp(workload, layout) * layout.pp
-                                                * layout.ep)
+    experts = expert_params_per_gpu(workload, layout)
     return (shard - experts) / layout.dp + experts / expert_data_parallel(workload, layout)
 
 
